@@ -1,0 +1,3 @@
+"""The command catalog, policies and the reference domain. Imports `schemas` only."""
+
+from __future__ import annotations

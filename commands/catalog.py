@@ -1,0 +1,114 @@
+"""Declaring tools: one `Tool` per catalog name, with its strict argument model, effect
+class, resource loader, handler and optional reconcile hook."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from psycopg import AsyncConnection
+from psycopg.rows import DictRow
+from pydantic import BaseModel, ConfigDict
+
+from schemas.envelopes import Actor, Effect
+from schemas.errors import ConfigurationError
+
+Connection = AsyncConnection[DictRow]
+
+
+class ToolArguments(BaseModel):
+    """Base of every tool's argument model: strict types (no coercion), unknown keys
+    forbidden, immutable. Subclasses add explicit bounds, patterns and lengths."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+
+class Resource(BaseModel):
+    """The entity a call acts on, loaded with the tenant in the query's WHERE."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: str
+    id: str
+    tenant: str
+    attributes: dict[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class HandlerResult:
+    result: dict[str, Any]
+    resource_id: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExecutionContext:
+    """What a handler gets: it runs inside the executor's ledger transaction on ``conn``."""
+
+    conn: Connection
+    operation_id: str
+    tenant: str
+    actor: Actor
+    arguments: ToolArguments
+    resource: Resource | None
+
+
+ResourceLoader = Callable[[Connection, str, Any, bool], Awaitable[Resource | None]]
+Handler = Callable[[ExecutionContext], Awaitable[HandlerResult]]
+ReconcileHook = Callable[[ExecutionContext], Awaitable[HandlerResult | None]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Tool:
+    name: str
+    description: str
+    arguments: type[ToolArguments]
+    effect: Effect
+    handler: Handler
+    load: ResourceLoader | None = None
+    reconcile: ReconcileHook | None = None
+    secret_fields: frozenset[str] = field(default_factory=frozenset)
+
+
+class Catalog:
+    """An immutable set of tools, looked up by exact name (no case folding, no fuzzing)."""
+
+    def __init__(self, tools: Iterable[Tool]) -> None:
+        by_name: dict[str, Tool] = {}
+        for tool in tools:
+            if tool.name in by_name:
+                raise ConfigurationError(f"tool {tool.name!r} is declared twice")
+            by_name[tool.name] = tool
+        self._tools: Mapping[str, Tool] = by_name
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def __iter__(self) -> Any:
+        return iter(self._tools.values())
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(sorted(self._tools))
+
+
+def load_catalog(spec: str) -> Catalog:
+    """Load ``package.module:attribute`` (the ``RATIFIER_CATALOG`` setting)."""
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise ConfigurationError(f"catalog must look like 'package.module:name', got {spec!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigurationError(f"catalog module {module_name!r} cannot be imported") from exc
+    catalog = getattr(module, attribute, None)
+    if not isinstance(catalog, Catalog):
+        raise ConfigurationError(f"{spec!r} is not a ratifier Catalog")
+    return catalog

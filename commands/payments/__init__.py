@@ -1,0 +1,220 @@
+"""The reference domain (SaaS support refunds): argument models, loaders and handlers.
+
+Every query carries the tenant in its WHERE; absent and foreign resources look the same.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Annotated, Any
+
+from pydantic import Field, StringConstraints
+
+from commands.catalog import (
+    Connection,
+    ExecutionContext,
+    HandlerResult,
+    Resource,
+    Tool,
+    ToolArguments,
+)
+from commands.sql import named_query
+from schemas.envelopes import Effect
+from schemas.errors import PreconditionFailed, ResourceNotFound
+
+PaymentId = Annotated[str, StringConstraints(pattern=r"^pay_[0-9A-Za-z]+$", max_length=64)]
+RefundId = Annotated[str, StringConstraints(pattern=r"^re_[0-9A-Za-z]+$", max_length=64)]
+PaymentMethodId = Annotated[str, StringConstraints(pattern=r"^pm_[0-9A-Za-z]+$", max_length=64)]
+# Amounts are integers in minor units; the bound keeps them far inside int64.
+AmountMinor = Annotated[int, Field(gt=0, le=10**12)]
+
+_PKG = __name__
+
+
+class GetPaymentArguments(ToolArguments):
+    payment_id: PaymentId
+
+
+class GetRefundPolicyArguments(ToolArguments):
+    pass
+
+
+class ProposeRefundArguments(ToolArguments):
+    payment_id: PaymentId
+    amount_minor: AmountMinor
+    reason: Annotated[str, StringConstraints(min_length=1, max_length=300)]
+
+
+class GetRefundStatusArguments(ToolArguments):
+    refund_id: RefundId
+
+
+class DeletePaymentMethodArguments(ToolArguments):
+    payment_method_id: PaymentMethodId
+
+
+async def _fetch_one(conn: Connection, name: str, params: dict[str, Any]) -> dict[str, Any] | None:
+    async with conn.cursor() as cur:
+        await cur.execute(named_query(_PKG, name), params)
+        row = await cur.fetchone()
+    return dict(row) if row is not None else None
+
+
+async def load_payment(
+    conn: Connection, tenant: str, args: Any, for_update: bool
+) -> Resource | None:
+    query = "payment_by_id_for_update" if for_update else "payment_by_id"
+    row = await _fetch_one(conn, query, {"tenant": tenant, "payment_id": args.payment_id})
+    if row is None:
+        return None
+    return Resource(
+        kind="payment",
+        id=row.pop("payment_id"),
+        tenant=row.pop("tenant"),
+        attributes=row,
+    )
+
+
+async def load_refund_policy(
+    conn: Connection, tenant: str, args: Any, for_update: bool
+) -> Resource | None:
+    row = await _fetch_one(conn, "refund_policy_by_tenant", {"tenant": tenant})
+    if row is None:
+        return None
+    return Resource(kind="refund_policy", id=tenant, tenant=row.pop("tenant"), attributes=row)
+
+
+async def load_refund(
+    conn: Connection, tenant: str, args: Any, for_update: bool
+) -> Resource | None:
+    row = await _fetch_one(conn, "refund_by_id", {"tenant": tenant, "refund_id": args.refund_id})
+    if row is None:
+        return None
+    return Resource(
+        kind="refund", id=row.pop("refund_id"), tenant=row.pop("tenant"), attributes=row
+    )
+
+
+async def load_payment_method(
+    conn: Connection, tenant: str, args: Any, for_update: bool
+) -> Resource | None:
+    query = "payment_method_by_id_for_update" if for_update else "payment_method_by_id"
+    row = await _fetch_one(
+        conn, query, {"tenant": tenant, "payment_method_id": args.payment_method_id}
+    )
+    if row is None:
+        return None
+    return Resource(
+        kind="payment_method",
+        id=row.pop("payment_method_id"),
+        tenant=row.pop("tenant"),
+        attributes=row,
+    )
+
+
+def _require(ctx: ExecutionContext) -> Resource:
+    if ctx.resource is None:
+        raise ResourceNotFound()
+    return ctx.resource
+
+
+async def read_resource(ctx: ExecutionContext) -> HandlerResult:
+    """Reads return the resource the executor re-loaded inside its transaction."""
+    resource = _require(ctx)
+    return HandlerResult(result={"id": resource.id, **resource.attributes}, resource_id=resource.id)
+
+
+async def propose_refund(ctx: ExecutionContext) -> HandlerResult:
+    """Reserve the refundable amount and record the refund request (internal effect, in the
+    ledger's transaction)."""
+    payment = _require(ctx)
+    args = ctx.arguments
+    assert isinstance(args, ProposeRefundArguments)
+    refund_id = "re_" + hashlib.sha256(ctx.operation_id.encode()).hexdigest()[:20]
+    reserved = await _fetch_one(
+        ctx.conn,
+        "reserve_refundable",
+        {"tenant": ctx.tenant, "payment_id": args.payment_id, "amount_minor": args.amount_minor},
+    )
+    if reserved is None:
+        raise PreconditionFailed()
+    async with ctx.conn.cursor() as cur:
+        await cur.execute(
+            named_query(_PKG, "insert_refund"),
+            {
+                "tenant": ctx.tenant,
+                "refund_id": refund_id,
+                "payment_id": args.payment_id,
+                "operation_id": ctx.operation_id,
+                "amount_minor": args.amount_minor,
+                "currency": payment.attributes["currency"],
+                "reason": args.reason,
+            },
+        )
+    return HandlerResult(
+        result={
+            "refund_id": refund_id,
+            "payment_id": args.payment_id,
+            "amount_minor": args.amount_minor,
+            "currency": payment.attributes["currency"],
+            "status": "requested",
+        },
+        resource_id=refund_id,
+    )
+
+
+async def delete_payment_method(ctx: ExecutionContext) -> HandlerResult:
+    method = _require(ctx)
+    async with ctx.conn.cursor() as cur:
+        await cur.execute(
+            named_query(_PKG, "delete_payment_method"),
+            {"tenant": ctx.tenant, "payment_method_id": method.id},
+        )
+    return HandlerResult(result={"deleted": method.id}, resource_id=method.id)
+
+
+TOOLS: tuple[Tool, ...] = (
+    Tool(
+        name="get_payment",
+        description="Look up one payment of the caller's tenant by its id.",
+        arguments=GetPaymentArguments,
+        effect=Effect.READ,
+        load=load_payment,
+        handler=read_resource,
+    ),
+    Tool(
+        name="get_refund_policy",
+        description="Read the caller's tenant refund policy.",
+        arguments=GetRefundPolicyArguments,
+        effect=Effect.READ,
+        load=load_refund_policy,
+        handler=read_resource,
+    ),
+    Tool(
+        name="propose_refund",
+        description=(
+            "Propose a refund of part or all of a payment, in minor units. "
+            "A human approves it before it is sent to the payment provider."
+        ),
+        arguments=ProposeRefundArguments,
+        effect=Effect.EXTERNAL_WRITE,
+        load=load_payment,
+        handler=propose_refund,
+    ),
+    Tool(
+        name="get_refund_status",
+        description="Read the status of a refund of the caller's tenant.",
+        arguments=GetRefundStatusArguments,
+        effect=Effect.READ,
+        load=load_refund,
+        handler=read_resource,
+    ),
+    Tool(
+        name="delete_payment_method",
+        description="Delete a stored payment method. Denied by default policy.",
+        arguments=DeletePaymentMethodArguments,
+        effect=Effect.DESTRUCTIVE,
+        load=load_payment_method,
+        handler=delete_payment_method,
+    ),
+)

@@ -1,0 +1,5 @@
+UPDATE payments
+SET refundable_minor = refundable_minor - %(amount_minor)s
+WHERE tenant = %(tenant)s AND payment_id = %(payment_id)s
+  AND refundable_minor >= %(amount_minor)s
+RETURNING refundable_minor

@@ -1,0 +1,96 @@
+"""The command ledger in PostgreSQL: the authority on whether an operation has run.
+
+Written in the same transaction as internal domain effects, so an empty Redis can never
+cause a second effect.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from commands.catalog import Connection
+from commands.sql import named_query
+from schemas.envelopes import CommittedCommand, Outcome
+
+_PKG = __name__.rpartition(".")[0]
+
+
+@dataclass(frozen=True, kw_only=True)
+class LedgerEntry:
+    operation_id: str
+    call_id: str
+    fingerprint: str
+    status: str
+    fencing: int
+    outcome: Outcome | None
+
+
+class CommandLedger:
+    """Ledger operations on a connection inside the caller's transaction."""
+
+    @staticmethod
+    def _key(command: CommittedCommand) -> dict[str, Any]:
+        return {"tenant": command.tenant, "idempotency_key": command.idempotency_key}
+
+    async def claim(self, conn: Connection, command: CommittedCommand, fencing: int) -> bool:
+        """Insert the running entry; False when the key is already in the ledger."""
+        async with conn.cursor() as cur:
+            await cur.execute(
+                named_query(_PKG, "claim_operation"),
+                {
+                    **self._key(command),
+                    "operation_id": command.operation_id,
+                    "call_id": command.call_id,
+                    "tool": command.tool,
+                    "fingerprint": command.fingerprint,
+                    "fencing": fencing,
+                },
+            )
+            return await cur.fetchone() is not None
+
+    async def entry_for_update(
+        self, conn: Connection, command: CommittedCommand
+    ) -> LedgerEntry | None:
+        async with conn.cursor() as cur:
+            await cur.execute(named_query(_PKG, "ledger_entry_for_update"), self._key(command))
+            row = await cur.fetchone()
+        if row is None:
+            return None
+        stored = row["outcome"]
+        return LedgerEntry(
+            operation_id=row["operation_id"],
+            call_id=row["call_id"],
+            fingerprint=row["fingerprint"],
+            status=row["status"],
+            fencing=row["fencing"],
+            outcome=Outcome.model_validate(stored) if stored is not None else None,
+        )
+
+    async def record(self, conn: Connection, command: CommittedCommand, outcome: Outcome) -> None:
+        async with conn.cursor() as cur:
+            await cur.execute(
+                named_query(_PKG, "record_outcome"),
+                {
+                    **self._key(command),
+                    "status": outcome.status.value,
+                    "outcome": Jsonb(outcome.model_dump(mode="json")),
+                },
+            )
+
+    async def audit(
+        self,
+        conn: Connection,
+        *,
+        tenant: str | None,
+        call_id: str | None,
+        kind: str,
+        detail: dict[str, Any],
+    ) -> None:
+        async with conn.cursor() as cur:
+            await cur.execute(
+                named_query(_PKG, "insert_audit"),
+                {"tenant": tenant, "call_id": call_id, "kind": kind, "detail": Jsonb(detail)},
+            )

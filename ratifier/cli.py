@@ -1,0 +1,145 @@
+"""`ratifier` — one command for every process and operator task."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+
+from schemas.errors import RatifierError
+from schemas.settings import Settings
+
+
+def _setup_logging(settings: Settings) -> None:
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def cmd_topics(settings: Settings, _args: argparse.Namespace) -> int:
+    from ratifier.topics import ensure_topics
+
+    created = asyncio.run(ensure_topics(settings))
+    print(
+        f"topics: {len(created)} created under prefix {settings.topic_prefix!r}"
+        + (f": {', '.join(created)}" if created else " (all existed)")
+    )
+    return 0
+
+
+def cmd_migrate(settings: Settings, _args: argparse.Namespace) -> int:
+    from ratifier.migrate import migrate
+
+    applied = migrate(settings.database_url)
+    print(
+        f"migrate: {len(applied)} applied"
+        + (f": {', '.join(applied)}" if applied else " (up to date)")
+    )
+    return 0
+
+
+def cmd_token(settings: Settings, args: argparse.Namespace) -> int:
+    from schemas.identity import context_keys, issue_context_token
+
+    print(
+        issue_context_token(
+            context_keys(settings),
+            sub=args.sub,
+            tenant=args.tenant,
+            roles=tuple(args.role or ()),
+            ttl_seconds=args.ttl,
+        )
+    )
+    return 0
+
+
+def cmd_streams(settings: Settings, _args: argparse.Namespace) -> int:
+    import faust
+
+    from commands.catalog import load_catalog
+    from commands.policy import PolicySet
+    from ratifier.migrate import migrate
+    from ratifier.topics import ensure_topics
+    from streams.app import create_app
+
+    migrate(settings.database_url)
+    asyncio.run(ensure_topics(settings))
+    app = create_app(
+        settings, catalog=load_catalog(settings.catalog), policies=PolicySet.from_directory()
+    )
+    worker = faust.Worker(app, loglevel=settings.log_level.upper(), quiet=True)
+    worker.execute_from_commandline()  # runs until a signal stops it, then exits
+
+
+def cmd_executor(settings: Settings, _args: argparse.Namespace) -> int:
+    from commands.catalog import load_catalog
+    from commands.policy import PolicySet
+    from executors.service import run_executor
+    from ratifier.migrate import migrate
+    from ratifier.topics import ensure_topics
+
+    _setup_logging(settings)
+    migrate(settings.database_url)
+    asyncio.run(ensure_topics(settings))
+    run_executor(
+        settings, catalog=load_catalog(settings.catalog), policies=PolicySet.from_directory()
+    )
+    return 0
+
+
+def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
+    from ratifier.demo import run_demo
+
+    return run_demo(settings, timeout=args.timeout)
+
+
+def cmd_schemas(_settings: Settings, args: argparse.Namespace) -> int:
+    from schemas.export import main as export_main
+
+    return export_main([args.dir] if args.dir else [])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ratifier", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("topics", help="create all topics (idempotent)").set_defaults(func=cmd_topics)
+    sub.add_parser("migrate", help="apply database migrations").set_defaults(func=cmd_migrate)
+    sub.add_parser(
+        "streams", help="run the faust worker (validator, authorizer, approval-join)"
+    ).set_defaults(func=cmd_streams)
+    sub.add_parser("executor", help="run an executor process").set_defaults(func=cmd_executor)
+    token = sub.add_parser("token", help="issue a local context token (HS256)")
+    token.add_argument("--tenant", required=True)
+    token.add_argument("--sub", required=True, help="user id")
+    token.add_argument("--role", action="append", help="role (repeatable)")
+    token.add_argument("--ttl", type=int, default=3600, help="seconds until expiry")
+    token.set_defaults(func=cmd_token)
+    demo = sub.add_parser("demo", help="run the pipeline on a short scenario")
+    demo.add_argument("--timeout", type=float, default=120.0)
+    demo.set_defaults(func=cmd_demo)
+    schemas = sub.add_parser("schemas", help="write JSON Schema files of the contract")
+    schemas.add_argument("dir", nargs="?")
+    schemas.set_defaults(func=cmd_schemas)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    settings = Settings()
+    if args.command != "streams":  # faust configures its own logging
+        _setup_logging(settings)
+    try:
+        code: int = args.func(settings, args)
+    except RatifierError as exc:
+        print(f"ratifier {args.command}: {exc.safe_message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""Start and stop ratifier worker processes (demo, tests, benchmarks)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+
+@dataclass
+class WorkerProcess:
+    name: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    log_file: IO[bytes] = field(repr=False)
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, timeout: float = 20.0) -> int:
+        """SIGTERM, wait up to ``timeout``, then SIGKILL. Returns the exit code."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+        self.log_file.close()
+        return self.process.returncode
+
+    def kill(self) -> None:
+        """SIGKILL at once (crash tests)."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+        self.log_file.close()
+
+
+def start_worker(
+    command: str, *, name: str, log_dir: Path, env: Mapping[str, str] | None = None
+) -> WorkerProcess:
+    """Run ``ratifier <command>`` in a child process, output to ``log_dir/<name>.log``."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{name}.log"
+    log_file = log_path.open("wb")
+    process = subprocess.Popen(  # noqa: S603 - our own interpreter and module
+        [sys.executable, "-m", "ratifier.cli", command],
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **(env or {})},
+        start_new_session=True,
+    )
+    return WorkerProcess(name=name, process=process, log_path=log_path, log_file=log_file)
+
+
+def wait_for_log(worker: WorkerProcess, needle: str, timeout: float) -> bool:
+    """Wait until ``needle`` appears in the worker's log, or the worker exits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if needle in worker.log_tail(400):
+            return True
+        if worker.process.poll() is not None:
+            return False
+        time.sleep(0.1)
+    return False

@@ -1,0 +1,1 @@
+SELECT pg_advisory_lock(%(lock_id)s)

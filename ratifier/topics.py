@@ -1,0 +1,51 @@
+"""Create every pipeline topic with the configured partition count (idempotent)."""
+
+from __future__ import annotations
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from schemas.names import COMPACTED_TOPICS, Topic
+from schemas.settings import Settings
+
+
+async def ensure_topics(settings: Settings) -> list[str]:
+    """Create the missing topics; return the names created now."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        wanted = []
+        for topic in Topic:
+            name = settings.topic(topic)
+            if name in existing:
+                continue
+            configs = {"cleanup.policy": "compact"} if topic in COMPACTED_TOPICS else {}
+            wanted.append(
+                NewTopic(
+                    name=name,
+                    num_partitions=settings.topic_partitions,
+                    replication_factor=1,
+                    topic_configs=configs,
+                )
+            )
+        if wanted:
+            response = await admin.create_topics(wanted)
+            for _name, code, *_rest in getattr(response, "topic_errors", []):
+                if code not in (0, 36):  # 36 = TOPIC_ALREADY_EXISTS: a concurrent creator won
+                    raise RuntimeError(f"creating topic {_name} failed with Kafka error {code}")
+        return [t.name for t in wanted]
+    finally:
+        await admin.close()
+
+
+async def delete_topics(settings: Settings) -> None:
+    """Delete this prefix's topics (tests use a throw-away prefix)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        names = [n for n in existing if n.startswith(settings.topic_prefix)]
+        if names:
+            await admin.delete_topics(names)
+    finally:
+        await admin.close()

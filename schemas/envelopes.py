@@ -1,0 +1,319 @@
+"""Records of the v1 wire contract. Every record carries ``"v": 1``.
+
+Models are frozen and forbid unknown keys; conversion to and from bytes happens only at the
+Kafka edge (`to_bytes`, `model_validate_json`).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Any, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+from schemas.errors import RETRYABLE_CODES, SAFE_MESSAGES, ErrorCode
+
+CALL_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
+TENANT_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+
+CallId = Annotated[str, StringConstraints(pattern=CALL_ID_PATTERN)]
+IdempotencyKey = Annotated[str, StringConstraints(pattern=CALL_ID_PATTERN)]
+ToolName = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+Tenant = Annotated[str, StringConstraints(pattern=TENANT_PATTERN)]
+ShortText = Annotated[str, StringConstraints(max_length=512)]
+JsonObject = dict[str, Any]
+
+
+class Part(BaseModel):
+    """A value nested inside a record: frozen, unknown keys forbidden."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Record(Part):
+    """A top-level record on a topic."""
+
+    v: Literal[1] = 1
+
+    def to_bytes(self) -> bytes:
+        return self.model_dump_json(exclude_none=False).encode()
+
+
+class CallFormat(StrEnum):
+    NATIVE = "native"
+    OPENAI = "openai"
+    ANTHROPIC = "anthropic"
+    MCP = "mcp"
+
+
+class Effect(StrEnum):
+    READ = "read"
+    REVERSIBLE_WRITE = "reversible_write"
+    EXTERNAL_WRITE = "external_write"
+    DESTRUCTIVE = "destructive"
+
+
+class Status(StrEnum):
+    REJECTED = "rejected"
+    DENIED = "denied"
+    AWAITING_APPROVAL = "awaiting_approval"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    UNKNOWN = "unknown"
+    CONFLICT = "conflict"
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+
+
+TERMINAL_STATUSES: frozenset[Status] = frozenset(set(Status) - {Status.AWAITING_APPROVAL})
+
+
+class Stage(StrEnum):
+    VALIDATE = "validate"
+    AUTHORIZE = "authorize"
+    APPROVE = "approve"
+    EXECUTE = "execute"
+    RECONCILE = "reconcile"
+
+
+class Route(StrEnum):
+    AUTO = "auto"
+    APPROVAL = "approval"
+
+
+class ProposedCall(Record):
+    """`calls.proposed`, key `call_id`: a model's tool call, as the agent runtime sends it."""
+
+    call_id: CallId
+    idempotency_key: IdempotencyKey | None = None
+    tool: ToolName | None = None
+    # An object, or a string holding JSON (as OpenAI sends it). Any other JSON value is
+    # accepted here and rejected by the validator as invalid_arguments, with a field path.
+    arguments: Any = None
+    context: str = Field(min_length=1, max_length=8192)
+    format: CallFormat = CallFormat.NATIVE
+    call: JsonObject | None = None
+    proposed_at: datetime
+
+    @model_validator(mode="after")
+    def _shape_matches_format(self) -> Self:
+        if self.format is CallFormat.NATIVE:
+            if self.tool is None or self.arguments is None:
+                raise ValueError("a native call needs 'tool' and 'arguments'")
+            if self.call is not None:
+                raise ValueError("a native call must not carry 'call'")
+        elif self.call is None:
+            raise ValueError(f"a {self.format.value} call needs 'call'")
+        return self
+
+    @property
+    def effective_idempotency_key(self) -> str:
+        return self.idempotency_key or self.call_id
+
+
+class ValidatedCall(Record):
+    """`calls.validated`, key `call_id`: a call whose tool exists and whose arguments are
+    schema-valid and normalized. The context token is passed on unverified: the authorizer
+    verifies it."""
+
+    call_id: CallId
+    idempotency_key: IdempotencyKey
+    tool: ToolName
+    arguments: JsonObject
+    context: str
+    proposed_at: datetime
+    validated_at: datetime
+    trace_id: str | None = None
+
+
+class Actor(Part):
+    """The verified principal, taken from the signed context and nowhere else."""
+
+    sub: str = Field(min_length=1, max_length=256)
+    tenant: Tenant
+    roles: tuple[str, ...] = ()
+    sid: str | None = None
+
+
+class ActorRef(Part):
+    """The actor as recorded on a committed command."""
+
+    sub: str
+    roles: tuple[str, ...] = ()
+
+
+class AuthorizedCall(Record):
+    """`calls.authorized`, key `call_id`: permitted, routed to auto-commit or approval."""
+
+    call_id: CallId
+    operation_id: str
+    idempotency_key: IdempotencyKey
+    tenant: Tenant
+    actor: ActorRef
+    tool: ToolName
+    arguments: JsonObject
+    fingerprint: str
+    effect: Effect
+    policy_version: str
+    route: Route
+    proposed_at: datetime
+    authorized_at: datetime
+    trace_id: str | None = None
+
+
+class ApprovalReceipt(Part):
+    approver: str
+    decided_at: datetime
+    expires_at: datetime
+    fingerprint: str
+
+
+class CommittedCommand(Record):
+    """`commands.committed`, key `operation_id` (= tenant + ':' + idempotency key)."""
+
+    operation_id: str
+    call_id: CallId
+    tenant: Tenant
+    actor: ActorRef
+    tool: ToolName
+    arguments: JsonObject
+    fingerprint: str
+    effect: Effect
+    policy_version: str
+    approval: ApprovalReceipt | None = None
+    committed_at: datetime
+
+    @property
+    def idempotency_key(self) -> str:
+        return self.operation_id.removeprefix(f"{self.tenant}:")
+
+
+class FieldProblem(Part):
+    path: str = Field(max_length=256)
+    problem: str = Field(max_length=200)
+
+
+class ErrorInfo(Part):
+    code: ErrorCode
+    message: ShortText
+    retryable: bool
+    fields: tuple[FieldProblem, ...] = ()
+
+    @classmethod
+    def of(
+        cls,
+        code: ErrorCode,
+        message: str | None = None,
+        fields: tuple[FieldProblem, ...] = (),
+    ) -> ErrorInfo:
+        return cls(
+            code=code,
+            message=message or SAFE_MESSAGES[code],
+            retryable=code in RETRYABLE_CODES,
+            fields=fields,
+        )
+
+
+class Outcome(Record):
+    """`outcomes`, key `call_id`: exactly one terminal outcome per call."""
+
+    call_id: CallId
+    tool: str
+    tenant: Tenant | None
+    status: Status
+    stage: Stage
+    error: ErrorInfo | None = None
+    result: JsonObject | None = None
+    resource_id: str | None = None
+    operation_id: str | None = None
+    policy_version: str | None = None
+    approval: ApprovalReceipt | None = None
+    at: datetime
+    trace_id: str | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+
+class SourcePosition(Part):
+    topic: str
+    partition: int
+    offset: int
+
+
+class DeadLetter(Record):
+    """`calls.deadletter`, key `call_id` when one could be recovered: the raw record kept."""
+
+    call_id: str | None
+    reason: ShortText
+    raw_base64: str
+    source: SourcePosition
+    at: datetime
+
+
+class ApprovalRequest(Record):
+    """`approvals.requested`, key `call_id`: what a human sees and decides on."""
+
+    call_id: CallId
+    operation_id: str
+    tenant: Tenant
+    tool: ToolName
+    arguments: JsonObject
+    preview: tuple[str, ...]
+    fingerprint: str
+    effect: Effect
+    policy_version: str
+    requested_by: str
+    expires_at: datetime
+
+
+class ApprovalVerdict(StrEnum):
+    APPROVE = "approve"
+    REJECT = "reject"
+    EDIT = "edit"
+
+
+class ApprovalDecision(Record):
+    """`approvals.decided`, key `call_id`: a human's signed decision."""
+
+    call_id: CallId
+    fingerprint: str
+    decision: ApprovalVerdict
+    arguments: JsonObject | None = None
+    reason: ShortText | None = None
+    approver: str = Field(min_length=1, max_length=8192, description="signed approver token")
+    decided_at: datetime
+
+
+class CancelRequest(Record):
+    """`calls.cancelled`, key `call_id`: the agent runtime withdraws a call."""
+
+    call_id: CallId
+    reason: ShortText | None = None
+    at: datetime
+
+
+class PolicySetRecord(Record):
+    """`policies` (compacted), key `name`: a Cedar policy set distributed to authorizers."""
+
+    name: str
+    policies: str
+    cedar_schema: JsonObject
+    version: str
+    published_at: datetime
+
+
+CONTRACT_RECORDS: dict[str, type[Record]] = {
+    "calls.proposed": ProposedCall,
+    "calls.validated": ValidatedCall,
+    "calls.authorized": AuthorizedCall,
+    "calls.deadletter": DeadLetter,
+    "calls.cancelled": CancelRequest,
+    "approvals.requested": ApprovalRequest,
+    "approvals.decided": ApprovalDecision,
+    "commands.committed": CommittedCommand,
+    "outcomes": Outcome,
+    "policies": PolicySetRecord,
+}

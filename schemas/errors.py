@@ -1,0 +1,134 @@
+"""Error codes of the v1 contract and the exception tree that maps onto them.
+
+One root (`RatifierError`); each subclass means one thing and carries exactly one code.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import ClassVar
+
+
+class ErrorCode(StrEnum):
+    MALFORMED = "malformed"
+    UNKNOWN_TOOL = "unknown_tool"
+    INVALID_ARGUMENTS = "invalid_arguments"
+    UNAUTHENTICATED = "unauthenticated"
+    POLICY_DENIED = "policy_denied"
+    NOT_FOUND = "not_found"
+    APPROVAL_REQUIRED = "approval_required"
+    APPROVAL_REJECTED = "approval_rejected"
+    APPROVAL_EXPIRED = "approval_expired"
+    CONFLICT = "conflict"
+    PRECONDITION_FAILED = "precondition_failed"
+    TIMEOUT = "timeout"
+    RETRYABLE_ERROR = "retryable_error"
+    PERMANENT_ERROR = "permanent_error"
+    RETRY_EXHAUSTED = "retry_exhausted"
+    CANCELLED = "cancelled"
+
+
+# Whether an agent may retry the same proposal unchanged.
+RETRYABLE_CODES: frozenset[ErrorCode] = frozenset({ErrorCode.TIMEOUT, ErrorCode.RETRYABLE_ERROR})
+
+# Short messages that are safe to show a model: no SQL, paths, tokens or tenant data.
+SAFE_MESSAGES: dict[ErrorCode, str] = {
+    ErrorCode.MALFORMED: "The record is not a valid call envelope.",
+    ErrorCode.UNKNOWN_TOOL: "No tool with this name exists.",
+    ErrorCode.INVALID_ARGUMENTS: "The arguments do not match the tool's schema.",
+    ErrorCode.UNAUTHENTICATED: "The call's context could not be verified.",
+    ErrorCode.POLICY_DENIED: "Policy does not allow this action.",
+    ErrorCode.NOT_FOUND: "The resource was not found.",
+    ErrorCode.APPROVAL_REQUIRED: "A human must approve this action.",
+    ErrorCode.APPROVAL_REJECTED: "The approver rejected this action.",
+    ErrorCode.APPROVAL_EXPIRED: "Nobody approved this action in time.",
+    ErrorCode.CONFLICT: "This idempotency key was used for a different call.",
+    ErrorCode.PRECONDITION_FAILED: "The resource changed after the call was authorized.",
+    ErrorCode.TIMEOUT: "The outcome is not known yet; reconciliation is under way.",
+    ErrorCode.RETRYABLE_ERROR: "A transient failure happened before any effect.",
+    ErrorCode.PERMANENT_ERROR: "The call cannot succeed with these arguments.",
+    ErrorCode.RETRY_EXHAUSTED: "Retries are exhausted; the call was escalated.",
+    ErrorCode.CANCELLED: "The call was cancelled before its effect.",
+}
+
+
+class RatifierError(Exception):
+    """Root of every error ratifier raises on purpose."""
+
+    code: ClassVar[ErrorCode] = ErrorCode.PERMANENT_ERROR
+
+    def __init__(self, message: str | None = None) -> None:
+        self.safe_message = message or SAFE_MESSAGES[self.code]
+        super().__init__(self.safe_message)
+
+
+class MalformedRecord(RatifierError):
+    code = ErrorCode.MALFORMED
+
+
+class UnknownTool(RatifierError):
+    code = ErrorCode.UNKNOWN_TOOL
+
+
+class InvalidArguments(RatifierError):
+    code = ErrorCode.INVALID_ARGUMENTS
+
+
+class Unauthenticated(RatifierError):
+    code = ErrorCode.UNAUTHENTICATED
+
+
+class PolicyDenied(RatifierError):
+    code = ErrorCode.POLICY_DENIED
+
+
+class ResourceNotFound(RatifierError):
+    code = ErrorCode.NOT_FOUND
+
+
+class ApprovalRejected(RatifierError):
+    code = ErrorCode.APPROVAL_REJECTED
+
+
+class ApprovalExpired(RatifierError):
+    code = ErrorCode.APPROVAL_EXPIRED
+
+
+class IdempotencyConflict(RatifierError):
+    code = ErrorCode.CONFLICT
+
+
+class PreconditionFailed(RatifierError):
+    code = ErrorCode.PRECONDITION_FAILED
+
+
+class OutcomeUnknown(RatifierError):
+    code = ErrorCode.TIMEOUT
+
+
+class TransientFailure(RatifierError):
+    """A failure known to have happened before any effect; safe to retry."""
+
+    code = ErrorCode.RETRYABLE_ERROR
+
+
+class PermanentFailure(RatifierError):
+    code = ErrorCode.PERMANENT_ERROR
+
+
+class RetryExhausted(RatifierError):
+    code = ErrorCode.RETRY_EXHAUSTED
+
+
+class Cancelled(RatifierError):
+    code = ErrorCode.CANCELLED
+
+
+class StorageUnavailable(TransientFailure):
+    """PostgreSQL, Redis or Kafka could not be reached; nothing was changed."""
+
+
+class ConfigurationError(RatifierError):
+    """Settings, catalog or policies are unusable; raised at start-up only."""
+
+    code = ErrorCode.PERMANENT_ERROR

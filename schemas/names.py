@@ -1,0 +1,42 @@
+"""Topic names, consumer-group ids and Redis key prefixes: the one place they are spelled."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Topic(StrEnum):
+    """Pipeline topics, without the configurable prefix."""
+
+    PROPOSED = "calls.proposed"
+    VALIDATED = "calls.validated"
+    AUTHORIZED = "calls.authorized"
+    DEADLETTER = "calls.deadletter"
+    CANCELLED = "calls.cancelled"
+    APPROVALS_REQUESTED = "approvals.requested"
+    APPROVALS_DECIDED = "approvals.decided"
+    COMMITTED = "commands.committed"
+    UNKNOWN = "commands.unknown"
+    OUTCOMES = "outcomes"
+    POLICIES = "policies"
+
+
+# Topics whose records are keyed by call id and co-partitioned with calls.proposed.
+PIPELINE_TOPICS: tuple[Topic, ...] = tuple(Topic)
+
+# Compacted topics (latest value per key matters).
+COMPACTED_TOPICS: frozenset[Topic] = frozenset({Topic.POLICIES})
+
+STREAMS_APP_ID = "ratifier-streams"
+EXECUTOR_GROUP = "ratifier-executor"
+RECONCILER_GROUP = "ratifier-reconciler"
+
+REDIS_OUTCOME_PREFIX = "ratifier:outcome:"
+REDIS_CLAIM_PREFIX = "ratifier:claim:"
+
+TRACEPARENT_HEADER = "traceparent"
+
+
+def topic_name(prefix: str, topic: Topic) -> str:
+    """The broker-side name of ``topic`` under ``prefix`` (default ``ratifier.``)."""
+    return f"{prefix}{topic.value}"

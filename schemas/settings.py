@@ -1,0 +1,39 @@
+"""One frozen settings model, read once at start from ``RATIFIER_*`` environment variables."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from schemas.names import Topic, topic_name
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="RATIFIER_", frozen=True, extra="ignore")
+
+    kafka_bootstrap: str = "127.0.0.1:9092"
+    topic_prefix: str = Field(default="ratifier.", pattern=r"^[A-Za-z0-9._-]*$", max_length=100)
+    topic_partitions: int = Field(default=12, ge=1, le=1000)
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    database_url: str = "postgresql://ratifier:ratifier@127.0.0.1:5432/ratifier"
+    # Local-only HS256 secret; production configures its own (and, later, JWKS keys).
+    context_secret: str = Field(
+        default="ratifier-local-development-secret-change-me", min_length=32
+    )
+    context_audience: str = "ratifier"
+    context_issuer: str = "ratifier-local"
+    clock_skew_seconds: int = Field(default=30, ge=0, le=300)
+    catalog: str = "commands.reference:catalog"
+    max_record_bytes: int = Field(default=64 * 1024, ge=1024)
+    max_nesting_depth: int = Field(default=16, ge=2)
+    max_string_length: int = Field(default=8192, ge=16)
+    outcome_cache_seconds: int = Field(default=24 * 3600, ge=1)
+    log_level: str = "INFO"
+
+    def topic(self, topic: Topic) -> str:
+        return topic_name(self.topic_prefix, topic)
+
+    def group(self, group_id: str) -> str:
+        """Consumer-group (and faust app) ids live under the topic prefix, so that two
+        deployments sharing a broker under different prefixes never share a group."""
+        return f"{self.topic_prefix}{group_id}"

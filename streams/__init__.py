@@ -1,0 +1,3 @@
+"""Stream processors (faust): validator, authorizer, approval-join. Never imports executors."""
+
+from __future__ import annotations

@@ -1,0 +1,50 @@
+"""What a stage decides to publish: pure values, sent by the app at the edge."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from schemas.envelopes import ErrorInfo, FieldProblem, Outcome, Record, Stage, Status
+from schemas.errors import ErrorCode
+from schemas.names import Topic
+
+
+@dataclass(frozen=True, kw_only=True)
+class Emit:
+    topic: Topic
+    key: str | None
+    value: Record
+
+
+def outcome(
+    *,
+    call_id: str,
+    tool: str,
+    tenant: str | None,
+    status: Status,
+    stage: Stage,
+    code: ErrorCode | None,
+    at: datetime,
+    fields: tuple[FieldProblem, ...] = (),
+    policy_version: str | None = None,
+    operation_id: str | None = None,
+    trace_id: str | None = None,
+) -> Emit:
+    """An `outcomes` record for a call that ends (or waits) in a stream stage."""
+    return Emit(
+        topic=Topic.OUTCOMES,
+        key=call_id,
+        value=Outcome(
+            call_id=call_id,
+            tool=tool,
+            tenant=tenant,
+            status=status,
+            stage=stage,
+            error=ErrorInfo.of(code, fields=fields) if code is not None else None,
+            operation_id=operation_id,
+            policy_version=policy_version,
+            at=at,
+            trace_id=trace_id,
+        ),
+    )

@@ -1,0 +1,90 @@
+"""Validator stage: `calls.proposed` → `calls.validated` | outcome | `calls.deadletter`."""
+
+from __future__ import annotations
+
+import base64
+from datetime import datetime
+
+from commands.catalog import Catalog
+from commands.validate import Limits, Malformed, Rejection, parse_envelope, validate
+from schemas.envelopes import DeadLetter, SourcePosition, Stage, Status, ValidatedCall
+from schemas.errors import ErrorCode
+from schemas.names import Topic
+from streams.emit import Emit, outcome
+
+
+def dead_letter(
+    raw: bytes | None, *, reason: str, call_id: str | None, source: SourcePosition, at: datetime
+) -> Emit:
+    return Emit(
+        topic=Topic.DEADLETTER,
+        key=call_id,
+        value=DeadLetter(
+            call_id=call_id,
+            reason=reason[:512],
+            raw_base64=base64.b64encode(raw or b"").decode(),
+            source=source,
+            at=at,
+        ),
+    )
+
+
+def on_proposed(
+    raw: bytes | None,
+    *,
+    source: SourcePosition,
+    catalog: Catalog,
+    limits: Limits,
+    now: datetime,
+    trace_id: str | None,
+) -> tuple[Emit, ...]:
+    """Everything the validator publishes for one `calls.proposed` record."""
+    parsed = parse_envelope(raw, limits)
+    if isinstance(parsed, Malformed):
+        letter = dead_letter(
+            raw, reason=parsed.reason, call_id=parsed.call_id, source=source, at=now
+        )
+        if parsed.call_id is None:
+            return (letter,)
+        rejected = outcome(
+            call_id=parsed.call_id,
+            tool="",
+            tenant=None,
+            status=Status.REJECTED,
+            stage=Stage.VALIDATE,
+            code=ErrorCode.MALFORMED,
+            at=now,
+            trace_id=trace_id,
+        )
+        return (letter, rejected)
+    result = validate(parsed, catalog, limits)
+    if isinstance(result, Rejection):
+        return (
+            outcome(
+                call_id=parsed.call_id,
+                tool=result.tool_name,
+                tenant=None,
+                status=Status.REJECTED,
+                stage=Stage.VALIDATE,
+                code=result.code,
+                fields=result.fields,
+                at=now,
+                trace_id=trace_id,
+            ),
+        )
+    return (
+        Emit(
+            topic=Topic.VALIDATED,
+            key=parsed.call_id,
+            value=ValidatedCall(
+                call_id=parsed.call_id,
+                idempotency_key=parsed.effective_idempotency_key,
+                tool=result.tool.name,
+                arguments=result.normalized,
+                context=parsed.context,
+                proposed_at=parsed.proposed_at,
+                validated_at=now,
+                trace_id=trace_id,
+            ),
+        ),
+    )

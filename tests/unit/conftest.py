@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from commands.catalog import Catalog
+from commands.policy import PolicySet
+from commands.reference import catalog as reference_catalog
+from commands.validate import Limits
+from schemas.identity import ContextKeys, issue_context_token
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+KEYS = ContextKeys(secret="unit-test-secret-that-is-long-enough!!", audience="ratifier",
+                   issuer="ratifier-local")
+
+
+@pytest.fixture
+def catalog() -> Catalog:
+    return reference_catalog
+
+
+@pytest.fixture
+def limits() -> Limits:
+    return Limits()
+
+
+@pytest.fixture(scope="session")
+def policies() -> PolicySet:
+    return PolicySet.from_directory()
+
+
+def token(tenant: str = "tenant-a", sub: str = "agent-1", roles: tuple[str, ...] = ("support",),
+          **kwargs: object) -> str:
+    return issue_context_token(KEYS, sub=sub, tenant=tenant, roles=roles, **kwargs)  # type: ignore[arg-type]
