@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from ratifier.migrate import migrate
 from ratifier.processes import WorkerProcess, start_worker
@@ -96,18 +96,18 @@ def _detail(outcome: Outcome) -> str:
 async def _run_scenario(settings: Settings, run_id: str, wait_seconds: float) -> bool:
     keys = context_keys(settings)
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.kafka_bootstrap, enable_auto_commit=False, group_id=None
+        settings.topic(Topic.OUTCOMES),
+        bootstrap_servers=settings.kafka_bootstrap,
+        enable_auto_commit=False,
+        group_id=None,
+        auto_offset_reset="latest",
     )
     producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all")
     await consumer.start()
     await producer.start()
     try:
-        outcomes_topic = settings.topic(Topic.OUTCOMES)
-        partitions = consumer.partitions_for_topic(outcomes_topic) or set()
-        tps = [TopicPartition(outcomes_topic, p) for p in sorted(partitions)]
-        consumer.assign(tps)
-        await consumer.seek_to_end(*tps)
-        for tp in tps:  # resolve the end positions before anything is published
+        # Resolve every partition's end before publishing, so that no outcome is missed.
+        for tp in consumer.assignment():
             await consumer.position(tp)
         expected: dict[str, Step] = {}
         for number, step in enumerate(SCENARIO, start=1):

@@ -125,7 +125,6 @@ def create_app(
         value_serializer="raw",
         topic_partitions=settings.topic_partitions,
         topic_replication_factor=1,
-        topic_allow_declare=False,
         web_enabled=False,
         consumer_auto_offset_reset="earliest",
         producer_acks=-1,

@@ -42,13 +42,16 @@ class Reader:
         return chunk
 
     def int8(self) -> int:
-        return struct.unpack(">b", self.take(1))[0]
+        value: int = struct.unpack(">b", self.take(1))[0]
+        return value
 
     def int16(self) -> int:
-        return struct.unpack(">h", self.take(2))[0]
+        value: int = struct.unpack(">h", self.take(2))[0]
+        return value
 
     def int32(self) -> int:
-        return struct.unpack(">i", self.take(4))[0]
+        value: int = struct.unpack(">i", self.take(4))[0]
+        return value
 
     def string(self) -> str | None:
         n = self.int16()
@@ -132,7 +135,10 @@ def check(host: str, port: int, timeout: float, verbose: bool) -> str:
         if controller_id < 0:
             raise NotReady("no active controller yet")
         listed = ", ".join(f"{n}@{h}:{p}" for n, h, p in brokers)
-        return f"cluster {cluster_id} brokers [{listed}] controller {controller_id} (Metadata v{version})"
+        return (
+            f"cluster {cluster_id} brokers [{listed}] controller {controller_id} "
+            f"(Metadata v{version})"
+        )
 
 
 def main() -> int:

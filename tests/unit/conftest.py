@@ -11,8 +11,9 @@ from commands.validate import Limits
 from schemas.identity import ContextKeys, issue_context_token
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
-KEYS = ContextKeys(secret="unit-test-secret-that-is-long-enough!!", audience="ratifier",
-                   issuer="ratifier-local")
+KEYS = ContextKeys(
+    secret="unit-test-secret-that-is-long-enough!!", audience="ratifier", issuer="ratifier-local"
+)
 
 
 @pytest.fixture
@@ -30,6 +31,10 @@ def policies() -> PolicySet:
     return PolicySet.from_directory()
 
 
-def token(tenant: str = "tenant-a", sub: str = "agent-1", roles: tuple[str, ...] = ("support",),
-          **kwargs: object) -> str:
+def token(
+    tenant: str = "tenant-a",
+    sub: str = "agent-1",
+    roles: tuple[str, ...] = ("support",),
+    **kwargs: object,
+) -> str:
     return issue_context_token(KEYS, sub=sub, tenant=tenant, roles=roles, **kwargs)  # type: ignore[arg-type]

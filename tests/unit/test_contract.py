@@ -39,8 +39,8 @@ def test_every_code_has_a_safe_message_and_one_exception() -> None:
     assert codes >= set(ErrorCode) - {ErrorCode.APPROVAL_REQUIRED}
 
 
-def _subclasses(cls: type) -> list[type[RatifierError]]:
-    found = []
+def _subclasses(cls: type[RatifierError]) -> list[type[RatifierError]]:
+    found: list[type[RatifierError]] = []
     for sub in cls.__subclasses__():
         found.append(sub)
         found.extend(_subclasses(sub))

@@ -10,8 +10,11 @@ from schemas.envelopes import CallFormat, ProposedCall
 
 def envelope(**overrides: object) -> bytes:
     body: dict[str, object] = {
-        "v": 1, "call_id": "c-1", "tool": "get_payment",
-        "arguments": {"payment_id": "pay_A1001"}, "context": "tok",
+        "v": 1,
+        "call_id": "c-1",
+        "tool": "get_payment",
+        "arguments": {"payment_id": "pay_A1001"},
+        "context": "tok",
         "proposed_at": "2026-11-29T12:00:00Z",
     }
     body.update(overrides)

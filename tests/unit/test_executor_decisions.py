@@ -15,22 +15,37 @@ FP = fingerprint(tenant="tenant-a", tool="propose_refund", arguments=ARGS, polic
 
 def command(**kw: object) -> CommittedCommand:
     body: dict[str, object] = dict(
-        operation_id="tenant-a:k", call_id="c", tenant="tenant-a",
-        actor=ActorRef(sub="u", roles=("refund",)), tool="propose_refund", arguments=ARGS,
-        fingerprint=FP, effect=Effect.EXTERNAL_WRITE, policy_version="p1", committed_at=NOW,
-        approval=ApprovalReceipt(approver="boss", decided_at=NOW,
-                                 expires_at=NOW + timedelta(minutes=5), fingerprint=FP))
+        operation_id="tenant-a:k",
+        call_id="c",
+        tenant="tenant-a",
+        actor=ActorRef(sub="u", roles=("refund",)),
+        tool="propose_refund",
+        arguments=ARGS,
+        fingerprint=FP,
+        effect=Effect.EXTERNAL_WRITE,
+        policy_version="p1",
+        committed_at=NOW,
+        approval=ApprovalReceipt(
+            approver="boss", decided_at=NOW, expires_at=NOW + timedelta(minutes=5), fingerprint=FP
+        ),
+    )
     body.update(kw)
-    return CommittedCommand(**body)  # type: ignore[arg-type]
+    return CommittedCommand.model_validate(body)
 
 
 def test_dedup_decisions() -> None:
-    assert dedup_decision(stored_fingerprint="a", stored_status="succeeded",
-                          fingerprint="a") is Dedup.REPLAY
-    assert dedup_decision(stored_fingerprint="a", stored_status="succeeded",
-                          fingerprint="b") is Dedup.CONFLICT
-    assert dedup_decision(stored_fingerprint="a", stored_status="running",
-                          fingerprint="a") is Dedup.IN_FLIGHT
+    assert (
+        dedup_decision(stored_fingerprint="a", stored_status="succeeded", fingerprint="a")
+        is Dedup.REPLAY
+    )
+    assert (
+        dedup_decision(stored_fingerprint="a", stored_status="succeeded", fingerprint="b")
+        is Dedup.CONFLICT
+    )
+    assert (
+        dedup_decision(stored_fingerprint="a", stored_status="running", fingerprint="a")
+        is Dedup.IN_FLIGHT
+    )
 
 
 def test_receipt_checks(catalog: Catalog) -> None:

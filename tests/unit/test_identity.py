@@ -23,9 +23,16 @@ def _b64(data: dict[str, object]) -> str:
 
 def _claims(**overrides: object) -> dict[str, object]:
     now = int(time.time())
-    claims: dict[str, object] = {"sub": "u", "tenant": "tenant-a", "roles": [], "aud": "ratifier",
-                                 "iss": "ratifier-local", "iat": now, "nbf": now,
-                                 "exp": now + 60}
+    claims: dict[str, object] = {
+        "sub": "u",
+        "tenant": "tenant-a",
+        "roles": [],
+        "aud": "ratifier",
+        "iss": "ratifier-local",
+        "iat": now,
+        "nbf": now,
+        "exp": now + 60,
+    }
     claims.update(overrides)
     return claims
 
@@ -39,13 +46,23 @@ def _claims(**overrides: object) -> dict[str, object]:
         jwt.encode(_claims(iss="evil"), KEYS.secret, algorithm="HS256"),
         jwt.encode(_claims(), "another-secret-that-is-also-long-enough", algorithm="HS256"),
         jwt.encode(_claims(tenant="bad tenant!"), KEYS.secret, algorithm="HS256"),
-        jwt.encode({k: v for k, v in _claims().items() if k != "tenant"}, KEYS.secret,
-                   algorithm="HS256"),
+        jwt.encode(
+            {k: v for k, v in _claims().items() if k != "tenant"}, KEYS.secret, algorithm="HS256"
+        ),
         _b64({"alg": "none", "typ": "JWT"}) + "." + _b64(_claims()) + ".",
         "not-a-token",
     ],
-    ids=["expired", "not-yet-valid", "audience", "issuer", "signature", "tenant-shape",
-         "no-tenant", "alg-none", "garbage"],
+    ids=[
+        "expired",
+        "not-yet-valid",
+        "audience",
+        "issuer",
+        "signature",
+        "tenant-shape",
+        "no-tenant",
+        "alg-none",
+        "garbage",
+    ],
 )
 def test_bad_tokens_are_unauthenticated(bad: str) -> None:
     with pytest.raises(Unauthenticated):
@@ -53,7 +70,8 @@ def test_bad_tokens_are_unauthenticated(bad: str) -> None:
 
 
 def test_unconfigured_algorithm_is_refused() -> None:
-    keys = ContextKeys(secret=KEYS.secret, audience="ratifier", issuer="ratifier-local",
-                       algorithms=("HS512",))
+    keys = ContextKeys(
+        secret=KEYS.secret, audience="ratifier", issuer="ratifier-local", algorithms=("HS512",)
+    )
     with pytest.raises(Unauthenticated):
         verify_context_token(issue_context_token(KEYS, sub="u", tenant="tenant-a"), keys)

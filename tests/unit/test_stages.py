@@ -29,16 +29,22 @@ SOURCE = SourcePosition(topic="ratifier.calls.proposed", partition=3, offset=42)
 
 
 def proposed(**overrides: Any) -> bytes:
-    body = {"v": 1, "call_id": "c-1", "tool": "get_payment",
-            "arguments": {"payment_id": "pay_A1001"}, "context": token(),
-            "proposed_at": NOW.isoformat()}
+    body = {
+        "v": 1,
+        "call_id": "c-1",
+        "tool": "get_payment",
+        "arguments": {"payment_id": "pay_A1001"},
+        "context": token(),
+        "proposed_at": NOW.isoformat(),
+    }
     body.update(overrides)
     return json.dumps(body).encode()
 
 
 def test_validator_passes_valid_call_on(catalog: Catalog) -> None:
-    (emit,) = on_proposed(proposed(), source=SOURCE, catalog=catalog, limits=Limits(), now=NOW,
-                          trace_id="t" * 32)
+    (emit,) = on_proposed(
+        proposed(), source=SOURCE, catalog=catalog, limits=Limits(), now=NOW, trace_id="t" * 32
+    )
     assert emit.topic is Topic.VALIDATED
     assert isinstance(emit.value, ValidatedCall)
     assert emit.value.idempotency_key == "c-1"
@@ -47,8 +53,9 @@ def test_validator_passes_valid_call_on(catalog: Catalog) -> None:
 
 def test_malformed_goes_to_deadletter_with_raw_bytes_and_outcome(catalog: Catalog) -> None:
     raw = proposed(v=7)
-    letter, rejected = on_proposed(raw, source=SOURCE, catalog=catalog, limits=Limits(), now=NOW,
-                                   trace_id=None)
+    letter, rejected = on_proposed(
+        raw, source=SOURCE, catalog=catalog, limits=Limits(), now=NOW, trace_id=None
+    )
     assert letter.topic is Topic.DEADLETTER
     assert isinstance(letter.value, DeadLetter)
     assert base64.b64decode(letter.value.raw_base64) == raw
@@ -59,17 +66,24 @@ def test_malformed_goes_to_deadletter_with_raw_bytes_and_outcome(catalog: Catalo
 
 
 def test_unrecoverable_garbage_is_only_deadlettered(catalog: Catalog) -> None:
-    emits = on_proposed(b"\x00\x01", source=SOURCE, catalog=catalog, limits=Limits(), now=NOW,
-                        trace_id=None)
+    emits = on_proposed(
+        b"\x00\x01", source=SOURCE, catalog=catalog, limits=Limits(), now=NOW, trace_id=None
+    )
     assert [e.topic for e in emits] == [Topic.DEADLETTER]
 
 
-def validated(tenant: str = "tenant-a", roles: tuple[str, ...] = ("support",), **kw: Any
-              ) -> ValidatedCall:
-    body: dict[str, Any] = {"call_id": "c-1", "idempotency_key": "k-1", "tool": "get_payment",
-                            "arguments": {"payment_id": "pay_A1001"},
-                            "context": token(tenant=tenant, roles=roles), "proposed_at": NOW,
-                            "validated_at": NOW}
+def validated(
+    tenant: str = "tenant-a", roles: tuple[str, ...] = ("support",), **kw: Any
+) -> ValidatedCall:
+    body: dict[str, Any] = {
+        "call_id": "c-1",
+        "idempotency_key": "k-1",
+        "tool": "get_payment",
+        "arguments": {"payment_id": "pay_A1001"},
+        "context": token(tenant=tenant, roles=roles),
+        "proposed_at": NOW,
+        "validated_at": NOW,
+    }
     body.update(kw)
     return ValidatedCall(**body)
 
@@ -85,23 +99,37 @@ class FakeStore:
         return self.resources.get((tenant, ident))
 
 
-PAYMENT = Resource(kind="payment", id="pay_A1001", tenant="tenant-a",
-                   attributes={"refundable_minor": 4900, "currency": "EUR"})
+PAYMENT = Resource(
+    kind="payment",
+    id="pay_A1001",
+    tenant="tenant-a",
+    attributes={"refundable_minor": 4900, "currency": "EUR"},
+)
 
 
 async def test_authorizer_uses_tenant_from_token_only(
     catalog: Catalog, policies: PolicySet
 ) -> None:
     store = FakeStore(PAYMENT)
-    (emit,) = await on_validated(validated(), catalog=catalog, keys=KEYS, policies=policies,
-                                 fetch=store.fetch, now=NOW)
+    (emit,) = await on_validated(
+        validated(), catalog=catalog, keys=KEYS, policies=policies, fetch=store.fetch, now=NOW
+    )
     assert isinstance(emit.value, AuthorizedCall)
     assert emit.value.operation_id == "tenant-a:k-1"
     assert emit.value.fingerprint == fingerprint(
-        tenant="tenant-a", tool="get_payment", arguments={"payment_id": "pay_A1001"},
-        policy_version=policies.version)
-    (denied,) = await on_validated(validated(tenant="tenant-b"), catalog=catalog, keys=KEYS,
-                                   policies=policies, fetch=store.fetch, now=NOW)
+        tenant="tenant-a",
+        tool="get_payment",
+        arguments={"payment_id": "pay_A1001"},
+        policy_version=policies.version,
+    )
+    (denied,) = await on_validated(
+        validated(tenant="tenant-b"),
+        catalog=catalog,
+        keys=KEYS,
+        policies=policies,
+        fetch=store.fetch,
+        now=NOW,
+    )
     assert isinstance(denied.value, Outcome)
     assert denied.value.status is Status.DENIED
     assert denied.value.error is not None and denied.value.error.code is ErrorCode.NOT_FOUND
@@ -112,8 +140,14 @@ async def test_forged_context_is_unauthenticated_and_loads_nothing(
     catalog: Catalog, policies: PolicySet
 ) -> None:
     store = FakeStore(PAYMENT)
-    (emit,) = await on_validated(validated(context="forged.token.here"), catalog=catalog,
-                                 keys=KEYS, policies=policies, fetch=store.fetch, now=NOW)
+    (emit,) = await on_validated(
+        validated(context="forged.token.here"),
+        catalog=catalog,
+        keys=KEYS,
+        policies=policies,
+        fetch=store.fetch,
+        now=NOW,
+    )
     assert isinstance(emit.value, Outcome)
     assert emit.value.tenant is None
     assert emit.value.error is not None
@@ -122,10 +156,14 @@ async def test_forged_context_is_unauthenticated_and_loads_nothing(
 
 
 async def test_refund_goes_to_approval(catalog: Catalog, policies: PolicySet) -> None:
-    call = validated(roles=("refund",), tool="propose_refund",
-                     arguments={"payment_id": "pay_A1001", "amount_minor": 100, "reason": "r"})
-    (emit,) = await on_validated(call, catalog=catalog, keys=KEYS, policies=policies,
-                                 fetch=FakeStore(PAYMENT).fetch, now=NOW)
+    call = validated(
+        roles=("refund",),
+        tool="propose_refund",
+        arguments={"payment_id": "pay_A1001", "amount_minor": 100, "reason": "r"},
+    )
+    (emit,) = await on_validated(
+        call, catalog=catalog, keys=KEYS, policies=policies, fetch=FakeStore(PAYMENT).fetch, now=NOW
+    )
     assert isinstance(emit.value, AuthorizedCall)
     request, waiting = on_authorized(emit.value, now=NOW)
     assert isinstance(request.value, ApprovalRequest)
@@ -137,8 +175,14 @@ async def test_refund_goes_to_approval(catalog: Catalog, policies: PolicySet) ->
 
 
 async def test_auto_route_commits_keyed_by_operation(catalog: Catalog, policies: PolicySet) -> None:
-    (emit,) = await on_validated(validated(), catalog=catalog, keys=KEYS, policies=policies,
-                                 fetch=FakeStore(PAYMENT).fetch, now=NOW)
+    (emit,) = await on_validated(
+        validated(),
+        catalog=catalog,
+        keys=KEYS,
+        policies=policies,
+        fetch=FakeStore(PAYMENT).fetch,
+        now=NOW,
+    )
     assert isinstance(emit.value, AuthorizedCall)
     (committed,) = on_authorized(emit.value, now=NOW)
     assert committed.topic is Topic.COMMITTED

@@ -15,8 +15,12 @@ REFUND = {"payment_id": "pay_A1001", "amount_minor": 4900, "reason": "double cha
 
 def call(tool: str | None = "propose_refund", arguments: Any = None, **kw: Any) -> ProposedCall:
     return ProposedCall(
-        call_id="c-1", tool=tool, arguments=REFUND if arguments is None else arguments,
-        context="tok", proposed_at=datetime.now(UTC), **kw,
+        call_id="c-1",
+        tool=tool,
+        arguments=REFUND if arguments is None else arguments,
+        context="tok",
+        proposed_at=datetime.now(UTC),
+        **kw,
     )
 
 
@@ -73,8 +77,9 @@ def test_missing_field_and_one_entry_per_problem(catalog: Catalog, limits: Limit
 
 def test_arguments_as_json_string(catalog: Catalog, limits: Limits) -> None:
     assert isinstance(
-        validate(call(arguments='{"payment_id":"pay_A1","amount_minor":1,"reason":"r"}'),
-                 catalog, limits),
+        validate(
+            call(arguments='{"payment_id":"pay_A1","amount_minor":1,"reason":"r"}'), catalog, limits
+        ),
         Validated,
     )
     assert problems(validate(call(arguments="{not json"), catalog, limits)) == [
@@ -101,19 +106,32 @@ def test_depth_and_string_limits(catalog: Catalog) -> None:
 @pytest.mark.parametrize(
     ("fmt", "body"),
     [
-        (CallFormat.OPENAI, {"id": "call_1", "type": "function",
-                             "function": {"name": "get_payment",
-                                          "arguments": '{"payment_id":"pay_A1001"}'}}),
-        (CallFormat.ANTHROPIC, {"type": "tool_use", "id": "toolu_1", "name": "get_payment",
-                                "input": {"payment_id": "pay_A1001"}}),
+        (
+            CallFormat.OPENAI,
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "get_payment", "arguments": '{"payment_id":"pay_A1001"}'},
+            },
+        ),
+        (
+            CallFormat.ANTHROPIC,
+            {
+                "type": "tool_use",
+                "id": "toolu_1",
+                "name": "get_payment",
+                "input": {"payment_id": "pay_A1001"},
+            },
+        ),
         (CallFormat.MCP, {"name": "get_payment", "arguments": {"payment_id": "pay_A1001"}}),
     ],
 )
 def test_provider_formats_normalize(
     catalog: Catalog, limits: Limits, fmt: CallFormat, body: dict[str, Any]
 ) -> None:
-    proposed = ProposedCall(call_id="c-2", context="tok", proposed_at=datetime.now(UTC),
-                            format=fmt, call=body)
+    proposed = ProposedCall(
+        call_id="c-2", context="tok", proposed_at=datetime.now(UTC), format=fmt, call=body
+    )
     result = validate(proposed, catalog, limits)
     assert isinstance(result, Validated)
     assert result.tool.name == "get_payment"

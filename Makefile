@@ -1,0 +1,64 @@
+# ratifier — the one entry point for people, hooks and CI.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+PYTEST := $(BIN)/pytest
+export RATIFIER_BIN := $(CURDIR)/$(BIN)/ratifier
+
+.PHONY: help install up down status lint format schemas unit integration e2e test demo bench clean
+
+help: ## list the targets
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@echo "install: creating $(VENV) with $(PYTHON) and installing ratifier[dev]…"
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	@touch $@
+
+install: $(STAMP) ## create .venv and install the project with dev tools
+
+up: install ## start Kafka, Redis, PostgreSQL on loopback (installs what is missing) and migrate
+	deploy/local/up
+
+down: ## stop what `up` started
+	deploy/local/down
+
+status: ## show the local services
+	deploy/local/status
+
+lint: install ## ruff (lint + format check) and mypy --strict
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+format: install ## apply ruff's formatting and safe fixes
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+schemas: install ## regenerate the JSON Schema files of the contract under schemas/json
+	$(BIN)/python -m schemas.export
+
+unit: install ## pure tests, no I/O
+	$(PYTEST) tests/unit
+
+integration: up ## tests against real Kafka, Redis and PostgreSQL
+	$(PYTEST) tests/integration -m integration
+
+e2e: up ## the whole pipeline through Kafka with real worker processes
+	$(PYTEST) tests/e2e -m e2e
+
+test: up lint unit integration e2e ## everything CI runs
+
+demo: install ## start services, run the pipeline on a short scenario, print outcomes, stop
+	@if deploy/local/status >/dev/null 2>&1; then was_up=1; else was_up=0; fi; \
+	deploy/local/up && $(BIN)/ratifier demo; code=$$?; \
+	if [ $$was_up = 0 ]; then deploy/local/down; fi; exit $$code
+
+clean: ## remove the virtualenv and caches (not the services' data)
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis test-artifacts

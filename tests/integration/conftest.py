@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+from redis.asyncio import Redis
+
+from ratifier.migrate import migrate
+from ratifier.topics import delete_topics, ensure_topics
+from schemas.settings import Settings
+from tests.services import run, session_settings
+
+
+@pytest.fixture(scope="session")
+def settings() -> Iterator[Settings]:
+    settings = session_settings()
+    migrate(settings.database_url)
+    yield settings
+    run(delete_topics(settings))
+
+
+@pytest.fixture
+async def pool(settings: Settings) -> AsyncIterator[AsyncConnectionPool[Any]]:
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        settings.database_url,
+        min_size=1,
+        max_size=4,
+        open=False,
+        kwargs={"row_factory": dict_row},
+    )
+    await pool.open(wait=True, timeout=10)
+    yield pool
+    await pool.close()
+
+
+@pytest.fixture
+async def redis(settings: Settings) -> AsyncIterator[Redis]:
+    client = Redis.from_url(settings.redis_url)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture(scope="session")
+def topics(settings: Settings) -> list[str]:
+    return run(ensure_topics(settings))

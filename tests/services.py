@@ -1,0 +1,132 @@
+"""Shared set-up for tests against the real local services (started by deploy/local/up)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+import uuid
+from collections.abc import Callable, Coroutine
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from schemas.identity import context_keys, issue_context_token
+from schemas.names import Topic
+from schemas.settings import Settings
+
+T = TypeVar("T")
+
+TEST_DATABASE_URL = os.environ.get(
+    "RATIFIER_TEST_DATABASE_URL", "postgresql://ratifier:ratifier@127.0.0.1:5432/ratifier_test"
+)
+
+
+def session_settings(prefix: str | None = None) -> Settings:
+    """Settings for one test session: its own topic prefix (so its own topics and consumer
+    groups) and the test database."""
+    return Settings(
+        topic_prefix=prefix or f"t{uuid.uuid4().hex[:10]}.",
+        database_url=TEST_DATABASE_URL,
+        topic_partitions=4,
+    )
+
+
+def worker_env(settings: Settings) -> dict[str, str]:
+    return {
+        "RATIFIER_TOPIC_PREFIX": settings.topic_prefix,
+        "RATIFIER_DATABASE_URL": settings.database_url,
+        "RATIFIER_TOPIC_PARTITIONS": str(settings.topic_partitions),
+        "RATIFIER_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+        "RATIFIER_REDIS_URL": settings.redis_url,
+    }
+
+
+def context_token(
+    settings: Settings,
+    tenant: str = "tenant-a",
+    sub: str = "agent-1",
+    roles: tuple[str, ...] = ("support",),
+) -> str:
+    return issue_context_token(context_keys(settings), sub=sub, tenant=tenant, roles=roles)
+
+
+def proposal(
+    settings: Settings,
+    *,
+    tool: str,
+    arguments: Any,
+    tenant: str = "tenant-a",
+    call_id: str | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    return {
+        "v": 1,
+        "call_id": call_id or f"c-{uuid.uuid4().hex[:16]}",
+        "tool": tool,
+        "arguments": arguments,
+        "context": context_token(settings, tenant=tenant),
+        "proposed_at": datetime.now(UTC).isoformat(),
+        **extra,
+    }
+
+
+async def publish(settings: Settings, records: list[tuple[str | None, bytes]]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all")
+    await producer.start()
+    try:
+        for key, value in records:
+            await producer.send(
+                settings.topic(Topic.PROPOSED), key=key.encode() if key else None, value=value
+            )
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+async def read_until(
+    settings: Settings,
+    topics: list[Topic],
+    done: Callable[[list[Any]], bool],
+    timeout: float = 60.0,
+) -> list[Any]:
+    """Read ``topics`` from the beginning until ``done(records)`` holds; return the records.
+    Raises TimeoutError naming what was seen when the condition does not hold in time."""
+    consumer = AIOKafkaConsumer(
+        *(settings.topic(t) for t in topics),
+        bootstrap_servers=settings.kafka_bootstrap,
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+    )
+    await consumer.start()
+    records: list[Any] = []
+    try:
+        deadline = time.monotonic() + timeout
+        while not done(records):
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"condition not met after {timeout}s; saw {len(records)} "
+                    f"records on {[t.value for t in topics]}"
+                )
+            batches = await consumer.getmany(timeout_ms=300)
+            for batch in batches.values():
+                records.extend(batch)
+        return records
+    finally:
+        await consumer.stop()
+
+
+def outcomes_by_call(records: list[Any]) -> dict[str, list[dict[str, Any]]]:
+    found: dict[str, list[dict[str, Any]]] = {}
+    for record in records:
+        if record.topic.endswith(Topic.OUTCOMES.value):
+            body = json.loads(record.value)
+            found.setdefault(body["call_id"], []).append(body)
+    return found
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
