@@ -97,10 +97,6 @@ def parse_envelope(raw: bytes | None, limits: Limits) -> ProposedCall | Malforme
         return Malformed(reason="missing or invalid call_id", call_id=None)
     if data.get("v") != 1:
         return Malformed(reason="unsupported or missing version 'v'", call_id=call_id)
-    depth, _ = _depth_and_longest_string(data)
-    # Envelope adds two levels (envelope, call/arguments) above the arguments themselves.
-    if depth > limits.max_nesting_depth + 2:
-        return Malformed(reason="nesting too deep", call_id=call_id)
     try:
         return ProposedCall.model_validate(data)
     except ValidationError as exc:

@@ -102,6 +102,28 @@ def cmd_schemas(_settings: Settings, args: argparse.Namespace) -> int:
     return export_main([args.dir] if args.dir else [])
 
 
+def cmd_catalog_export(settings: Settings, args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from commands.catalog import load_catalog
+    from commands.export import export_catalog
+
+    exported = export_catalog(load_catalog(settings.catalog), args.format)
+    text = json.dumps(exported, indent=2, ensure_ascii=False) + "\n"
+    if args.output is None:
+        sys.stdout.write(text)
+        return 0
+    Path(args.output).write_text(text, encoding="utf-8")
+    print(f"catalog export: {len(exported)} tools ({args.format}) written to {args.output}")
+    return 0
+
+
+# The formats of commands.export.FORMATS, spelled here so that building the parser imports
+# nothing heavy (a unit test keeps the two equal).
+CATALOG_EXPORT_FORMATS = ("openai", "anthropic", "mcp", "jsonschema")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ratifier", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -123,6 +145,14 @@ def build_parser() -> argparse.ArgumentParser:
     schemas = sub.add_parser("schemas", help="write JSON Schema files of the contract")
     schemas.add_argument("dir", nargs="?")
     schemas.set_defaults(func=cmd_schemas)
+    catalog = sub.add_parser("catalog", help="inspect the tool catalog (RATIFIER_CATALOG)")
+    catalog_sub = catalog.add_subparsers(dest="catalog_command", required=True)
+    export = catalog_sub.add_parser(
+        "export", help="write the catalog's tool definitions for a provider, as JSON"
+    )
+    export.add_argument("--format", required=True, choices=CATALOG_EXPORT_FORMATS)
+    export.add_argument("--output", metavar="FILE", help="write here instead of stdout")
+    export.set_defaults(func=cmd_catalog_export)
     return parser
 
 

@@ -37,6 +37,10 @@ log = logging.getLogger("ratifier.streams")
 STORAGE_RETRY_SECONDS = (0.2, 0.5, 1.0, 2.0, 5.0)
 
 
+def _text_key(key: bytes | None) -> str | None:
+    return key.decode(errors="replace")[:256] if key else None
+
+
 def limits_from(settings: Settings) -> Limits:
     return Limits(
         max_record_bytes=settings.max_record_bytes,
@@ -172,6 +176,7 @@ def create_app(
                     call_id=None,
                     source=position(event),
                     at=datetime.now(UTC),
+                    key=_text_key(event.key),
                 ),
             )
         except Exception:
@@ -183,6 +188,7 @@ def create_app(
                     call_id=None,
                     source=position(event),
                     at=datetime.now(UTC),
+                    key=_text_key(event.key),
                 ),
             )
         await publish(emits, trace_id)
@@ -196,6 +202,7 @@ def create_app(
                 return on_proposed(
                     event.value,
                     source=position(event),
+                    key=_text_key(event.key),
                     catalog=catalog,
                     limits=limits,
                     now=datetime.now(UTC),

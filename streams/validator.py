@@ -14,11 +14,19 @@ from streams.emit import Emit, outcome
 
 
 def dead_letter(
-    raw: bytes | None, *, reason: str, call_id: str | None, source: SourcePosition, at: datetime
+    raw: bytes | None,
+    *,
+    reason: str,
+    call_id: str | None,
+    source: SourcePosition,
+    at: datetime,
+    key: str | None = None,
 ) -> Emit:
+    """A dead letter keeps the raw bytes; it is keyed like its source record (or by the
+    call id recovered from it)."""
     return Emit(
         topic=Topic.DEADLETTER,
-        key=call_id,
+        key=key if key is not None else call_id,
         value=DeadLetter(
             call_id=call_id,
             reason=reason[:512],
@@ -33,6 +41,7 @@ def on_proposed(
     raw: bytes | None,
     *,
     source: SourcePosition,
+    key: str | None = None,
     catalog: Catalog,
     limits: Limits,
     now: datetime,
@@ -42,7 +51,7 @@ def on_proposed(
     parsed = parse_envelope(raw, limits)
     if isinstance(parsed, Malformed):
         letter = dead_letter(
-            raw, reason=parsed.reason, call_id=parsed.call_id, source=source, at=now
+            raw, reason=parsed.reason, call_id=parsed.call_id, source=source, at=now, key=key
         )
         if parsed.call_id is None:
             return (letter,)

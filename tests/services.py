@@ -119,6 +119,15 @@ async def read_until(
         await consumer.stop()
 
 
+def json_body(record: Any) -> dict[str, Any] | None:
+    """The record's JSON object, or None for the poison records some tests publish."""
+    try:
+        body = json.loads(record.value)
+    except (ValueError, TypeError, RecursionError):
+        return None
+    return body if isinstance(body, dict) else None
+
+
 def outcomes_by_call(records: list[Any]) -> dict[str, list[dict[str, Any]]]:
     found: dict[str, list[dict[str, Any]]] = {}
     for record in records:

@@ -10,7 +10,7 @@ import pytest
 from schemas.envelopes import TERMINAL_STATUSES
 from schemas.names import Topic
 from tests.e2e.conftest import Pipeline
-from tests.services import outcomes_by_call, proposal, publish, read_until, run
+from tests.services import json_body, outcomes_by_call, proposal, publish, read_until, run
 
 pytestmark = pytest.mark.e2e
 
@@ -48,8 +48,8 @@ def test_own_payment_travels_every_stage_in_order(pipeline: Pipeline) -> None:
     records = send_and_wait(pipeline, [call], PIPELINE_ORDER)
     seen: dict[str, list[Any]] = {}
     for record in records:
-        body = json.loads(record.value)
-        if body.get("call_id") == call["call_id"]:
+        body = json_body(record)
+        if body is not None and body.get("call_id") == call["call_id"]:
             topic = record.topic.removeprefix(pipeline.settings.topic_prefix)
             seen.setdefault(topic, []).append(record)
     assert list(seen) and set(seen) == {t.value for t in PIPELINE_ORDER}

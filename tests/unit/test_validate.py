@@ -136,3 +136,58 @@ def test_provider_formats_normalize(
     assert isinstance(result, Validated)
     assert result.tool.name == "get_payment"
     assert result.normalized == {"payment_id": "pay_A1001"}
+
+
+@pytest.mark.parametrize(
+    ("fmt", "body", "code", "path"),
+    [
+        (CallFormat.OPENAI, {"id": "call_1", "type": "function"}, ErrorCode.UNKNOWN_TOOL, None),
+        (
+            CallFormat.OPENAI,
+            {"function": {"name": "get_payment", "arguments": "{oops"}},
+            ErrorCode.INVALID_ARGUMENTS,
+            "$.call.function.arguments",
+        ),
+        (
+            CallFormat.OPENAI,
+            {"function": {"name": "get_payment", "arguments": '{"payment_id": 7}'}},
+            ErrorCode.INVALID_ARGUMENTS,
+            "$.call.function.arguments.payment_id",
+        ),
+        (
+            CallFormat.ANTHROPIC,
+            {"type": "tool_use", "name": "get_payment"},
+            ErrorCode.INVALID_ARGUMENTS,
+            "$.call.input",
+        ),
+        (
+            CallFormat.ANTHROPIC,
+            {"type": "tool_use", "name": "GET_PAYMENT", "input": {}},
+            ErrorCode.UNKNOWN_TOOL,
+            None,
+        ),
+        (
+            CallFormat.MCP,
+            {"name": "get_payment", "arguments": ["pay_A1001"]},
+            ErrorCode.INVALID_ARGUMENTS,
+            "$.call.arguments",
+        ),
+        (CallFormat.MCP, {"name": 42, "arguments": {}}, ErrorCode.UNKNOWN_TOOL, None),
+    ],
+)
+def test_broken_provider_formats(
+    catalog: Catalog,
+    limits: Limits,
+    fmt: CallFormat,
+    body: dict[str, Any],
+    code: ErrorCode,
+    path: str | None,
+) -> None:
+    proposed = ProposedCall(
+        call_id="c-3", context="tok", proposed_at=datetime.now(UTC), format=fmt, call=body
+    )
+    result = validate(proposed, catalog, limits)
+    assert isinstance(result, Rejection)
+    assert result.code is code
+    if path is not None:
+        assert [f.path for f in result.fields] == [path]
