@@ -3,6 +3,7 @@ class, resource loader, handler and optional reconcile hook."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -10,12 +11,21 @@ from typing import Any
 
 from psycopg import AsyncConnection
 from psycopg.rows import DictRow
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from schemas.envelopes import Actor, Effect
 from schemas.errors import ConfigurationError
 
 Connection = AsyncConnection[DictRow]
+
+
+SECRET_MARK = "x-secret"  # noqa: S105 - a schema keyword, not a credential
+
+
+def Secret(**field_options: Any) -> Any:  # noqa: N802 - reads like a type in a model
+    """A field whose value is masked wherever it is shown or logged: previews, audit, logs."""
+    extra: dict[str, JsonValue] = {SECRET_MARK: True}
+    return Field(json_schema_extra=extra, **field_options)
 
 
 class ToolArguments(BaseModel):
@@ -69,6 +79,30 @@ class Tool:
     load: ResourceLoader | None = None
     reconcile: ReconcileHook | None = None
     secret_fields: frozenset[str] = field(default_factory=frozenset)
+
+    def __post_init__(self) -> None:
+        marked = {
+            name
+            for name, info in self.arguments.model_fields.items()
+            if isinstance(info.json_schema_extra, dict) and info.json_schema_extra.get(SECRET_MARK)
+        }
+        # Frozen: the union is computed once, at declaration.
+        object.__setattr__(self, "secret_fields", frozenset(self.secret_fields | marked))
+
+    def masked(self, arguments: dict[str, Any], *, salt: str | None = None) -> dict[str, Any]:
+        """``arguments`` with secret fields replaced: by a salted hash (comparable across
+        records, not reversible) when a salt is given, else by ``"***"``."""
+        return {
+            key: (_mask(value, salt) if key in self.secret_fields else value)
+            for key, value in arguments.items()
+        }
+
+
+def _mask(value: Any, salt: str | None) -> str:
+    if salt is None:
+        return "***"
+    digest = hashlib.sha256(f"{salt}:{value!r}".encode()).hexdigest()[:16]
+    return f"sha256:{digest}"
 
 
 class Catalog:

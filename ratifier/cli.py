@@ -119,11 +119,6 @@ def cmd_catalog_export(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-# The formats of commands.export.FORMATS, spelled here so that building the parser imports
-# nothing heavy (a unit test keeps the two equal).
-CATALOG_EXPORT_FORMATS = ("openai", "anthropic", "mcp", "jsonschema")
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ratifier", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -150,7 +145,11 @@ def build_parser() -> argparse.ArgumentParser:
     export = catalog_sub.add_parser(
         "export", help="write the catalog's tool definitions for a provider, as JSON"
     )
-    export.add_argument("--format", required=True, choices=CATALOG_EXPORT_FORMATS)
+    # commands.export.FORMATS, spelled out so that building the parser imports nothing heavy
+    # (a unit test keeps the two equal).
+    export.add_argument(
+        "--format", required=True, choices=("openai", "anthropic", "mcp", "jsonschema")
+    )
     export.add_argument("--output", metavar="FILE", help="write here instead of stdout")
     export.set_defaults(func=cmd_catalog_export)
     return parser

@@ -29,6 +29,13 @@ class Settings(BaseSettings):
     max_string_length: int = Field(default=8192, ge=16)
     outcome_cache_seconds: int = Field(default=24 * 3600, ge=1)
     log_level: str = "INFO"
+    # Which stream stages this worker runs (comma-separated), so that stages can be scaled
+    # and deployed apart: validator, authorizer, approval-join.
+    streams_stages: str = "validator,authorizer,approval-join"
+
+    @property
+    def stream_stages(self) -> frozenset[str]:
+        return frozenset(s.strip() for s in self.streams_stages.split(",") if s.strip())
 
     def topic(self, topic: Topic) -> str:
         return topic_name(self.topic_prefix, topic)

@@ -23,7 +23,7 @@ from commands.catalog import Catalog, Resource, Tool, ToolArguments
 from commands.policy import PolicySet
 from commands.validate import Limits
 from schemas.envelopes import AuthorizedCall, SourcePosition, ValidatedCall
-from schemas.errors import StorageUnavailable
+from schemas.errors import ConfigurationError, StorageUnavailable
 from schemas.identity import context_keys
 from schemas.names import STREAMS_APP_ID, TRACEPARENT_HEADER, Topic
 from schemas.settings import Settings
@@ -34,6 +34,7 @@ from streams.validator import dead_letter, on_proposed
 
 log = logging.getLogger("ratifier.streams")
 
+STAGES = frozenset({"validator", "authorizer", "approval-join"})
 STORAGE_RETRY_SECONDS = (0.2, 0.5, 1.0, 2.0, 5.0)
 
 
@@ -193,7 +194,13 @@ def create_app(
             )
         await publish(emits, trace_id)
 
-    @app.agent(topics[Topic.PROPOSED], name="validator")
+    stages = settings.stream_stages
+    unknown = stages - STAGES
+    if unknown:
+        raise ConfigurationError(
+            f"unknown stream stages {sorted(unknown)}; known: {sorted(STAGES)}"
+        )
+
     async def validator(stream: faust.StreamT[bytes]) -> None:
         async for event in stream.events():
             trace_id = trace_id_from(event.message.headers)
@@ -211,7 +218,6 @@ def create_app(
 
             await contain(event, "validator", step, trace_id)
 
-    @app.agent(topics[Topic.VALIDATED], name="authorizer")
     async def authorizer(stream: faust.StreamT[bytes]) -> None:
         async for event in stream.events():
             trace_id = trace_id_from(event.message.headers)
@@ -229,16 +235,24 @@ def create_app(
 
             await contain(event, "authorizer", step, trace_id)
 
-    @app.agent(topics[Topic.AUTHORIZED], name="approval-join")
     async def approval_join(stream: faust.StreamT[bytes]) -> None:
         async for event in stream.events():
             trace_id = trace_id_from(event.message.headers)
 
             async def step(event: Any = event) -> tuple[Emit, ...]:
                 call = AuthorizedCall.model_validate_json(event.value)
-                return on_authorized(call, now=datetime.now(UTC))
+                return on_authorized(call, tool=catalog.get(call.tool), now=datetime.now(UTC))
 
             await contain(event, "approval-join", step, trace_id)
+
+    agents = {
+        "validator": (Topic.PROPOSED, validator),
+        "authorizer": (Topic.VALIDATED, authorizer),
+        "approval-join": (Topic.AUTHORIZED, approval_join),
+    }
+    for name, (source, agent) in agents.items():
+        if name in stages:
+            app.agent(topics[source], name=name)(agent)
 
     async def _close_store(_app: Any, /, *_args: Any, signal: Any, **_kwargs: Any) -> None:
         await store.close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+from commands.catalog import Tool
 from schemas.envelopes import (
     ApprovalRequest,
     AuthorizedCall,
@@ -23,10 +24,12 @@ from streams.emit import Emit, outcome
 DEFAULT_APPROVAL_TTL = timedelta(minutes=15)
 
 
-def preview_lines(call: AuthorizedCall) -> tuple[str, ...]:
-    """Human-readable lines: what is changed, by how much, for whom, with which effect."""
+def preview_lines(call: AuthorizedCall, tool: Tool | None) -> tuple[str, ...]:
+    """Human-readable lines: what is changed, by how much, for whom, with which effect.
+    Secret fields are masked."""
+    shown = tool.masked(call.arguments) if tool is not None else call.arguments
     lines = [f"{call.tool} requested by {call.actor.sub} in {call.tenant}"]
-    lines.extend(f"{key}: {value}" for key, value in sorted(call.arguments.items()))
+    lines.extend(f"{key}: {value}" for key, value in sorted(shown.items()))
     lines.append(f"effect: {call.effect.value}")
     return tuple(lines)
 
@@ -52,7 +55,11 @@ def commit(call: AuthorizedCall, *, now: datetime) -> Emit:
 
 
 def on_authorized(
-    call: AuthorizedCall, *, now: datetime, ttl: timedelta = DEFAULT_APPROVAL_TTL
+    call: AuthorizedCall,
+    *,
+    tool: Tool | None,
+    now: datetime,
+    ttl: timedelta = DEFAULT_APPROVAL_TTL,
 ) -> tuple[Emit, ...]:
     if call.route is Route.AUTO:
         return (commit(call, now=now),)
@@ -62,7 +69,7 @@ def on_authorized(
         tenant=call.tenant,
         tool=call.tool,
         arguments=call.arguments,
-        preview=preview_lines(call),
+        preview=preview_lines(call, tool),
         fingerprint=call.fingerprint,
         effect=call.effect,
         policy_version=call.policy_version,

@@ -7,7 +7,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -73,7 +73,7 @@ def proposal(
     }
 
 
-async def publish(settings: Settings, records: list[tuple[str | None, bytes]]) -> None:
+async def publish(settings: Settings, records: Sequence[tuple[str | None, bytes | None]]) -> None:
     producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all")
     await producer.start()
     try:

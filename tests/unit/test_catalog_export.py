@@ -27,7 +27,7 @@ from commands.export import (
 )
 from commands.payments import TOOLS
 from commands.reference import catalog as reference_catalog
-from ratifier.cli import CATALOG_EXPORT_FORMATS, main
+from ratifier.cli import build_parser, main
 from schemas.envelopes import Effect
 from schemas.errors import ConfigurationError
 
@@ -104,7 +104,12 @@ def _propose_refund_properties(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_formats_are_the_cli_choices() -> None:
-    assert FORMATS == CATALOG_EXPORT_FORMATS == tuple(f.value for f in ExportFormat)
+    assert tuple(f.value for f in ExportFormat) == FORMATS
+    for fmt in FORMATS:
+        args = build_parser().parse_args(["catalog", "export", "--format", fmt])
+        assert args.format == fmt
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["catalog", "export", "--format", "yaml"])
 
 
 def test_unknown_format_is_refused() -> None:
