@@ -15,7 +15,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from pydantic import ValidationError
 
 from commands.catalog import Catalog, Connection, ExecutionContext, Tool
-from commands.policy import PolicySet, authorize
+from commands.policy import PolicySource, authorize
 from executors.decisions import Dedup, dedup_decision, receipt_problem, status_for
 from executors.dedup import CachedOutcome, OutcomeCache
 from executors.ledger import CommandLedger
@@ -32,7 +32,7 @@ class CommandExecutor:
         pool: AsyncConnectionPool[Any],
         cache: OutcomeCache,
         catalog: Catalog,
-        policies: PolicySet,
+        policies: PolicySource,
     ) -> None:
         self._pool = pool
         self._cache = cache
@@ -154,7 +154,7 @@ class CommandExecutor:
             tool=tool,
             resource=resource,
             arguments=command.arguments,
-            policies=self._policies,
+            policies=self._policies.current,
         )
         if not decision.permitted:
             return self._failed(command, ErrorCode.PRECONDITION_FAILED, trace_id)

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from redis.asyncio import Redis
 
 from commands.catalog import Catalog
-from commands.policy import PolicySet
+from commands.policy_feed import PolicyFeed
 from executors.dedup import OutcomeCache
 from executors.executor import CommandExecutor
 from schemas.envelopes import CommittedCommand, DeadLetter, Record, SourcePosition
@@ -43,7 +43,7 @@ def _trace_id(record: ConsumerRecord[bytes, bytes]) -> str | None:
 
 
 class ExecutorService:
-    def __init__(self, settings: Settings, *, catalog: Catalog, policies: PolicySet) -> None:
+    def __init__(self, settings: Settings, *, catalog: Catalog, policies: PolicyFeed) -> None:
         self._settings = settings
         self._catalog = catalog
         self._policies = policies
@@ -151,6 +151,7 @@ class ExecutorService:
         await pool.open(wait=True, timeout=30)
         await producer.start()
         await consumer.start()
+        follower = asyncio.create_task(self._policies.follow())
         log.info("executor started on %s", settings.topic(Topic.COMMITTED))
         try:
             while not self._stopping.is_set():
@@ -168,16 +169,18 @@ class ExecutorService:
                 self.processed += sum(len(r) for r in batches.values())
         finally:
             log.info("executor stopping")
+            follower.cancel()
             await consumer.stop()
             await producer.stop()
             await pool.close()
             await redis.aclose()
 
 
-def run_executor(settings: Settings, *, catalog: Catalog, policies: PolicySet) -> None:
+def run_executor(settings: Settings, *, catalog: Catalog, policies: PolicyFeed) -> None:
     service = ExecutorService(settings, catalog=catalog, policies=policies)
 
     async def main() -> None:
+        await policies.catch_up()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, service.stop)

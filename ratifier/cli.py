@@ -7,6 +7,8 @@ import asyncio
 import logging
 import sys
 from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
 
 from schemas.errors import RatifierError
 from schemas.settings import Settings
@@ -60,23 +62,23 @@ def cmd_streams(settings: Settings, _args: argparse.Namespace) -> int:
     import faust
 
     from commands.catalog import load_catalog
-    from commands.policy import PolicySet
+    from commands.policy_feed import PolicyFeed, local_policies
     from ratifier.migrate import migrate
     from ratifier.topics import ensure_topics
     from streams.app import create_app
 
     migrate(settings.database_url)
     asyncio.run(ensure_topics(settings))
-    app = create_app(
-        settings, catalog=load_catalog(settings.catalog), policies=PolicySet.from_directory()
-    )
+    feed = PolicyFeed(settings, local_policies(settings))
+    asyncio.run(feed.catch_up())  # start on the newest published policy set
+    app = create_app(settings, catalog=load_catalog(settings.catalog), feed=feed)
     worker = faust.Worker(app, loglevel=settings.log_level.upper(), quiet=True)
     worker.execute_from_commandline()  # runs until a signal stops it, then exits
 
 
 def cmd_executor(settings: Settings, _args: argparse.Namespace) -> int:
     from commands.catalog import load_catalog
-    from commands.policy import PolicySet
+    from commands.policy_feed import PolicyFeed, local_policies
     from executors.service import run_executor
     from ratifier.migrate import migrate
     from ratifier.topics import ensure_topics
@@ -84,9 +86,50 @@ def cmd_executor(settings: Settings, _args: argparse.Namespace) -> int:
     _setup_logging(settings)
     migrate(settings.database_url)
     asyncio.run(ensure_topics(settings))
-    run_executor(
-        settings, catalog=load_catalog(settings.catalog), policies=PolicySet.from_directory()
+    feed = PolicyFeed(settings, local_policies(settings))
+    run_executor(settings, catalog=load_catalog(settings.catalog), policies=feed)
+    return 0
+
+
+def cmd_policy_publish(settings: Settings, args: argparse.Namespace) -> int:
+    from commands.policy import PolicySet
+    from commands.policy_feed import local_policies, policy_record, publish_policies
+    from ratifier.topics import ensure_topics
+
+    policies = (
+        PolicySet.from_directory(Path(args.policies)) if args.policies else local_policies(settings)
     )
+    asyncio.run(ensure_topics(settings))
+    asyncio.run(publish_policies(settings, policy_record(settings, policies)))
+    print(f"published policy set {settings.policy_set_name!r} version {policies.version}")
+    return 0
+
+
+def cmd_policy_replay(settings: Settings, args: argparse.Namespace) -> int:
+    from commands.catalog import load_catalog
+    from commands.policy import PolicySet
+    from commands.policy_feed import PolicyFeed, local_policies
+    from ratifier.policy_replay import replay
+    from schemas.identity import context_keys
+
+    candidate = PolicySet.from_directory(Path(args.policies))
+    feed = PolicyFeed(settings, local_policies(settings))
+    asyncio.run(feed.catch_up())  # the set in force is the newest published one
+    since = datetime.fromisoformat(args.since) if args.since else None
+    if since is not None and since.tzinfo is None:
+        since = since.replace(tzinfo=UTC)
+    report = asyncio.run(
+        replay(
+            settings,
+            catalog=load_catalog(settings.catalog),
+            keys=context_keys(settings),
+            current=feed.current,
+            candidate=candidate,
+            since=since,
+            from_offset=args.from_offset,
+        )
+    )
+    print(report.render())
     return 0
 
 
@@ -137,6 +180,19 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="run the pipeline on a short scenario")
     demo.add_argument("--timeout", type=float, default=120.0)
     demo.set_defaults(func=cmd_demo)
+    policy = sub.add_parser("policy", help="publish or replay Cedar policy sets")
+    policy_sub = policy.add_subparsers(dest="policy_command", required=True)
+    publish = policy_sub.add_parser("publish", help="publish a policy set to running services")
+    publish.add_argument("--policies", help="directory (default: RATIFIER_POLICY_DIR or ours)")
+    publish.set_defaults(func=cmd_policy_publish)
+    replay = policy_sub.add_parser(
+        "replay", help="re-decide past proposals under a candidate set; no effects"
+    )
+    replay.add_argument("--policies", required=True, help="candidate policy directory")
+    start = replay.add_mutually_exclusive_group()
+    start.add_argument("--since", help="ISO time, e.g. 2026-11-29T12:00:00Z")
+    start.add_argument("--from-offset", type=int, help="offset in every partition")
+    replay.set_defaults(func=cmd_policy_replay)
     schemas = sub.add_parser("schemas", help="write JSON Schema files of the contract")
     schemas.add_argument("dir", nargs="?")
     schemas.set_defaults(func=cmd_schemas)

@@ -1,21 +1,28 @@
 """Signed actor context: the only source of tenant, user and roles.
 
-A context is a compact JWS (JWT) issued by the trusted agent runtime. Verification checks
-signature, algorithm, ``exp``, ``nbf``, ``iat``, ``aud`` and ``iss`` with a small clock skew.
+A context is a compact JWS (JWT) issued by the trusted agent runtime. Keys: an HS256 secret
+for local use, and EdDSA or RS256 public keys from a JWKS file for production, selected by
+``kid`` (several at once during a rotation). Verification checks the signature, that the
+algorithm is configured (never ``none``), ``exp``, ``nbf``, ``iat``, ``aud`` and ``iss``,
+with a small clock skew.
 """
 
 from __future__ import annotations
 
+import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import jwt
 
 from schemas.envelopes import Actor
-from schemas.errors import Unauthenticated
+from schemas.errors import ConfigurationError, Unauthenticated
 from schemas.settings import Settings
 
 LOCAL_ALGORITHM = "HS256"
+ASYMMETRIC_ALGORITHMS = frozenset({"EdDSA", "RS256"})
 REQUIRED_CLAIMS = ("sub", "tenant", "exp", "iat", "aud", "iss")
 
 
@@ -23,11 +30,54 @@ REQUIRED_CLAIMS = ("sub", "tenant", "exp", "iat", "aud", "iss")
 class ContextKeys:
     """Keys and expectations for verifying context tokens."""
 
-    secret: str
+    secret: str | None
     audience: str
     issuer: str
     leeway_seconds: int = 30
-    algorithms: tuple[str, ...] = (LOCAL_ALGORITHM,)
+    # kid → public key, for EdDSA / RS256 tokens.
+    public_keys: dict[str, jwt.PyJWK] = field(default_factory=dict)
+
+    @property
+    def algorithms(self) -> frozenset[str]:
+        found = {k.algorithm_name for k in self.public_keys.values()}
+        if self.secret is not None:
+            found.add(LOCAL_ALGORITHM)
+        return frozenset(found)
+
+
+def load_jwks(path: Path) -> dict[str, jwt.PyJWK]:
+    """Public keys by ``kid`` from a JWKS file; only EdDSA and RS256 keys are accepted."""
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+        keys: dict[str, jwt.PyJWK] = {}
+        for entry in document["keys"]:
+            kid, alg = entry.get("kid"), entry.get("alg")
+            if not kid or alg not in ASYMMETRIC_ALGORITHMS:
+                raise ConfigurationError(
+                    f"JWKS key {kid!r}: needs a 'kid' and 'alg' of {sorted(ASYMMETRIC_ALGORITHMS)}"
+                )
+            if "d" in entry:
+                raise ConfigurationError(
+                    f"JWKS key {kid!r} holds a private key; publish public keys"
+                )
+            keys[kid] = jwt.PyJWK(entry, algorithm=alg)
+    except (OSError, ValueError, KeyError, TypeError, jwt.PyJWTError) as exc:
+        raise ConfigurationError(f"cannot read JWKS file {path}: {exc}") from exc
+    return keys
+
+
+def context_keys(settings: Settings) -> ContextKeys:
+    public_keys = load_jwks(Path(settings.context_jwks_file)) if settings.context_jwks_file else {}
+    secret = settings.context_secret if settings.context_hs256 else None
+    if secret is None and not public_keys:
+        raise ConfigurationError("no context keys: enable HS256 or configure a JWKS file")
+    return ContextKeys(
+        secret=secret,
+        audience=settings.context_audience,
+        issuer=settings.context_issuer,
+        leeway_seconds=settings.clock_skew_seconds,
+        public_keys=public_keys,
+    )
 
 
 def issue_context_token(
@@ -39,8 +89,12 @@ def issue_context_token(
     sid: str | None = None,
     ttl_seconds: int = 3600,
     now: float | None = None,
+    signing_key: Any = None,
+    kid: str | None = None,
+    algorithm: str = LOCAL_ALGORITHM,
 ) -> str:
-    """Issue a local HS256 context token (demos, tests, local agents)."""
+    """Issue a context token: HS256 with the local secret by default (demos, tests, local
+    agents), or signed with ``signing_key`` (a private key) under ``kid``."""
     issued = int(time.time() if now is None else now)
     claims: dict[str, object] = {
         "sub": sub,
@@ -54,23 +108,56 @@ def issue_context_token(
     }
     if sid is not None:
         claims["sid"] = sid
-    return jwt.encode(claims, keys.secret, algorithm=LOCAL_ALGORITHM)
+    if signing_key is None:
+        if keys.secret is None:
+            raise ConfigurationError("HS256 is not enabled; pass a signing key")
+        return jwt.encode(claims, keys.secret, algorithm=LOCAL_ALGORITHM)
+    return jwt.encode(claims, signing_key, algorithm=algorithm, headers={"kid": kid})
 
 
-def verify_context_token(token: str, keys: ContextKeys) -> Actor:
-    """Verify ``token`` and return the actor it names, or raise `Unauthenticated`."""
+def _key_for(token: str, keys: ContextKeys) -> tuple[Any, str]:
+    try:
+        header = jwt.get_unverified_header(token)
+    except jwt.PyJWTError as exc:
+        raise Unauthenticated() from exc
+    alg = header.get("alg")
+    if not isinstance(alg, str) or alg not in keys.algorithms:
+        raise Unauthenticated()  # includes "none" and anything not configured
+    if alg == LOCAL_ALGORITHM:
+        return keys.secret, alg
+    kid = header.get("kid")
+    key = keys.public_keys.get(kid) if isinstance(kid, str) else None
+    if key is None or key.algorithm_name != alg:
+        raise Unauthenticated()  # unknown kid (e.g. rotated out) or alg/key mismatch
+    return key.key, alg
+
+
+def verify_context_token(token: str, keys: ContextKeys, *, check_expiry: bool = True) -> Actor:
+    """Verify ``token`` and return the actor it names, or raise `Unauthenticated`.
+
+    ``check_expiry=False`` is for policy replay only: historical tokens are long expired, but
+    their signature, audience and issuer still prove who asked."""
+    key, alg = _key_for(token, keys)
     try:
         claims = jwt.decode(
             token,
-            keys.secret,
-            algorithms=list(keys.algorithms),
+            key,
+            algorithms=[alg],
             audience=keys.audience,
             issuer=keys.issuer,
             leeway=keys.leeway_seconds,
-            options={"require": list(REQUIRED_CLAIMS)},
+            options={
+                "require": list(REQUIRED_CLAIMS),
+                "verify_exp": check_expiry,
+                "verify_nbf": check_expiry,
+                "verify_iat": check_expiry,
+            },
         )
     except jwt.PyJWTError as exc:
         raise Unauthenticated() from exc
+    iat = claims.get("iat")
+    if check_expiry and isinstance(iat, int | float) and iat > time.time() + keys.leeway_seconds:
+        raise Unauthenticated()  # issued in the future
     roles = claims.get("roles", [])
     sid = claims.get("sid")
     if not isinstance(roles, list) or not all(isinstance(r, str) for r in roles):
@@ -84,12 +171,3 @@ def verify_context_token(token: str, keys: ContextKeys) -> Actor:
         )
     except ValueError as exc:
         raise Unauthenticated() from exc
-
-
-def context_keys(settings: Settings) -> ContextKeys:
-    return ContextKeys(
-        secret=settings.context_secret,
-        audience=settings.context_audience,
-        issuer=settings.context_issuer,
-        leeway_seconds=settings.clock_skew_seconds,
-    )

@@ -20,10 +20,18 @@ class Settings(BaseSettings):
     context_secret: str = Field(
         default="ratifier-local-development-secret-change-me", min_length=32
     )
+    # HS256 with the secret above is for local use; production sets this false and points
+    # RATIFIER_CONTEXT_JWKS_FILE at the runtime's public keys (EdDSA / RS256, by kid).
+    context_hs256: bool = True
+    context_jwks_file: str | None = None
     context_audience: str = "ratifier"
     context_issuer: str = "ratifier-local"
     clock_skew_seconds: int = Field(default=30, ge=0, le=300)
     catalog: str = "commands.reference:catalog"
+    # Directory with *.cedar policies and one *.cedarschema.json; default: commands/policies.
+    policy_dir: str | None = None
+    # Key of this deployment's policy set on the compacted `policies` topic.
+    policy_set_name: str = "default"
     max_record_bytes: int = Field(default=64 * 1024, ge=1024)
     max_nesting_depth: int = Field(default=16, ge=2)
     max_string_length: int = Field(default=8192, ge=16)

@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 import faust
@@ -20,7 +21,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from pydantic import ValidationError
 
 from commands.catalog import Catalog, Resource, Tool, ToolArguments
-from commands.policy import PolicySet
+from commands.policy_feed import PolicyFeed
 from commands.validate import Limits
 from schemas.envelopes import AuthorizedCall, SourcePosition, ValidatedCall
 from schemas.errors import ConfigurationError, StorageUnavailable
@@ -28,12 +29,14 @@ from schemas.identity import context_keys
 from schemas.names import STREAMS_APP_ID, TRACEPARENT_HEADER, Topic
 from schemas.settings import Settings
 from streams.approval import on_authorized
-from streams.authorizer import on_validated
+from streams.authorizer import on_validated_batch
 from streams.emit import Emit
 from streams.validator import dead_letter, on_proposed
 
 log = logging.getLogger("ratifier.streams")
 
+BATCH_MAX = 500
+BATCH_WITHIN = 0.005  # seconds a partial batch waits for more records
 STAGES = frozenset({"validator", "authorizer", "approval-join"})
 STORAGE_RETRY_SECONDS = (0.2, 0.5, 1.0, 2.0, 5.0)
 
@@ -105,7 +108,12 @@ def _is_storage_error(exc: BaseException) -> bool:
     return isinstance(exc, psycopg.OperationalError | PoolTimeout)
 
 
-async def with_storage_retry(step: Callable[[], Awaitable[tuple[Emit, ...]]]) -> tuple[Emit, ...]:
+BatchHandler = Callable[[Sequence[Any]], Awaitable[list[tuple[Emit, ...]]]]
+
+
+async def with_storage_retry(
+    step: Callable[[], Awaitable[list[tuple[Emit, ...]]]],
+) -> list[tuple[Emit, ...]]:
     """Retry a stage while storage is unreachable: the record waits, it is never dropped."""
     attempt = 0
     while True:
@@ -119,7 +127,7 @@ async def with_storage_retry(step: Callable[[], Awaitable[tuple[Emit, ...]]]) ->
 
 
 def create_app(
-    settings: Settings, *, catalog: Catalog, policies: PolicySet, **faust_options: Any
+    settings: Settings, *, catalog: Catalog, feed: PolicyFeed, **faust_options: Any
 ) -> faust.App:
     """A faust app with the validator, authorizer and approval-join agents."""
     app = faust.App(
@@ -162,37 +170,37 @@ def create_app(
             topic=message.topic, partition=message.partition, offset=message.offset
         )
 
-    async def contain(
-        event: Any, stage: str, step: Callable[[], Awaitable[tuple[Emit, ...]]], trace_id: str
-    ) -> None:
-        """Run one record through a stage; a bug in a stage dead-letters that record only."""
-        try:
-            emits = await with_storage_retry(step)
-        except (ValidationError, ValueError) as exc:
-            log.warning("%s: unreadable record at %s: %s", stage, position(event), exc)
-            emits = (
-                dead_letter(
-                    event.value,
-                    reason=f"{stage}: unreadable record",
-                    call_id=None,
-                    source=position(event),
-                    at=datetime.now(UTC),
-                    key=_text_key(event.key),
-                ),
-            )
-        except Exception:
-            log.exception("%s: internal error at %s", stage, position(event))
-            emits = (
-                dead_letter(
-                    event.value,
-                    reason=f"{stage}: internal error",
-                    call_id=None,
-                    source=position(event),
-                    at=datetime.now(UTC),
-                    key=_text_key(event.key),
-                ),
-            )
-        await publish(emits, trace_id)
+    def unreadable(event: Any, stage: str, why: str) -> tuple[Emit, ...]:
+        return (
+            dead_letter(
+                event.value,
+                reason=f"{stage}: {why}",
+                call_id=None,
+                source=position(event),
+                at=datetime.now(UTC),
+                key=_text_key(event.key),
+            ),
+        )
+
+    async def run_stage(stream: Any, stage: str, handle: BatchHandler) -> None:
+        """Feed the stream to ``handle`` in batches (a backlog drains in large batches, a
+        quiet stream waits at most BATCH_WITHIN). A bug in a stage costs only the record
+        that triggers it: the batch is retried one record at a time and that record is
+        dead-lettered."""
+        async for events in stream.take_events(BATCH_MAX, within=BATCH_WITHIN):
+            try:
+                results = await with_storage_retry(partial(handle, events))
+            except Exception:
+                log.exception("%s: batch failed; retrying record by record", stage)
+                results = []
+                for event in events:
+                    try:
+                        results.extend(await with_storage_retry(partial(handle, [event])))
+                    except Exception:
+                        log.exception("%s: internal error at %s", stage, position(event))
+                        results.append(unreadable(event, stage, "internal error"))
+            for event, emits in zip(events, results, strict=True):
+                await publish(emits, trace_id_from(event.message.headers))
 
     stages = settings.stream_stages
     unknown = stages - STAGES
@@ -201,49 +209,69 @@ def create_app(
             f"unknown stream stages {sorted(unknown)}; known: {sorted(STAGES)}"
         )
 
+    async def validate_batch(events: Sequence[Any]) -> list[tuple[Emit, ...]]:
+        now = datetime.now(UTC)
+        return [
+            on_proposed(
+                event.value,
+                source=position(event),
+                key=_text_key(event.key),
+                catalog=catalog,
+                limits=limits,
+                now=now,
+                trace_id=trace_id_from(event.message.headers),
+                policy_version=feed.current.version,
+            )
+            for event in events
+        ]
+
+    async def authorize_events(events: Sequence[Any]) -> list[tuple[Emit, ...]]:
+        parsed: list[ValidatedCall | None] = []
+        for event in events:
+            try:
+                parsed.append(ValidatedCall.model_validate_json(event.value or b""))
+            except ValidationError:
+                parsed.append(None)
+        calls = [c for c in parsed if c is not None]
+        decided = iter(
+            await on_validated_batch(
+                calls,
+                catalog=catalog,
+                keys=keys,
+                policies=feed.current,
+                fetch=store.fetch,
+                now=datetime.now(UTC),
+            )
+        )
+        return [
+            next(decided) if call is not None else unreadable(event, "authorizer", "unreadable")
+            for event, call in zip(events, parsed, strict=True)
+        ]
+
+    async def join_events(events: Sequence[Any]) -> list[tuple[Emit, ...]]:
+        results: list[tuple[Emit, ...]] = []
+        for event in events:
+            try:
+                call = AuthorizedCall.model_validate_json(event.value or b"")
+            except ValidationError:
+                results.append(unreadable(event, "approval-join", "unreadable"))
+                continue
+            results.append(on_authorized(call, tool=catalog.get(call.tool), now=datetime.now(UTC)))
+        return results
+
     async def validator(stream: faust.StreamT[bytes]) -> None:
-        async for event in stream.events():
-            trace_id = trace_id_from(event.message.headers)
-
-            async def step(event: Any = event, trace_id: str = trace_id) -> tuple[Emit, ...]:
-                return on_proposed(
-                    event.value,
-                    source=position(event),
-                    key=_text_key(event.key),
-                    catalog=catalog,
-                    limits=limits,
-                    now=datetime.now(UTC),
-                    trace_id=trace_id,
-                )
-
-            await contain(event, "validator", step, trace_id)
+        await run_stage(stream, "validator", validate_batch)
 
     async def authorizer(stream: faust.StreamT[bytes]) -> None:
-        async for event in stream.events():
-            trace_id = trace_id_from(event.message.headers)
-
-            async def step(event: Any = event) -> tuple[Emit, ...]:
-                call = ValidatedCall.model_validate_json(event.value)
-                return await on_validated(
-                    call,
-                    catalog=catalog,
-                    keys=keys,
-                    policies=policies,
-                    fetch=store.fetch,
-                    now=datetime.now(UTC),
-                )
-
-            await contain(event, "authorizer", step, trace_id)
+        await run_stage(stream, "authorizer", authorize_events)
 
     async def approval_join(stream: faust.StreamT[bytes]) -> None:
-        async for event in stream.events():
-            trace_id = trace_id_from(event.message.headers)
+        await run_stage(stream, "approval-join", join_events)
 
-            async def step(event: Any = event) -> tuple[Emit, ...]:
-                call = AuthorizedCall.model_validate_json(event.value)
-                return on_authorized(call, tool=catalog.get(call.tool), now=datetime.now(UTC))
+    async def follow_policies() -> None:
+        await feed.follow()
 
-            await contain(event, "approval-join", step, trace_id)
+    app.task(follow_policies)
 
     agents = {
         "validator": (Topic.PROPOSED, validator),

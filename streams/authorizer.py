@@ -1,18 +1,21 @@
 """Authorizer stage: `calls.validated` → `calls.authorized` | denied outcome.
 
 Identity comes from the signed context only; the resource is loaded with the actor's tenant;
-the decision is the pure `commands.policy.authorize`, shared with the executor.
+the decision is the pure `commands.policy.authorize_batch`, shared with the executor. With a
+backlog, calls are decided in batches (one Cedar evaluation per batch).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 
 from pydantic import ValidationError
 
 from commands.catalog import Catalog, Resource, Tool, ToolArguments
-from commands.policy import PolicySet, authorize
+from commands.policy import AuthorizationRequest, Decision, PolicySet, authorize_batch
 from schemas.envelopes import ActorRef, AuthorizedCall, Stage, Status, ValidatedCall
 from schemas.errors import ErrorCode, Unauthenticated
 from schemas.fingerprint import fingerprint, operation_id
@@ -21,6 +24,147 @@ from schemas.names import Topic
 from streams.emit import Emit, outcome
 
 ResourceFetch = Callable[[Tool, str, ToolArguments], Awaitable[Resource | None]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Pending:
+    call: ValidatedCall
+    request: AuthorizationRequest
+
+
+def _ended(
+    call: ValidatedCall,
+    *,
+    code: ErrorCode,
+    tenant: str | None,
+    now: datetime,
+    policies: PolicySet,
+    status: Status = Status.DENIED,
+) -> Emit:
+    return outcome(
+        call_id=call.call_id,
+        tool=call.tool,
+        tenant=tenant,
+        status=status,
+        stage=Stage.AUTHORIZE,
+        code=code,
+        at=now,
+        policy_version=policies.version,
+        trace_id=call.trace_id,
+    )
+
+
+async def _prepare(
+    call: ValidatedCall,
+    *,
+    catalog: Catalog,
+    keys: ContextKeys,
+    policies: PolicySet,
+    fetch: ResourceFetch,
+    now: datetime,
+) -> Emit | _Pending:
+    """Everything before the policy decision: identity, tool, arguments, resource."""
+    try:
+        actor = verify_context_token(call.context, keys)
+    except Unauthenticated:
+        return _ended(call, code=ErrorCode.UNAUTHENTICATED, tenant=None, now=now, policies=policies)
+    tool = catalog.get(call.tool)
+    if tool is None:  # the catalog changed between validation and now
+        return _ended(
+            call,
+            code=ErrorCode.UNKNOWN_TOOL,
+            tenant=actor.tenant,
+            now=now,
+            policies=policies,
+            status=Status.REJECTED,
+        )
+    try:
+        arguments = tool.arguments.model_validate(call.arguments, strict=True)
+    except ValidationError:
+        return _ended(
+            call,
+            code=ErrorCode.INVALID_ARGUMENTS,
+            tenant=actor.tenant,
+            now=now,
+            policies=policies,
+            status=Status.REJECTED,
+        )
+    resource = await fetch(tool, actor.tenant, arguments) if tool.load is not None else None
+    if tool.load is not None and resource is None:
+        return _ended(
+            call, code=ErrorCode.NOT_FOUND, tenant=actor.tenant, now=now, policies=policies
+        )
+    return _Pending(
+        call=call,
+        request=AuthorizationRequest(
+            actor=actor, tool=tool, resource=resource, arguments=call.arguments
+        ),
+    )
+
+
+def _routed(pending: _Pending, decision: Decision, now: datetime) -> Emit:
+    call, request = pending.call, pending.request
+    actor, tool = request.actor, request.tool
+    if not decision.permitted or decision.route is None:
+        return outcome(
+            call_id=call.call_id,
+            tool=call.tool,
+            tenant=actor.tenant,
+            status=Status.DENIED,
+            stage=Stage.AUTHORIZE,
+            code=decision.code or ErrorCode.POLICY_DENIED,
+            at=now,
+            policy_version=decision.policy_version,
+            trace_id=call.trace_id,
+        )
+    return Emit(
+        topic=Topic.AUTHORIZED,
+        key=call.call_id,
+        value=AuthorizedCall(
+            call_id=call.call_id,
+            operation_id=operation_id(actor.tenant, call.idempotency_key),
+            idempotency_key=call.idempotency_key,
+            tenant=actor.tenant,
+            actor=ActorRef(sub=actor.sub, roles=actor.roles),
+            tool=tool.name,
+            arguments=call.arguments,
+            fingerprint=fingerprint(
+                tenant=actor.tenant,
+                tool=tool.name,
+                arguments=call.arguments,
+                policy_version=decision.policy_version,
+            ),
+            effect=tool.effect,
+            policy_version=decision.policy_version,
+            route=decision.route,
+            proposed_at=call.proposed_at,
+            authorized_at=now,
+            trace_id=call.trace_id,
+        ),
+    )
+
+
+async def on_validated_batch(
+    calls: Sequence[ValidatedCall],
+    *,
+    catalog: Catalog,
+    keys: ContextKeys,
+    policies: PolicySet,
+    fetch: ResourceFetch,
+    now: datetime,
+) -> list[tuple[Emit, ...]]:
+    """What the authorizer publishes for each call of a batch, in order."""
+    prepared = await asyncio.gather(
+        *(
+            _prepare(c, catalog=catalog, keys=keys, policies=policies, fetch=fetch, now=now)
+            for c in calls
+        )
+    )
+    pending = [p for p in prepared if isinstance(p, _Pending)]
+    decisions = iter(authorize_batch([p.request for p in pending], policies))
+    return [
+        (_routed(p, next(decisions), now),) if isinstance(p, _Pending) else (p,) for p in prepared
+    ]
 
 
 async def on_validated(
@@ -33,87 +177,7 @@ async def on_validated(
     now: datetime,
 ) -> tuple[Emit, ...]:
     """Everything the authorizer publishes for one validated call."""
-
-    def denied(code: ErrorCode, tenant: str | None, tool: str = call.tool) -> tuple[Emit, ...]:
-        return (
-            outcome(
-                call_id=call.call_id,
-                tool=tool,
-                tenant=tenant,
-                status=Status.DENIED,
-                stage=Stage.AUTHORIZE,
-                code=code,
-                at=now,
-                policy_version=policies.version,
-                trace_id=call.trace_id,
-            ),
-        )
-
-    try:
-        actor = verify_context_token(call.context, keys)
-    except Unauthenticated:
-        return denied(ErrorCode.UNAUTHENTICATED, None)
-    tool = catalog.get(call.tool)
-    if tool is None:  # the catalog changed between validation and now
-        return (
-            outcome(
-                call_id=call.call_id,
-                tool=call.tool,
-                tenant=actor.tenant,
-                status=Status.REJECTED,
-                stage=Stage.AUTHORIZE,
-                code=ErrorCode.UNKNOWN_TOOL,
-                at=now,
-                trace_id=call.trace_id,
-            ),
-        )
-    try:
-        arguments = tool.arguments.model_validate(call.arguments, strict=True)
-    except ValidationError:
-        return (
-            outcome(
-                call_id=call.call_id,
-                tool=call.tool,
-                tenant=actor.tenant,
-                status=Status.REJECTED,
-                stage=Stage.AUTHORIZE,
-                code=ErrorCode.INVALID_ARGUMENTS,
-                at=now,
-                trace_id=call.trace_id,
-            ),
-        )
-    resource = await fetch(tool, actor.tenant, arguments) if tool.load is not None else None
-    if tool.load is not None and resource is None:
-        return denied(ErrorCode.NOT_FOUND, actor.tenant)
-    decision = authorize(
-        actor=actor, tool=tool, resource=resource, arguments=call.arguments, policies=policies
+    (emits,) = await on_validated_batch(
+        [call], catalog=catalog, keys=keys, policies=policies, fetch=fetch, now=now
     )
-    if not decision.permitted or decision.route is None:
-        return denied(decision.code or ErrorCode.POLICY_DENIED, actor.tenant)
-    return (
-        Emit(
-            topic=Topic.AUTHORIZED,
-            key=call.call_id,
-            value=AuthorizedCall(
-                call_id=call.call_id,
-                operation_id=operation_id(actor.tenant, call.idempotency_key),
-                idempotency_key=call.idempotency_key,
-                tenant=actor.tenant,
-                actor=ActorRef(sub=actor.sub, roles=actor.roles),
-                tool=tool.name,
-                arguments=call.arguments,
-                fingerprint=fingerprint(
-                    tenant=actor.tenant,
-                    tool=tool.name,
-                    arguments=call.arguments,
-                    policy_version=policies.version,
-                ),
-                effect=tool.effect,
-                policy_version=policies.version,
-                route=decision.route,
-                proposed_at=call.proposed_at,
-                authorized_at=now,
-                trace_id=call.trace_id,
-            ),
-        ),
-    )
+    return emits

@@ -46,8 +46,10 @@ def on_proposed(
     limits: Limits,
     now: datetime,
     trace_id: str | None,
+    policy_version: str | None = None,
 ) -> tuple[Emit, ...]:
-    """Everything the validator publishes for one `calls.proposed` record."""
+    """Everything the validator publishes for one `calls.proposed` record. Its outcomes carry
+    the policy version in force, like every other stage's."""
     parsed = parse_envelope(raw, limits)
     if isinstance(parsed, Malformed):
         letter = dead_letter(
@@ -64,6 +66,7 @@ def on_proposed(
             code=ErrorCode.MALFORMED,
             at=now,
             trace_id=trace_id,
+            policy_version=policy_version,
         )
         return (letter, rejected)
     result = validate(parsed, catalog, limits)
@@ -79,6 +82,7 @@ def on_proposed(
                 fields=result.fields,
                 at=now,
                 trace_id=trace_id,
+                policy_version=policy_version,
             ),
         )
     return (

@@ -139,3 +139,31 @@ def outcomes_by_call(records: list[Any]) -> dict[str, list[dict[str, Any]]]:
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coro)
+
+
+async def read_to_end(settings: Settings, topics: list[Topic]) -> list[Any]:
+    """Every record currently on ``topics`` (up to the end offsets seen at the start)."""
+    consumer = AIOKafkaConsumer(
+        *(settings.topic(t) for t in topics),
+        bootstrap_servers=settings.kafka_bootstrap,
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+    )
+    await consumer.start()
+    records: list[Any] = []
+    try:
+        tps = sorted(consumer.assignment())
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)
+        remaining = {tp for tp in tps if ends[tp] > 0}
+        while remaining:
+            batches = await consumer.getmany(*remaining, timeout_ms=500)
+            for tp, batch in batches.items():
+                records.extend(r for r in batch if r.offset < ends[tp])
+            for tp in list(remaining):
+                if await consumer.position(tp) >= ends[tp]:
+                    remaining.discard(tp)
+        return records
+    finally:
+        await consumer.stop()

@@ -38,3 +38,12 @@ def token(
     **kwargs: object,
 ) -> str:
     return issue_context_token(KEYS, sub=sub, tenant=tenant, roles=roles, **kwargs)  # type: ignore[arg-type]
+
+
+PAYMENT_ATTRS = {
+    "customer_email": "alice@example.com",
+    "amount_minor": 4900,
+    "currency": "EUR",
+    "refundable_minor": 4900,
+    "status": "captured",
+}

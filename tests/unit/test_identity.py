@@ -3,13 +3,19 @@ from __future__ import annotations
 import base64
 import json
 import time
+from pathlib import Path
+from typing import Any
 
 import jwt
+import jwt.algorithms
 import pytest
+from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
 
-from schemas.errors import Unauthenticated
-from schemas.identity import ContextKeys, issue_context_token, verify_context_token
+from schemas.errors import ConfigurationError, Unauthenticated
+from schemas.identity import ContextKeys, issue_context_token, load_jwks, verify_context_token
 from tests.unit.conftest import KEYS, token
+
+SECRET = KEYS.secret or ""
 
 
 def test_round_trip_gives_actor_from_token_only() -> None:
@@ -40,14 +46,14 @@ def _claims(**overrides: object) -> dict[str, object]:
 @pytest.mark.parametrize(
     "bad",
     [
-        jwt.encode(_claims(exp=int(time.time()) - 3600), KEYS.secret, algorithm="HS256"),
-        jwt.encode(_claims(nbf=int(time.time()) + 3600), KEYS.secret, algorithm="HS256"),
-        jwt.encode(_claims(aud="someone-else"), KEYS.secret, algorithm="HS256"),
-        jwt.encode(_claims(iss="evil"), KEYS.secret, algorithm="HS256"),
+        jwt.encode(_claims(exp=int(time.time()) - 3600), SECRET, algorithm="HS256"),
+        jwt.encode(_claims(nbf=int(time.time()) + 3600), SECRET, algorithm="HS256"),
+        jwt.encode(_claims(aud="someone-else"), SECRET, algorithm="HS256"),
+        jwt.encode(_claims(iss="evil"), SECRET, algorithm="HS256"),
         jwt.encode(_claims(), "another-secret-that-is-also-long-enough", algorithm="HS256"),
-        jwt.encode(_claims(tenant="bad tenant!"), KEYS.secret, algorithm="HS256"),
+        jwt.encode(_claims(tenant="bad tenant!"), SECRET, algorithm="HS256"),
         jwt.encode(
-            {k: v for k, v in _claims().items() if k != "tenant"}, KEYS.secret, algorithm="HS256"
+            {k: v for k, v in _claims().items() if k != "tenant"}, SECRET, algorithm="HS256"
         ),
         _b64({"alg": "none", "typ": "JWT"}) + "." + _b64(_claims()) + ".",
         "not-a-token",
@@ -69,9 +75,103 @@ def test_bad_tokens_are_unauthenticated(bad: str) -> None:
         verify_context_token(bad, KEYS)
 
 
-def test_unconfigured_algorithm_is_refused() -> None:
-    keys = ContextKeys(
-        secret=KEYS.secret, audience="ratifier", issuer="ratifier-local", algorithms=("HS512",)
-    )
+def test_hs256_disabled_refuses_local_tokens(tmp_path: Path) -> None:
+    keys = jwks_keys(tmp_path, secret=None)
     with pytest.raises(Unauthenticated):
         verify_context_token(issue_context_token(KEYS, sub="u", tenant="tenant-a"), keys)
+
+
+def _ed25519() -> tuple[Any, dict[str, Any]]:
+    private = ed25519.Ed25519PrivateKey.generate()
+    public_jwk = json.loads(jwt.algorithms.OKPAlgorithm.to_jwk(private.public_key()))
+    return private, public_jwk
+
+
+def _rsa() -> tuple[Any, dict[str, Any]]:
+    private = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    public_jwk = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(private.public_key()))
+    return private, public_jwk
+
+
+ED_OLD, ED_OLD_JWK = _ed25519()
+ED_NEW, ED_NEW_JWK = _ed25519()
+ED_RETIRED, _ = _ed25519()
+RSA_KEY, RSA_JWK = _rsa()
+
+
+def jwks_keys(tmp_path: Path, secret: str | None = KEYS.secret) -> ContextKeys:
+    path = tmp_path / "jwks.json"
+    path.write_text(
+        json.dumps(
+            {
+                "keys": [
+                    {**ED_OLD_JWK, "kid": "ed-2025", "alg": "EdDSA"},
+                    {**ED_NEW_JWK, "kid": "ed-2026", "alg": "EdDSA"},
+                    {**RSA_JWK, "kid": "rsa-1", "alg": "RS256"},
+                ]
+            }
+        )
+    )
+    return ContextKeys(
+        secret=secret, audience="ratifier", issuer="ratifier-local", public_keys=load_jwks(path)
+    )
+
+
+def signed(keys: ContextKeys, key: Any, kid: str, alg: str = "EdDSA") -> str:
+    return issue_context_token(
+        keys, sub="u", tenant="tenant-b", signing_key=key, kid=kid, algorithm=alg
+    )
+
+
+def test_asymmetric_keys_by_kid_during_rotation(tmp_path: Path) -> None:
+    keys = jwks_keys(tmp_path)
+    assert keys.algorithms == {"HS256", "EdDSA", "RS256"}
+    for key, kid, alg in (
+        (ED_OLD, "ed-2025", "EdDSA"),
+        (ED_NEW, "ed-2026", "EdDSA"),
+        (RSA_KEY, "rsa-1", "RS256"),
+    ):
+        assert verify_context_token(signed(keys, key, kid, alg), keys).tenant == "tenant-b"
+
+
+@pytest.mark.parametrize(
+    ("key", "kid", "alg"),
+    [
+        (ED_RETIRED, "ed-2024", "EdDSA"),  # rotated out: kid no longer published
+        (ED_RETIRED, "ed-2026", "EdDSA"),  # right kid, wrong key: bad signature
+        (RSA_KEY, "ed-2026", "RS256"),  # algorithm does not match the kid's key
+    ],
+    ids=["unknown-kid", "wrong-key", "alg-mismatch"],
+)
+def test_bad_asymmetric_tokens(tmp_path: Path, key: Any, kid: str, alg: str) -> None:
+    keys = jwks_keys(tmp_path)
+    with pytest.raises(Unauthenticated):
+        verify_context_token(signed(keys, key, kid, alg), keys)
+
+
+def test_issued_in_the_future_is_refused() -> None:
+    future = time.time() + 3600
+    token = issue_context_token(KEYS, sub="u", tenant="tenant-a", now=future)
+    with pytest.raises(Unauthenticated):
+        verify_context_token(token, KEYS)
+
+
+def test_replay_mode_accepts_expired_but_still_checks_signature() -> None:
+    old = issue_context_token(KEYS, sub="u", tenant="tenant-a", now=time.time() - 86400)
+    assert verify_context_token(old, KEYS, check_expiry=False).tenant == "tenant-a"
+    forged = jwt.encode(
+        _claims(exp=1), "another-secret-that-is-also-long-enough", algorithm="HS256"
+    )
+    with pytest.raises(Unauthenticated):
+        verify_context_token(forged, KEYS, check_expiry=False)
+
+
+def test_jwks_with_private_key_or_no_alg_is_refused(tmp_path: Path) -> None:
+    private_jwk = json.loads(jwt.algorithms.OKPAlgorithm.to_jwk(ED_NEW))
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"keys": [{**private_jwk, "kid": "x", "alg": "EdDSA"}]}))
+    with pytest.raises(ConfigurationError, match="private"):
+        load_jwks(path)
+    path.write_text(json.dumps({"keys": [{**ED_NEW_JWK, "kid": "x"}]}))
+    with pytest.raises(ConfigurationError, match="alg"):
+        load_jwks(path)

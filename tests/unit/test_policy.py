@@ -6,16 +6,20 @@ from typing import Any
 import pytest
 
 from commands.catalog import Catalog, Resource
-from commands.policy import PolicySet, Verdict, authorize
+from commands.policy import (
+    DEFAULT_POLICY_DIR,
+    AuthorizationRequest,
+    PolicySet,
+    Verdict,
+    authorize,
+    authorize_batch,
+)
 from schemas.envelopes import Actor, Route
 from schemas.errors import ConfigurationError, ErrorCode
+from tests.unit.conftest import PAYMENT_ATTRS
 
-PAYMENT_A = Resource(
-    kind="payment",
-    id="pay_A1001",
-    tenant="tenant-a",
-    attributes={"refundable_minor": 4900, "currency": "EUR"},
-)
+PAYMENT_A = Resource(kind="payment", id="pay_A1001", tenant="tenant-a", attributes=PAYMENT_ATTRS)
+SCHEMA = (DEFAULT_POLICY_DIR / "schema.cedarschema.json").read_text()
 
 
 def decide(
@@ -66,7 +70,12 @@ def test_refund_needs_role_and_amount_and_goes_to_approval(
 
 
 def test_destructive_is_denied_even_for_admins(catalog: Catalog, policies: PolicySet) -> None:
-    method = Resource(kind="payment_method", id="pm_A1", tenant="tenant-a", attributes={})
+    method = Resource(
+        kind="payment_method",
+        id="pm_A1",
+        tenant="tenant-a",
+        attributes={"brand": "visa", "last4": "4242"},
+    )
     decision = decide(
         catalog,
         policies,
@@ -79,6 +88,7 @@ def test_destructive_is_denied_even_for_admins(catalog: Catalog, policies: Polic
 
 
 def test_version_is_content_hash(tmp_path: Path) -> None:
+    (tmp_path / "s.cedarschema.json").write_text(SCHEMA)
     (tmp_path / "a.cedar").write_text("permit (principal, action, resource);")
     first = PolicySet.from_directory(tmp_path)
     assert first.version == PolicySet.from_directory(tmp_path).version
@@ -86,7 +96,101 @@ def test_version_is_content_hash(tmp_path: Path) -> None:
     assert PolicySet.from_directory(tmp_path).version != first.version
 
 
-def test_broken_policy_stops_start_up(tmp_path: Path) -> None:
-    (tmp_path / "bad.cedar").write_text("permit (principal, action resource")
-    with pytest.raises(ConfigurationError, match="does not parse"):
+@pytest.mark.parametrize(
+    ("policy", "message"),
+    [
+        ("permit (principal, action resource", "does not parse"),
+        (
+            "permit (principal, action, resource) when { resource.nope == 1 };",
+            "do not match the Cedar schema",
+        ),
+    ],
+)
+def test_broken_policy_stops_start_up(tmp_path: Path, policy: str, message: str) -> None:
+    (tmp_path / "s.cedarschema.json").write_text(SCHEMA)
+    (tmp_path / "bad.cedar").write_text(policy)
+    with pytest.raises(ConfigurationError, match=message):
         PolicySet.from_directory(tmp_path)
+
+
+def test_missing_schema_stops_start_up(tmp_path: Path) -> None:
+    (tmp_path / "a.cedar").write_text("permit (principal, action, resource);")
+    with pytest.raises(ConfigurationError, match="cedarschema"):
+        PolicySet.from_directory(tmp_path)
+
+
+def test_approval_annotations_route(catalog: Catalog) -> None:
+    policies = PolicySet.from_sources(
+        """
+        @approval("auto")
+        permit (principal, action == Action::"propose_refund", resource)
+        when { context.arguments.amount_minor <= 500 };
+        @approval("required")
+        permit (principal, action == Action::"get_payment", resource);
+        """,
+        SCHEMA,
+    )
+    small = decide(
+        catalog,
+        policies,
+        "propose_refund",
+        {"payment_id": "pay_A1001", "amount_minor": 500, "reason": "r"},
+    )
+    big = decide(
+        catalog,
+        policies,
+        "propose_refund",
+        {"payment_id": "pay_A1001", "amount_minor": 501, "reason": "r"},
+    )
+    read = decide(catalog, policies, "get_payment", {"payment_id": "pay_A1001"})
+    assert (small.route, big.verdict, read.route) == (Route.AUTO, Verdict.DENY, Route.APPROVAL)
+
+
+def test_batch_equals_single_even_with_conflicting_entities(
+    catalog: Catalog, policies: PolicySet
+) -> None:
+    refund = catalog.get("propose_refund")
+    assert refund is not None
+    args = {"payment_id": "pay_A1001", "amount_minor": 4000, "reason": "r"}
+    drained = Resource(
+        kind="payment",
+        id="pay_A1001",
+        tenant="tenant-a",
+        attributes={**PAYMENT_ATTRS, "refundable_minor": 100},
+    )
+    requests = [
+        AuthorizationRequest(
+            actor=Actor(sub="u", tenant="tenant-a", roles=roles),
+            tool=refund,
+            resource=resource,
+            arguments=args,
+        )
+        for roles, resource in [
+            (("refund",), PAYMENT_A),
+            (("support",), PAYMENT_A),
+            (("refund",), drained),
+            (("refund",), PAYMENT_A),
+        ]
+    ]
+    batched = [d.verdict for d in authorize_batch(requests, policies)]
+    single = [
+        authorize(
+            actor=r.actor,
+            tool=r.tool,
+            resource=r.resource,
+            arguments=r.arguments,
+            policies=policies,
+        ).verdict
+        for r in requests
+    ]
+    assert batched == single == [Verdict.PERMIT, Verdict.DENY, Verdict.DENY, Verdict.PERMIT]
+
+
+def test_resource_not_matching_schema_fails_closed(catalog: Catalog, policies: PolicySet) -> None:
+    partial = Resource(
+        kind="payment", id="pay_A1001", tenant="tenant-a", attributes={"refundable_minor": 4900}
+    )
+    decision = decide(
+        catalog, policies, "get_payment", {"payment_id": "pay_A1001"}, resource=partial
+    )
+    assert decision.verdict is Verdict.DENY

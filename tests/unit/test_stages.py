@@ -23,7 +23,7 @@ from schemas.names import Topic
 from streams.approval import on_authorized
 from streams.authorizer import on_validated
 from streams.validator import on_proposed
-from tests.unit.conftest import KEYS, NOW, token
+from tests.unit.conftest import KEYS, NOW, PAYMENT_ATTRS, token
 
 SOURCE = SourcePosition(topic="ratifier.calls.proposed", partition=3, offset=42)
 
@@ -99,12 +99,7 @@ class FakeStore:
         return self.resources.get((tenant, ident))
 
 
-PAYMENT = Resource(
-    kind="payment",
-    id="pay_A1001",
-    tenant="tenant-a",
-    attributes={"refundable_minor": 4900, "currency": "EUR"},
-)
+PAYMENT = Resource(kind="payment", id="pay_A1001", tenant="tenant-a", attributes=PAYMENT_ATTRS)
 
 
 async def test_authorizer_uses_tenant_from_token_only(
