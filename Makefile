@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 PYTEST := $(BIN)/pytest
 export RATIFIER_BIN := $(CURDIR)/$(BIN)/ratifier
 
-.PHONY: help install up down status lint format schemas unit integration e2e test demo bench-validator clean
+.PHONY: help install up down status lint format schemas unit integration e2e test demo bench-validator bench-authorizer clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -62,6 +62,9 @@ demo: install ## start services, run the pipeline on a short scenario, print out
 
 bench-validator: up ## validator benchmark (pure and through Kafka) → bench/RESULTS.md
 	$(BIN)/python -m bench.validator 20000
+
+bench-authorizer: up ## authorizer benchmark (single vs batched Cedar, stage through Kafka)
+	$(BIN)/python -m bench.authorizer 10000
 
 clean: ## remove the virtualenv and caches (not the services' data)
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis test-artifacts

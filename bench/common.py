@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -129,3 +130,18 @@ def table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+RESULTS = Path(__file__).parent / "RESULTS.md"
+
+
+def write_results(heading: str, section: str) -> None:
+    """Replace (or append) the section that starts with ``heading`` in bench/RESULTS.md."""
+    text = RESULTS.read_text(encoding="utf-8") if RESULTS.exists() else "# Benchmark results\n"
+    start = text.find(heading)
+    if start >= 0:
+        end = text.find("\n## ", start + len(heading))
+        text = text[:start] + section + (text[end:] if end >= 0 else "\n")
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    RESULTS.write_text(text, encoding="utf-8")

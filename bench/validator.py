@@ -23,6 +23,7 @@ from bench.common import (
     produce_all,
     read_envelopes,
     table,
+    write_results,
 )
 from commands.reference import catalog
 from commands.validate import Limits
@@ -34,7 +35,6 @@ from schemas.names import Topic
 from schemas.settings import Settings
 from streams.validator import on_proposed
 
-RESULTS = Path(__file__).parent / "RESULTS.md"
 SECTION = "## Validator"
 
 
@@ -126,17 +126,6 @@ async def through_kafka(n: int) -> dict[str, float]:
     return results
 
 
-def write_results(section: str) -> None:
-    text = RESULTS.read_text(encoding="utf-8") if RESULTS.exists() else "# Benchmark results\n"
-    start = text.find(SECTION)
-    if start >= 0:
-        end = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + section + (text[end:] if end >= 0 else "\n")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    RESULTS.write_text(text, encoding="utf-8")
-
-
 def main() -> int:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 20_000
     us, size = pure(min(n, 20_000))
@@ -176,8 +165,8 @@ def main() -> int:
             "",
         ]
     )
-    write_results(section)
-    print(f"wrote {RESULTS}")
+    write_results(SECTION, section)
+    print("wrote bench/RESULTS.md")
     return 0
 
 

@@ -1,0 +1,172 @@
+"""Authorizer benchmark: Cedar decisions per second, one at a time and batched
+(`is_authorized_batch`), and the authorizer stage draining a backlog through Kafka.
+
+Run: ``make bench-authorizer`` (or ``.venv/bin/python -m bench.authorizer``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import sys
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+from bench.common import (
+    bench_settings,
+    count_until,
+    machine_facts,
+    produce_all,
+    read_envelopes,
+    table,
+    write_results,
+)
+from commands.catalog import Resource
+from commands.policy import AuthorizationRequest, PolicySet, authorize, authorize_batch
+from commands.reference import catalog
+from ratifier.migrate import migrate
+from ratifier.processes import start_worker
+from ratifier.topics import delete_topics, ensure_topics
+from schemas.envelopes import Actor, ValidatedCall
+from schemas.names import Topic
+
+SECTION = "## Authorizer"
+PAYMENT = Resource(
+    kind="payment",
+    id="pay_A1001",
+    tenant="tenant-a",
+    attributes={
+        "customer_email": "a@example.com",
+        "amount_minor": 4900,
+        "currency": "EUR",
+        "refundable_minor": 4900,
+        "status": "captured",
+    },
+)
+
+
+def pure(n: int, batch: int) -> tuple[float, float]:
+    """(single decisions/s, batched decisions/s), medians of 5 rounds."""
+    policies = PolicySet.from_directory()
+    tool = catalog.get("propose_refund")
+    assert tool is not None
+    requests = [
+        AuthorizationRequest(
+            actor=Actor(sub=f"agent-{i % 50}", tenant="tenant-a", roles=("refund",)),
+            tool=tool,
+            resource=PAYMENT,
+            arguments={"payment_id": "pay_A1001", "amount_minor": 100 + i % 4000, "reason": "r"},
+        )
+        for i in range(n)
+    ]
+    single, batched = [], []
+    for _ in range(5):
+        started = time.perf_counter()
+        for r in requests:
+            authorize(
+                actor=r.actor,
+                tool=r.tool,
+                resource=r.resource,
+                arguments=r.arguments,
+                policies=policies,
+            )
+        single.append(n / (time.perf_counter() - started))
+        started = time.perf_counter()
+        for i in range(0, n, batch):
+            authorize_batch(requests[i : i + batch], policies)
+        batched.append(n / (time.perf_counter() - started))
+    return statistics.median(single), statistics.median(batched)
+
+
+async def through_kafka(n: int) -> float:
+    """The authorizer stage alone (token check, tenant-scoped load, Cedar) draining ``n``
+    validated calls."""
+    settings = bench_settings()
+    migrate(settings.database_url)
+    await ensure_topics(settings)
+    run_id = uuid.uuid4().hex[:6]
+    now = datetime.now(UTC)
+    validated = []
+    for raw in read_envelopes(settings, n, run_id):
+        proposal = json.loads(raw)
+        validated.append(
+            ValidatedCall(
+                call_id=proposal["call_id"],
+                idempotency_key=proposal["call_id"],
+                tool="get_payment",
+                arguments=proposal["arguments"],
+                context=proposal["context"],
+                proposed_at=now,
+                validated_at=now,
+            ).to_bytes()
+        )
+    try:
+        await produce_all(settings, settings.topic(Topic.VALIDATED), validated)
+        env = {
+            "RATIFIER_TOPIC_PREFIX": settings.topic_prefix,
+            "RATIFIER_DATABASE_URL": settings.database_url,
+            "RATIFIER_LOG_LEVEL": "WARNING",
+            "RATIFIER_STREAMS_STAGES": "authorizer",
+        }
+        worker = start_worker(
+            "streams",
+            name="bench-authorizer",
+            log_dir=Path("test-artifacts") / "bench-logs",
+            env=env,
+        )
+        try:
+            first = await count_until(settings, settings.topic(Topic.AUTHORIZED), 1, timeout=120)
+            done = await count_until(settings, settings.topic(Topic.AUTHORIZED), n, timeout=600)
+            return (n - 1) / max(done - first, 1e-9)
+        finally:
+            worker.stop()
+    finally:
+        await delete_topics(settings)
+
+
+def main() -> int:
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 10_000
+    single, batched = pure(min(n, 5_000), batch=200)
+    print(f"pure: single {single:,.0f}/s, batched {batched:,.0f}/s", flush=True)
+    stage = asyncio.run(through_kafka(n))
+    print(f"authorizer stage through Kafka: {stage:,.0f} calls/s", flush=True)
+    section = "\n".join(
+        [
+            SECTION,
+            "",
+            f"Command: `.venv/bin/python -m bench.authorizer {n}` — {machine_facts()}.",
+            "",
+            table(
+                [
+                    [
+                        "`authorize` one call at a time (Cedar with schema, parsed policy set)",
+                        f"{single:,.0f} decisions/s",
+                        f"{1e6 / single:.0f} µs/decision",
+                    ],
+                    [
+                        "`authorize_batch`, 200 per `is_authorized_batch`",
+                        f"{batched:,.0f} decisions/s",
+                        f"{batched / single:.1f} x single",
+                    ],
+                    [
+                        "authorizer stage in the faust worker (backlog drain: token check, "
+                        "tenant-scoped PostgreSQL load, batched Cedar)",
+                        f"{stage:,.0f} calls/s",
+                        "",
+                    ],
+                ],
+                ["what", "measured", "note"],
+            ),
+            "",
+        ]
+    )
+    write_results(SECTION, section)
+    print("wrote bench/RESULTS.md")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
