@@ -19,6 +19,8 @@ def _setup_logging(settings: Settings) -> None:
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # aiokafka narrates every rebalance and metadata change at INFO.
+    logging.getLogger("aiokafka").setLevel(max(logging.WARNING, logging.getLogger().level))
 
 
 def cmd_topics(settings: Settings, _args: argparse.Namespace) -> int:
