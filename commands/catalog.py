@@ -7,6 +7,7 @@ import hashlib
 import importlib
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from psycopg import AsyncConnection
@@ -79,6 +80,10 @@ class Tool:
     load: ResourceLoader | None = None
     reconcile: ReconcileHook | None = None
     secret_fields: frozenset[str] = field(default_factory=frozenset)
+    # How long an approval request waits (None: the RATIFIER_APPROVAL_TTL_SECONDS default),
+    # and whether the requester may approve their own call.
+    approval_ttl: timedelta | None = None
+    allow_self_approval: bool = False
 
     def __post_init__(self) -> None:
         marked = {

@@ -19,6 +19,8 @@ class Topic(StrEnum):
     UNKNOWN = "commands.unknown"
     OUTCOMES = "outcomes"
     POLICIES = "policies"
+    # Internal to the approval-join: expiry ticks, keyed and partitioned like the approvals.
+    APPROVAL_TIMERS = "approvals.timers"
 
 
 # Topics whose records are keyed by call id and co-partitioned with calls.proposed.

@@ -37,6 +37,12 @@ class Settings(BaseSettings):
     max_string_length: int = Field(default=8192, ge=16)
     outcome_cache_seconds: int = Field(default=24 * 3600, ge=1)
     log_level: str = "INFO"
+    # Approvals: how long a request waits for a human (tools may set their own), how long a
+    # decision that arrives before its request is held, and the approver HTTP endpoint.
+    approval_ttl_seconds: int = Field(default=15 * 60, ge=1)
+    approval_hold_seconds: int = Field(default=60, ge=1)
+    http_port: int = Field(default=6066, ge=0, le=65535)  # 0: no HTTP endpoint
+    audit_salt: str = "ratifier-local-audit-salt"
     # Which stream stages this worker runs (comma-separated), so that stages can be scaled
     # and deployed apart: validator, authorizer, approval-join.
     streams_stages: str = "validator,authorizer,approval-join"

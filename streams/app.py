@@ -15,22 +15,20 @@ from functools import partial
 from typing import Any
 
 import faust
-import psycopg
-from psycopg.rows import dict_row
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from pydantic import ValidationError
 
-from commands.catalog import Catalog, Resource, Tool, ToolArguments
+from commands.catalog import Catalog
 from commands.policy_feed import PolicyFeed
 from commands.validate import Limits
-from schemas.envelopes import AuthorizedCall, SourcePosition, ValidatedCall
+from schemas.envelopes import SourcePosition, ValidatedCall
 from schemas.errors import ConfigurationError, StorageUnavailable
 from schemas.identity import context_keys
 from schemas.names import STREAMS_APP_ID, TRACEPARENT_HEADER, Topic
 from schemas.settings import Settings
-from streams.approval import on_authorized
+from streams.approval_join import install_approval_join
 from streams.authorizer import on_validated_batch
 from streams.emit import Emit
+from streams.storage import StreamStorage
 from streams.validator import dead_letter, on_proposed
 
 log = logging.getLogger("ratifier.streams")
@@ -65,49 +63,6 @@ def trace_id_from(headers: Any) -> str:
     return f"{random.getrandbits(128):032x}"
 
 
-class ResourceStore:
-    """Loads resources for the authorizer from PostgreSQL (pool opened on first use)."""
-
-    def __init__(self, database_url: str) -> None:
-        self._url = database_url
-        self._pool: AsyncConnectionPool[Any] | None = None
-        self._lock = asyncio.Lock()
-
-    async def _get_pool(self) -> AsyncConnectionPool[Any]:
-        async with self._lock:
-            if self._pool is None:
-                pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-                    self._url,
-                    min_size=1,
-                    max_size=4,
-                    open=False,
-                    kwargs={"row_factory": dict_row, "autocommit": True},
-                )
-                await pool.open(wait=True, timeout=30)
-                self._pool = pool
-            return self._pool
-
-    async def fetch(self, tool: Tool, tenant: str, arguments: ToolArguments) -> Resource | None:
-        if tool.load is None:
-            return None
-        pool = await self._get_pool()
-        try:
-            async with pool.connection() as conn:
-                return await tool.load(conn, tenant, arguments, False)
-        except Exception as exc:
-            if _is_storage_error(exc):
-                raise StorageUnavailable() from exc
-            raise
-
-    async def close(self) -> None:
-        if self._pool is not None:
-            await self._pool.close()
-
-
-def _is_storage_error(exc: BaseException) -> bool:
-    return isinstance(exc, psycopg.OperationalError | PoolTimeout)
-
-
 BatchHandler = Callable[[Sequence[Any]], Awaitable[list[tuple[Emit, ...]]]]
 
 
@@ -138,16 +93,21 @@ def create_app(
         value_serializer="raw",
         topic_partitions=settings.topic_partitions,
         topic_replication_factor=1,
-        web_enabled=False,
         consumer_auto_offset_reset="earliest",
         producer_acks=-1,
         # A few ms of linger lets the producer batch; without it every record is a request.
         producer_linger=0.003,
+        # Approval state is recovered from the changelog by the partition's new owner; no
+        # standby copies, so a worker's timer only ever sees partitions it owns.
+        table_standby_replicas=0,
+        web_enabled=settings.http_port > 0,
+        web_port=settings.http_port or 6066,
+        web_bind="127.0.0.1",
         **faust_options,
     )
     limits = limits_from(settings)
     keys = context_keys(settings)
-    store = ResourceStore(settings.database_url)
+    storage = StreamStorage(settings.database_url)
     topics = {
         t: app.topic(settings.topic(t), key_type=bytes, value_type=bytes, internal=False)
         for t in Topic
@@ -241,7 +201,7 @@ def create_app(
                 catalog=catalog,
                 keys=keys,
                 policies=feed.current,
-                fetch=store.fetch,
+                fetch=storage.fetch,
                 now=datetime.now(UTC),
             )
         )
@@ -250,25 +210,11 @@ def create_app(
             for event, call in zip(events, parsed, strict=True)
         ]
 
-    async def join_events(events: Sequence[Any]) -> list[tuple[Emit, ...]]:
-        results: list[tuple[Emit, ...]] = []
-        for event in events:
-            try:
-                call = AuthorizedCall.model_validate_json(event.value or b"")
-            except ValidationError:
-                results.append(unreadable(event, "approval-join", "unreadable"))
-                continue
-            results.append(on_authorized(call, tool=catalog.get(call.tool), now=datetime.now(UTC)))
-        return results
-
     async def validator(stream: faust.StreamT[bytes]) -> None:
         await run_stage(stream, "validator", validate_batch)
 
     async def authorizer(stream: faust.StreamT[bytes]) -> None:
         await run_stage(stream, "authorizer", authorize_events)
-
-    async def approval_join(stream: faust.StreamT[bytes]) -> None:
-        await run_stage(stream, "approval-join", join_events)
 
     async def follow_policies() -> None:
         await feed.follow()
@@ -278,14 +224,26 @@ def create_app(
     agents = {
         "validator": (Topic.PROPOSED, validator),
         "authorizer": (Topic.VALIDATED, authorizer),
-        "approval-join": (Topic.AUTHORIZED, approval_join),
     }
     for name, (source, agent) in agents.items():
         if name in stages:
             app.agent(topics[source], name=name)(agent)
+    if "approval-join" in stages:
+        install_approval_join(
+            app,
+            settings,
+            topics=topics,
+            catalog=catalog,
+            feed=feed,
+            storage=storage,
+            keys=keys,
+            limits=limits,
+            publish=publish,
+            trace_id_of=trace_id_from,
+        )
 
     async def _close_store(_app: Any, /, *_args: Any, signal: Any, **_kwargs: Any) -> None:
-        await store.close()
+        await storage.close()
 
     app.on_before_shutdown.connect(_close_store)
 

@@ -160,7 +160,9 @@ async def test_refund_goes_to_approval(catalog: Catalog, policies: PolicySet) ->
         call, catalog=catalog, keys=KEYS, policies=policies, fetch=FakeStore(PAYMENT).fetch, now=NOW
     )
     assert isinstance(emit.value, AuthorizedCall)
-    request, waiting = on_authorized(emit.value, tool=catalog.get(emit.value.tool), now=NOW)
+    request, waiting = on_authorized(
+        None, emit.value, tool=catalog.get(emit.value.tool), now=NOW
+    ).emits
     assert isinstance(request.value, ApprovalRequest)
     assert request.value.fingerprint == emit.value.fingerprint
     assert request.value.expires_at > NOW
@@ -179,7 +181,7 @@ async def test_auto_route_commits_keyed_by_operation(catalog: Catalog, policies:
         now=NOW,
     )
     assert isinstance(emit.value, AuthorizedCall)
-    (committed,) = on_authorized(emit.value, tool=catalog.get(emit.value.tool), now=NOW)
+    (committed,) = on_authorized(None, emit.value, tool=catalog.get(emit.value.tool), now=NOW).emits
     assert committed.topic is Topic.COMMITTED
     assert committed.key == "tenant-a:k-1"
     assert isinstance(committed.value, CommittedCommand)

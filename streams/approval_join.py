@@ -1,0 +1,249 @@
+"""Wiring of the approval-join into the faust app: one agent over the co-partitioned
+`calls.authorized`, `approvals.decided` and `approvals.timers` topics, a changelog-backed
+table of approval states keyed by call id, and a timer that nudges due states.
+
+Records are processed one at a time (not in batches): a faust table write belongs to the
+partition of the event being processed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from functools import partial
+from typing import Any
+
+import faust
+from pydantic import ValidationError
+
+from commands.catalog import Catalog
+from commands.policy import authorize
+from commands.policy_feed import PolicyFeed
+from commands.validate import Limits, Rejection, validate
+from schemas.envelopes import (
+    Actor,
+    ApprovalDecision,
+    AuthorizedCall,
+    ProposedCall,
+    SourcePosition,
+    Status,
+)
+from schemas.errors import ErrorCode, StorageUnavailable, Unauthenticated
+from schemas.fingerprint import fingerprint
+from schemas.identity import ContextKeys, verify_context_token
+from schemas.names import Topic
+from schemas.settings import Settings
+from streams.approval import (
+    ApprovalState,
+    EditRequest,
+    Step,
+    due,
+    edited,
+    on_authorized,
+    on_decided,
+    on_tick,
+)
+from streams.emit import Emit
+from streams.storage import StreamStorage
+from streams.validator import dead_letter
+
+log = logging.getLogger("ratifier.approvals")
+
+Publish = Callable[[tuple[Emit, ...], str | None], Awaitable[None]]
+TICK_EVERY = 1.0
+RETICK_AFTER = 5.0
+
+
+def install_approval_join(
+    app: faust.App,
+    settings: Settings,
+    *,
+    topics: dict[Topic, Any],
+    catalog: Catalog,
+    feed: PolicyFeed,
+    storage: StreamStorage,
+    keys: ContextKeys,
+    limits: Limits,
+    publish: Publish,
+    trace_id_of: Callable[[Any], str],
+) -> None:
+    table = app.Table(
+        "approvals",
+        default=None,
+        key_type=bytes,
+        value_type=bytes,
+        partitions=settings.topic_partitions,
+    )
+    ttl = timedelta(seconds=settings.approval_ttl_seconds)
+    hold = timedelta(seconds=settings.approval_hold_seconds)
+    names = {
+        settings.topic(t): t
+        for t in (Topic.AUTHORIZED, Topic.APPROVALS_DECIDED, Topic.APPROVAL_TIMERS)
+    }
+    source = app.topic(*names, key_type=bytes, value_type=bytes)
+    ticked: dict[str, float] = {}
+
+    def load(key: bytes) -> ApprovalState | None:
+        raw = table.get(key)
+        return ApprovalState.model_validate_json(raw) if raw else None
+
+    def approver_of(decision: ApprovalDecision) -> Actor | None:
+        try:
+            return verify_context_token(decision.approver, keys)
+        except Unauthenticated:
+            return None
+
+    async def reauthorize(edit: EditRequest) -> AuthorizedCall | tuple[ErrorCode, Status]:
+        """An edit's arguments pass the same validation and policy as a proposal."""
+        call = edit.state.authorized
+        assert call is not None
+        proposal = ProposedCall(
+            call_id=call.call_id,
+            idempotency_key=call.idempotency_key,
+            tool=call.tool,
+            arguments=edit.decision.arguments,
+            context="approval-edit",
+            proposed_at=call.proposed_at,
+        )
+        checked = validate(proposal, catalog, limits)
+        if isinstance(checked, Rejection):
+            return checked.code, Status.REJECTED
+        actor = Actor(sub=call.actor.sub, tenant=call.tenant, roles=call.actor.roles)
+        resource = await storage.fetch(checked.tool, call.tenant, checked.arguments)
+        if checked.tool.load is not None and resource is None:
+            return ErrorCode.NOT_FOUND, Status.DENIED
+        policies = feed.current
+        decision = authorize(
+            actor=actor,
+            tool=checked.tool,
+            resource=resource,
+            arguments=checked.normalized,
+            policies=policies,
+        )
+        if not decision.permitted:
+            return decision.code or ErrorCode.POLICY_DENIED, Status.DENIED
+        return call.model_copy(
+            update={
+                "arguments": checked.normalized,
+                "policy_version": policies.version,
+                "fingerprint": fingerprint(
+                    tenant=call.tenant,
+                    tool=call.tool,
+                    arguments=checked.normalized,
+                    policy_version=policies.version,
+                ),
+            }
+        )
+
+    async def decide(
+        state: ApprovalState | None, decision: ApprovalDecision, now: datetime
+    ) -> Step:
+        tool = catalog.get(state.authorized.tool) if state and state.authorized else None
+        step = on_decided(state, decision, approver_of(decision), tool=tool, now=now, hold=hold)
+        if step.edit is not None:
+            finished = edited(step.edit, await reauthorize(step.edit), now=now)
+            step = Step(
+                state=finished.state, emits=finished.emits, audits=step.audits + finished.audits
+            )
+        return step
+
+    async def handle(event: Any) -> tuple[ApprovalState | None, list[Step]]:
+        message = event.message
+        kind = names.get(message.topic)
+        key: bytes = event.key or b""
+        state = load(key)
+        now = datetime.now(UTC)
+        steps: list[Step] = []
+        if kind is Topic.AUTHORIZED:
+            call = AuthorizedCall.model_validate_json(event.value or b"")
+            step = on_authorized(state, call, tool=catalog.get(call.tool), now=now, ttl=ttl)
+            steps.append(step)
+            state = step.state
+            for held in step.replay:
+                step = await decide(state, held, now)
+                steps.append(step)
+                state = step.state
+        elif kind is Topic.APPROVALS_DECIDED:
+            step = await decide(
+                state, ApprovalDecision.model_validate_json(event.value or b""), now
+            )
+            steps.append(step)
+            state = step.state
+        else:
+            step = on_tick(state, now=now)
+            steps.append(step)
+            state = step.state
+        return state, steps
+
+    @app.agent(source, name="approval-join")
+    async def approval_join(stream: Any) -> None:
+        async for event in stream.events():
+            message = event.message
+            position = SourcePosition(
+                topic=message.topic, partition=message.partition, offset=message.offset
+            )
+            event_key = f"{position.topic}:{position.partition}:{position.offset}"
+            trace_id = trace_id_of(message.headers)
+            before = table.get(event.key or b"")
+            try:
+                state, steps = await handle(event)
+            except (ValidationError, ValueError):
+                letter = dead_letter(
+                    event.value,
+                    reason="approval-join: unreadable record",
+                    call_id=None,
+                    source=position,
+                    at=datetime.now(UTC),
+                )
+                await publish((letter,), trace_id)
+                continue
+            emits = tuple(e for s in steps for e in s.emits)
+            audits = [a for s in steps for a in s.audits]
+            # The audit comes first: a record whose audit could not be written is retried,
+            # never published unrecorded.
+            await _retrying(partial(storage.audit, audits, event_key=event_key))
+            await publish(emits, trace_id)
+            after = state.model_dump_json().encode() if state is not None else None
+            if after != before:
+                if after is None:
+                    table.pop(event.key, None)
+                else:
+                    table[event.key] = after
+
+    @app.timer(interval=TICK_EVERY)  # type: ignore[untyped-decorator]  # faust's is untyped
+    async def nudge_due_approvals() -> None:
+        now = datetime.now(UTC)
+        clock = time.monotonic()
+        for key, raw in list(table.items()):
+            if not raw:
+                continue
+            state = ApprovalState.model_validate_json(raw)
+            if not due(state, now) or clock - ticked.get(state.call_id, 0.0) < RETICK_AFTER:
+                continue
+            ticked[state.call_id] = clock
+            await topics[Topic.APPROVAL_TIMERS].send(
+                key=key, value=json.dumps({"at": now.isoformat()}).encode()
+            )
+        for call_id, at in list(ticked.items()):
+            if clock - at > 10 * RETICK_AFTER:
+                del ticked[call_id]
+
+    del approval_join, nudge_due_approvals  # registered with the app
+
+
+async def _retrying(step: Callable[[], Awaitable[None]]) -> None:
+    delays = (0.2, 0.5, 1.0, 2.0, 5.0)
+    attempt = 0
+    while True:
+        try:
+            await step()
+            return
+        except StorageUnavailable:
+            delay = delays[min(attempt, len(delays) - 1)]
+            attempt += 1
+            log.warning("audit storage unavailable; retrying in %.1fs", delay)
+            await asyncio.sleep(delay)

@@ -1,0 +1,81 @@
+"""PostgreSQL for the stream side: tenant-scoped resource loads for the authorizer and the
+approval-join, and the audit log. The pool opens on first use."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from commands.catalog import Resource, Tool, ToolArguments
+from commands.sql import named_query
+from schemas.errors import StorageUnavailable
+from streams.approval import AuditEntry
+
+_PKG = "streams"
+
+
+class StreamStorage:
+    def __init__(self, database_url: str, *, max_size: int = 8) -> None:
+        self._url = database_url
+        self._max_size = max_size
+        self._pool: AsyncConnectionPool[Any] | None = None
+        self._lock = asyncio.Lock()
+
+    async def _get_pool(self) -> AsyncConnectionPool[Any]:
+        async with self._lock:
+            if self._pool is None:
+                pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+                    self._url,
+                    min_size=1,
+                    max_size=self._max_size,
+                    open=False,
+                    kwargs={"row_factory": dict_row, "autocommit": True},
+                )
+                try:
+                    await pool.open(wait=True, timeout=30)
+                except PoolTimeout as exc:
+                    raise StorageUnavailable() from exc
+                self._pool = pool
+            return self._pool
+
+    async def fetch(self, tool: Tool, tenant: str, arguments: ToolArguments) -> Resource | None:
+        """The tool's resource, loaded with the tenant in the WHERE (read-only)."""
+        if tool.load is None:
+            return None
+        pool = await self._get_pool()
+        try:
+            async with pool.connection() as conn:
+                return await tool.load(conn, tenant, arguments, False)
+        except (psycopg.OperationalError, PoolTimeout) as exc:
+            raise StorageUnavailable() from exc
+
+    async def audit(self, entries: Sequence[AuditEntry], *, event_key: str) -> None:
+        """Append audit rows, once per source record (``event_key`` + position in it)."""
+        if not entries:
+            return
+        pool = await self._get_pool()
+        try:
+            async with pool.connection() as conn, conn.cursor() as cur:
+                for n, entry in enumerate(entries):
+                    await cur.execute(
+                        named_query(_PKG, "insert_audit"),
+                        {
+                            "tenant": entry.tenant,
+                            "call_id": entry.call_id,
+                            "kind": entry.kind,
+                            "detail": Jsonb(entry.detail),
+                            "event_key": f"{event_key}#{n}:{entry.kind}",
+                        },
+                    )
+        except (psycopg.OperationalError, PoolTimeout) as exc:
+            raise StorageUnavailable() from exc
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
