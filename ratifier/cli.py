@@ -135,6 +135,45 @@ def cmd_policy_replay(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_approvals(settings: Settings, args: argparse.Namespace) -> int:
+    import json
+    import os
+
+    from schemas.envelopes import ApprovalVerdict
+    from schemas.identity import context_keys
+    from streams.inbox import ApprovalInbox, approver_from, decision_for, publish_decision
+
+    token = args.token or os.environ.get("RATIFIER_APPROVER_TOKEN")
+    approver = approver_from(token, context_keys(settings))
+    inbox = ApprovalInbox(settings)
+    asyncio.run(inbox.catch_up())
+    if args.approvals_command == "list":
+        pending = inbox.pending(approver.tenant)
+        print(f"{len(pending)} pending in {approver.tenant}")
+        for request in pending:
+            left = (request.expires_at - datetime.now(UTC)).total_seconds()
+            print(
+                f"{request.call_id:36}  {request.tool:24}  by {request.requested_by:16}  "
+                f"{left:6.0f}s left  {request.preview[1] if len(request.preview) > 1 else ''}"
+            )
+        return 0
+    request = inbox.get(approver.tenant, args.call_id)
+    if args.approvals_command == "show":
+        print(json.dumps(request.model_dump(mode="json"), indent=2))
+        return 0
+    verdict = ApprovalVerdict(args.approvals_command)
+    arguments = json.loads(args.arguments) if verdict is ApprovalVerdict.EDIT else None
+    decision = decision_for(
+        request, token=token or "", verdict=verdict, reason=args.reason, arguments=arguments
+    )
+    asyncio.run(publish_decision(settings, decision))
+    print(
+        f"published {verdict.value} for {request.call_id} (fingerprint "
+        f"{decision.fingerprint[:12]}…); the outcome follows on the outcomes topic"
+    )
+    return 0
+
+
 def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
     from ratifier.demo import run_demo
 
@@ -195,6 +234,23 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--since", help="ISO time, e.g. 2026-11-29T12:00:00Z")
     start.add_argument("--from-offset", type=int, help="offset in every partition")
     replay.set_defaults(func=cmd_policy_replay)
+    approvals = sub.add_parser("approvals", help="the approval inbox (needs an approver token)")
+    approvals.add_argument("--token", help="approver token (default: $RATIFIER_APPROVER_TOKEN)")
+    approvals_sub = approvals.add_subparsers(dest="approvals_command", required=True)
+    approvals_sub.add_parser("list", help="pending requests of your tenant")
+    for name, text in (
+        ("show", "one request with its preview"),
+        ("approve", "approve it"),
+        ("reject", "reject it"),
+        ("edit", "approve with changed arguments"),
+    ):
+        one = approvals_sub.add_parser(name, help=text)
+        one.add_argument("call_id")
+        if name != "show":
+            one.add_argument("--reason")
+        if name == "edit":
+            one.add_argument("--arguments", required=True, help="the new arguments as JSON")
+    approvals.set_defaults(func=cmd_approvals, reason=None)
     schemas = sub.add_parser("schemas", help="write JSON Schema files of the contract")
     schemas.add_argument("dir", nargs="?")
     schemas.set_defaults(func=cmd_schemas)

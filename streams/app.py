@@ -28,6 +28,9 @@ from schemas.settings import Settings
 from streams.approval_join import install_approval_join
 from streams.authorizer import on_validated_batch
 from streams.emit import Emit
+from streams.http import install_approval_api
+from streams.inbox import ApprovalInbox
+from streams.offsets import install_rewind_fix
 from streams.storage import StreamStorage
 from streams.validator import dead_letter, on_proposed
 
@@ -85,6 +88,7 @@ def create_app(
     settings: Settings, *, catalog: Catalog, feed: PolicyFeed, **faust_options: Any
 ) -> faust.App:
     """A faust app with the validator, authorizer and approval-join agents."""
+    install_rewind_fix()
     app = faust.App(
         settings.group(STREAMS_APP_ID),
         broker=f"kafka://{settings.kafka_bootstrap}",
@@ -228,6 +232,9 @@ def create_app(
     for name, (source, agent) in agents.items():
         if name in stages:
             app.agent(topics[source], name=name)(agent)
+    if settings.http_port > 0:
+        inbox = ApprovalInbox(settings)
+        install_approval_api(app, settings, inbox=inbox, keys=keys)
     if "approval-join" in stages:
         install_approval_join(
             app,

@@ -73,13 +73,17 @@ def proposal(
     }
 
 
-async def publish(settings: Settings, records: Sequence[tuple[str | None, bytes | None]]) -> None:
+async def publish(
+    settings: Settings,
+    records: Sequence[tuple[str | None, bytes | None]],
+    topic: Topic = Topic.PROPOSED,
+) -> None:
     producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all")
     await producer.start()
     try:
         for key, value in records:
             await producer.send(
-                settings.topic(Topic.PROPOSED), key=key.encode() if key else None, value=value
+                settings.topic(topic), key=key.encode() if key else None, value=value
             )
         await producer.flush()
     finally:

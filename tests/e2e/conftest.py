@@ -2,11 +2,13 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from jwt.algorithms import OKPAlgorithm
@@ -68,43 +70,103 @@ def signing_keys() -> SigningKeys:
 class Pipeline:
     settings: Settings
     workers: list[WorkerProcess]
+    env: dict[str, str]
+    log_dir: Path
+    http_port: int = 0
 
     def alive(self) -> bool:
         return all(w.process.poll() is None for w in self.workers)
 
+    def worker(self, name: str) -> WorkerProcess:
+        return next(w for w in self.workers if w.name == name)
+
+    def stop_worker(self, name: str) -> None:
+        worker = self.worker(name)
+        worker.stop()
+        self.workers.remove(worker)
+
+    def start(self, command: str, name: str, **env: str) -> WorkerProcess:
+        worker = start_worker(command, name=name, log_dir=self.log_dir, env={**self.env, **env})
+        self.workers.append(worker)
+        return worker
+
+    def wait_ready(self, timeout: float = 120) -> None:
+        """Ready when a call makes it all the way through (consumer groups joined)."""
+        warm = proposal(self.settings, tool="get_payment", arguments={"payment_id": "pay_A1001"})
+        run(publish(self.settings, [(warm["call_id"], json.dumps(warm).encode())]))
+        try:
+            run(
+                read_until(
+                    self.settings,
+                    [Topic.OUTCOMES],
+                    lambda recs: warm["call_id"] in outcomes_by_call(recs),
+                    timeout=timeout,
+                )
+            )
+        except TimeoutError:
+            tails = "\n".join(f"--- {w.name}\n{w.log_tail()}" for w in self.workers)
+            raise RuntimeError(f"pipeline did not become ready:\n{tails}") from None
+
+    def stop(self) -> None:
+        for worker in self.workers:
+            if worker.process.poll() is None:
+                worker.stop()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def reset_refundable(settings: Settings) -> None:
+    """The test database's payments get their full refundable amount back each session."""
+    with psycopg.connect(settings.database_url) as conn:
+        conn.execute(
+            "UPDATE payments SET refundable_minor = amount_minor "
+            "WHERE payment_id IN ('pay_A1001', 'pay_A1002', 'pay_B2001')"
+        )
+        conn.execute("UPDATE payments SET refundable_minor = 2000 WHERE payment_id = 'pay_A1002'")
+
+
+def start_pipeline(keys: SigningKeys, name: str, **env: str) -> Pipeline:
+    """A streams worker and an executor on their own topic prefix, accepting local HS256
+    tokens and EdDSA tokens of the published JWKS, with a short approval TTL."""
+    settings = session_settings().model_copy(
+        update={"context_jwks_file": str(keys.jwks_path), "approval_ttl_seconds": 25}
+    )
+    migrate(settings.database_url)
+    reset_refundable(settings)
+    run(ensure_topics(settings))
+    port = free_port()
+    pipeline = Pipeline(
+        settings=settings,
+        workers=[],
+        env={
+            **worker_env(settings),
+            "RATIFIER_CONTEXT_JWKS_FILE": str(keys.jwks_path),
+            "RATIFIER_APPROVAL_TTL_SECONDS": str(settings.approval_ttl_seconds),
+            **env,
+        },
+        log_dir=ARTIFACTS / f"{name}-logs",
+        http_port=port,
+    )
+    pipeline.start("streams", "streams", RATIFIER_HTTP_PORT=str(port))
+    pipeline.start("executor", "executor")
+    try:
+        pipeline.wait_ready()
+    except BaseException:
+        pipeline.stop()
+        raise
+    return pipeline
+
 
 @pytest.fixture(scope="session")
 def pipeline(signing_keys: SigningKeys) -> Iterator[Pipeline]:
-    """One streams worker and one executor on this session's own topics, accepting local
-    HS256 tokens and EdDSA tokens of the published JWKS."""
-    settings = session_settings().model_copy(
-        update={"context_jwks_file": str(signing_keys.jwks_path)}
-    )
-    migrate(settings.database_url)
-    run(ensure_topics(settings))
-    env = {**worker_env(settings), "RATIFIER_CONTEXT_JWKS_FILE": str(signing_keys.jwks_path)}
-    log_dir = ARTIFACTS / "e2e-logs"
-    workers = [
-        start_worker("streams", name="streams", log_dir=log_dir, env=env),
-        start_worker("executor", name="executor", log_dir=log_dir, env=env),
-    ]
+    """The session's pipeline, shared by the e2e tests that do not stop workers."""
+    started = start_pipeline(signing_keys, "e2e")
     try:
-        # Ready when a call makes it all the way through (consumer groups joined).
-        warm = proposal(settings, tool="get_payment", arguments={"payment_id": "pay_A1001"})
-        run(publish(settings, [(warm["call_id"], json.dumps(warm).encode())]))
-        run(
-            read_until(
-                settings,
-                [Topic.OUTCOMES],
-                lambda recs: warm["call_id"] in outcomes_by_call(recs),
-                timeout=120,
-            )
-        )
-        yield Pipeline(settings=settings, workers=workers)
-    except TimeoutError:
-        tails = "\n".join(f"--- {w.name}\n{w.log_tail()}" for w in workers)
-        raise RuntimeError(f"pipeline did not become ready:\n{tails}") from None
+        yield started
     finally:
-        for worker in workers:
-            worker.stop()
-        run(delete_topics(settings))
+        started.stop()
+        run(delete_topics(started.settings))

@@ -1,0 +1,106 @@
+"""The approver HTTP endpoint, served by the streams worker (JSON).
+
+    GET  /approvals                      pending requests of the approver's tenant
+    GET  /approvals/{call_id}            one pending request
+    POST /approvals/{call_id}/decision   {"decision": "approve"|"reject"|"edit",
+                                          "reason": "...", "arguments": {...}}
+
+Every call needs ``Authorization: Bearer <approver token>``. A decision is published as a
+signed `approvals.decided` record bound to the fingerprint of the request shown; the endpoint
+writes no state itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import faust
+from faust.web import Request, Response, View
+from pydantic import ValidationError
+
+from schemas.envelopes import ApprovalVerdict
+from schemas.errors import ErrorCode, RatifierError
+from schemas.identity import ContextKeys
+from schemas.settings import Settings
+from streams.inbox import ApprovalInbox, approver_from, decision_for, publish_decision
+
+STATUS_BY_CODE = {
+    ErrorCode.UNAUTHENTICATED: 401,
+    ErrorCode.POLICY_DENIED: 403,
+    ErrorCode.NOT_FOUND: 404,
+    ErrorCode.INVALID_ARGUMENTS: 400,
+}
+
+
+def _token(request: Request) -> str | None:
+    header = request.headers.get("Authorization", "")
+    return header.removeprefix("Bearer ").strip() or None
+
+
+def install_approval_api(
+    app: faust.App, settings: Settings, *, inbox: ApprovalInbox, keys: ContextKeys
+) -> None:
+    def failure(view: View, exc: RatifierError) -> Response:
+        status = STATUS_BY_CODE.get(exc.code, 400)
+        return view.json(
+            {"error": {"code": exc.code.value, "message": exc.safe_message}}, status=status
+        )
+
+    @app.page("/approvals")
+    class Pending(View):
+        async def get(self, request: Request) -> Response:
+            try:
+                approver = approver_from(_token(request), keys)
+            except RatifierError as exc:
+                return failure(self, exc)
+            await inbox.catch_up()
+            items = [r.model_dump(mode="json") for r in inbox.pending(approver.tenant)]
+            return self.json({"tenant": approver.tenant, "pending": items})
+
+    @app.page("/approvals/{call_id}")
+    class One(View):
+        async def get(self, request: Request, call_id: str) -> Response:
+            try:
+                approver = approver_from(_token(request), keys)
+                await inbox.catch_up()
+                found = inbox.get(approver.tenant, call_id)
+            except RatifierError as exc:
+                return failure(self, exc)
+            return self.json(found.model_dump(mode="json"))
+
+    @app.page("/approvals/{call_id}/decision")
+    class Decide(View):
+        async def post(self, request: Request, call_id: str) -> Response:
+            token = _token(request)
+            try:
+                approver = approver_from(token, keys)
+                body: dict[str, Any] = await request.json()
+                verdict = ApprovalVerdict(str(body.get("decision")))
+                await inbox.catch_up()
+                found = inbox.get(approver.tenant, call_id)
+                decision = decision_for(
+                    found,
+                    token=token or "",
+                    verdict=verdict,
+                    reason=body.get("reason"),
+                    arguments=body.get("arguments"),
+                )
+            except RatifierError as exc:
+                return failure(self, exc)
+            except (ValueError, ValidationError):
+                return self.json(
+                    {
+                        "error": {
+                            "code": "invalid_arguments",
+                            "message": "decision must be approve, reject or edit",
+                        }
+                    },
+                    status=400,
+                )
+            await publish_decision(settings, decision)
+            return self.json(
+                {"published": True, "call_id": call_id, "fingerprint": decision.fingerprint},
+                status=202,
+            )
+
+    del Pending, One, Decide  # registered with the app

@@ -1,0 +1,117 @@
+"""Helpers for the approval e2e tests: propose refunds, find their requests, decide."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+
+from schemas.envelopes import ApprovalDecision, ApprovalVerdict
+from schemas.identity import context_keys, issue_context_token
+from schemas.names import Topic
+from schemas.settings import Settings
+from tests.e2e.conftest import Pipeline
+from tests.services import outcomes_by_call, publish, read_to_end, read_until, run
+
+REFUND: dict[str, Any] = {"payment_id": "pay_A1002", "amount_minor": 10, "reason": "late delivery"}
+
+
+def token(
+    settings: Settings, sub: str, tenant: str = "tenant-a", roles: tuple[str, ...] = ("approver",)
+) -> str:
+    return issue_context_token(context_keys(settings), sub=sub, tenant=tenant, roles=roles)
+
+
+def propose(pipeline: Pipeline, n: int = 1, **change: Any) -> list[dict[str, Any]]:
+    """Propose ``n`` refunds as agent-1 (refund role); return their approval requests."""
+    settings = pipeline.settings
+    requester = token(settings, "agent-1", roles=("refund",))
+    ids = [f"ap-{uuid.uuid4().hex[:12]}" for _ in range(n)]
+    run(
+        publish(
+            settings,
+            [
+                (
+                    cid,
+                    json.dumps(
+                        {
+                            "v": 1,
+                            "call_id": cid,
+                            "tool": "propose_refund",
+                            "arguments": {**REFUND, **change},
+                            "context": requester,
+                            "proposed_at": datetime.now(UTC).isoformat(),
+                        }
+                    ).encode(),
+                )
+                for cid in ids
+            ],
+        )
+    )
+    records = run(
+        read_until(
+            settings,
+            [Topic.APPROVALS_REQUESTED],
+            lambda recs: set(ids) <= {json.loads(r.value)["call_id"] for r in recs},
+            timeout=45,
+        )
+    )
+    found = {json.loads(r.value)["call_id"]: json.loads(r.value) for r in records}
+    return [found[cid] for cid in ids]
+
+
+def decide(
+    pipeline: Pipeline,
+    request: dict[str, Any],
+    approver_token: str,
+    verdict: ApprovalVerdict = ApprovalVerdict.APPROVE,
+    **change: Any,
+) -> None:
+    body: dict[str, Any] = {
+        "call_id": request["call_id"],
+        "fingerprint": request["fingerprint"],
+        "decision": verdict,
+        "approver": approver_token,
+        "decided_at": datetime.now(UTC),
+    }
+    decision = ApprovalDecision.model_validate({**body, **change})
+    run(
+        publish(
+            pipeline.settings, [(decision.call_id, decision.to_bytes())], Topic.APPROVALS_DECIDED
+        )
+    )
+
+
+def terminal_outcomes(
+    pipeline: Pipeline, call_ids: set[str], timeout: float = 45
+) -> dict[str, list[dict[str, Any]]]:
+    def ended(recs: list[Any]) -> bool:
+        found = outcomes_by_call(recs)
+        return all(
+            any(o["status"] != "awaiting_approval" for o in found.get(c, [])) for c in call_ids
+        )
+
+    records = run(read_until(pipeline.settings, [Topic.OUTCOMES], ended, timeout=timeout))
+    found = outcomes_by_call(records)
+    return {c: [o for o in found[c] if o["status"] != "awaiting_approval"] for c in call_ids}
+
+
+def committed(pipeline: Pipeline, call_ids: set[str]) -> dict[str, list[dict[str, Any]]]:
+    records = run(read_to_end(pipeline.settings, [Topic.COMMITTED]))
+    found: dict[str, list[dict[str, Any]]] = {c: [] for c in call_ids}
+    for record in records:
+        body = json.loads(record.value)
+        if body["call_id"] in found:
+            found[body["call_id"]].append(body)
+    return found
+
+
+def audit(pipeline: Pipeline, call_id: str) -> list[tuple[str, dict[str, Any]]]:
+    with psycopg.connect(pipeline.settings.database_url) as conn:
+        rows = conn.execute(
+            "SELECT kind, detail FROM audit_log WHERE call_id = %s ORDER BY id", (call_id,)
+        ).fetchall()
+    return [(kind, detail) for kind, detail in rows]

@@ -1,0 +1,73 @@
+"""Pending approvals survive a streams worker restart and a rebalance to a second worker:
+decisions still join, expiries still fire, nothing is duplicated."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+
+from ratifier.topics import delete_topics
+from schemas.names import Topic
+from tests.e2e.approvals_kit import committed, decide, propose, terminal_outcomes, token
+from tests.e2e.conftest import Pipeline, SigningKeys, start_pipeline
+from tests.services import read_to_end, run
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+
+
+@pytest.fixture
+def own_pipeline(signing_keys: SigningKeys) -> Iterator[Pipeline]:
+    pipeline = start_pipeline(signing_keys, "durability")
+    try:
+        yield pipeline
+    finally:
+        pipeline.stop()
+        run(delete_topics(pipeline.settings))
+
+
+def test_restart_and_rebalance_keep_pending_approvals(own_pipeline: Pipeline) -> None:
+    pipeline = own_pipeline
+    first, second, third = propose(pipeline, n=3)
+    ids = {r["call_id"] for r in (first, second, third)}
+
+    pipeline.stop_worker("streams")  # pending approvals live only in the join's table now
+    pipeline.start("streams", "streams-restarted", RATIFIER_HTTP_PORT="0")
+    boss = token(pipeline.settings, "boss")
+    decide(pipeline, first, boss)
+    assert (
+        terminal_outcomes(pipeline, {first["call_id"]}, timeout=90)[first["call_id"]][0]["status"]
+        == "succeeded"
+    )
+
+    pipeline.start("streams", "streams-second", RATIFIER_HTTP_PORT="0")  # rebalance
+    decide(pipeline, second, boss)
+    assert (
+        terminal_outcomes(pipeline, {second["call_id"]}, timeout=90)[second["call_id"]][0]["status"]
+        == "succeeded"
+    )
+
+    # Nobody decides the third: its expiry still fires, on whichever worker owns it now.
+    outcomes = terminal_outcomes(pipeline, ids, timeout=pipeline.settings.approval_ttl_seconds + 60)
+    assert {
+        c: [(o["status"], (o["error"] or {}).get("code")) for o in found]
+        for c, found in outcomes.items()
+    } == {
+        first["call_id"]: [("succeeded", None)],
+        second["call_id"]: [("succeeded", None)],
+        third["call_id"]: [("expired", "approval_expired")],
+    }
+    commands = committed(pipeline, ids)
+    assert [len(commands[c]) for c in (first["call_id"], second["call_id"], third["call_id"])] == [
+        1,
+        1,
+        0,
+    ]
+    requests = Counter(
+        json.loads(r.value)["call_id"]
+        for r in run(read_to_end(pipeline.settings, [Topic.APPROVALS_REQUESTED]))
+    )
+    assert {c: requests[c] for c in ids} == dict.fromkeys(ids, 1)
+    assert pipeline.alive()

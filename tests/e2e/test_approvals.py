@@ -1,0 +1,274 @@
+"""The seed 001 approval matrix, through Kafka, the join and the executor."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import urllib.request
+from typing import Any
+
+import pytest
+
+from schemas.envelopes import ApprovalVerdict
+from tests.e2e.approvals_kit import (
+    REFUND,
+    audit,
+    committed,
+    decide,
+    propose,
+    terminal_outcomes,
+    token,
+)
+from tests.e2e.conftest import Pipeline
+from tests.services import worker_env
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+
+def test_valid_approval_runs_once_with_its_receipt(pipeline: Pipeline) -> None:
+    (request,) = propose(pipeline)
+    boss = token(pipeline.settings, "boss")
+    decide(pipeline, request, boss)
+    decide(pipeline, request, boss)  # double confirmation
+    call_id = request["call_id"]
+    found = terminal_outcomes(pipeline, {call_id})[call_id]
+    assert len(found) == 1, found
+    (outcome,) = found
+    assert outcome["status"] == "succeeded", outcome
+    assert outcome["approval"]["approver"] == "boss"
+    assert outcome["approval"]["fingerprint"] == request["fingerprint"]
+    assert outcome["result"]["amount_minor"] == REFUND["amount_minor"]
+    assert len(committed(pipeline, {call_id})[call_id]) == 1
+    kinds = [k for k, _ in audit(pipeline, call_id)]
+    assert kinds[:2] == ["approval_requested", "approval_decision"]
+    assert "approval_decision_invalid" in kinds
+    assert kinds.count("executed") == 1
+
+
+def test_two_approvers_at_once_commit_one_command(pipeline: Pipeline) -> None:
+    (request,) = propose(pipeline)
+    tokens = [token(pipeline.settings, f"boss-{n}") for n in range(2)]
+    threads = [threading.Thread(target=decide, args=(pipeline, request, t)) for t in tokens]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    call_id = request["call_id"]
+    (outcome,) = terminal_outcomes(pipeline, {call_id})[call_id]
+    assert outcome["status"] == "succeeded"
+    assert len(committed(pipeline, {call_id})[call_id]) == 1
+
+
+def invalid_then_rejected(
+    pipeline: Pipeline, request: dict[str, Any], bad_token: str, **change: Any
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Publish an invalid decision, then a valid reject: when the reject's outcome arrives
+    the invalid one was processed (same partition, in order) and must have done nothing."""
+    decide(pipeline, request, bad_token, **change)
+    decide(
+        pipeline,
+        request,
+        token(pipeline.settings, "boss"),
+        ApprovalVerdict.REJECT,
+        reason="checked by test",
+    )
+    call_id = request["call_id"]
+    outcomes = terminal_outcomes(pipeline, {call_id})[call_id]
+    reasons = [
+        d.get("reason", "") for k, d in audit(pipeline, call_id) if k == "approval_decision_invalid"
+    ]
+    return outcomes, reasons
+
+
+@pytest.mark.parametrize(
+    ("who", "change", "reason"),
+    [
+        (("agent-1", "tenant-a", ("approver",)), {}, "requester cannot approve their own call"),
+        (("boss-b", "tenant-b", ("approver",)), {}, "approver belongs to another tenant"),
+        (("clerk", "tenant-a", ("support",)), {}, "approver lacks the approver role"),
+        (
+            ("boss", "tenant-a", ("approver",)),
+            {"fingerprint": "0" * 64},
+            "fingerprint does not match the pending request",
+        ),
+    ],
+    ids=["self-approval", "other-tenant", "no-approver-role", "replayed-fingerprint"],
+)
+def test_invalid_decisions_commit_nothing(
+    pipeline: Pipeline,
+    who: tuple[str, str, tuple[str, ...]],
+    change: dict[str, Any],
+    reason: str,
+) -> None:
+    (request,) = propose(pipeline)
+    sub, tenant, roles = who
+    outcomes, reasons = invalid_then_rejected(
+        pipeline, request, token(pipeline.settings, sub, tenant, roles), **change
+    )
+    assert [(o["status"], o["error"]["code"]) for o in outcomes] == [
+        ("rejected", "approval_rejected")
+    ]
+    assert committed(pipeline, {request["call_id"]})[request["call_id"]] == []
+    assert reasons == [reason]
+
+
+def test_changed_amount_voids_the_old_consent(pipeline: Pipeline) -> None:
+    (first,) = propose(pipeline)
+    (changed,) = propose(pipeline, amount_minor=REFUND["amount_minor"] + 5)
+    assert first["fingerprint"] != changed["fingerprint"]
+    # The human said yes to the first preview; that yes is replayed onto the changed call.
+    outcomes, reasons = invalid_then_rejected(
+        pipeline, changed, token(pipeline.settings, "boss"), fingerprint=first["fingerprint"]
+    )
+    assert outcomes[0]["error"]["code"] == "approval_rejected"
+    assert reasons == ["fingerprint does not match the pending request"]
+    assert committed(pipeline, {changed["call_id"]})[changed["call_id"]] == []
+
+
+def test_reject(pipeline: Pipeline) -> None:
+    (request,) = propose(pipeline)
+    decide(
+        pipeline,
+        request,
+        token(pipeline.settings, "boss"),
+        ApprovalVerdict.REJECT,
+        reason="customer already refunded",
+    )
+    (o,) = terminal_outcomes(pipeline, {request["call_id"]})[request["call_id"]]
+    assert (o["status"], o["stage"], o["error"]["code"]) == (
+        "rejected",
+        "approve",
+        "approval_rejected",
+    )
+
+
+def test_edit_within_policy_commits_the_edited_arguments(pipeline: Pipeline) -> None:
+    (request,) = propose(pipeline)
+    edited = {**REFUND, "amount_minor": 3}
+    decide(
+        pipeline, request, token(pipeline.settings, "boss"), ApprovalVerdict.EDIT, arguments=edited
+    )
+    call_id = request["call_id"]
+    (o,) = terminal_outcomes(pipeline, {call_id})[call_id]
+    assert o["status"] == "succeeded", o
+    assert o["result"]["amount_minor"] == 3
+    assert o["approval"]["approver"] == "boss"
+    assert o["approval"]["fingerprint"] != request["fingerprint"]
+    (command,) = committed(pipeline, {call_id})[call_id]
+    assert command["arguments"] == edited
+
+
+@pytest.mark.parametrize(
+    ("arguments", "expected"),
+    [
+        ({**REFUND, "amount_minor": 10**9}, ("denied", "policy_denied")),
+        ({**REFUND, "amount_minor": "3"}, ("rejected", "invalid_arguments")),
+        ({**REFUND, "tenant_id": "tenant-b"}, ("rejected", "invalid_arguments")),
+    ],
+    ids=["beyond-refundable", "wrong-type", "extra-field"],
+)
+def test_edit_beyond_policy_or_schema_commits_nothing(
+    pipeline: Pipeline, arguments: dict[str, Any], expected: tuple[str, str]
+) -> None:
+    (request,) = propose(pipeline)
+    decide(
+        pipeline,
+        request,
+        token(pipeline.settings, "boss"),
+        ApprovalVerdict.EDIT,
+        arguments=arguments,
+    )
+    call_id = request["call_id"]
+    (o,) = terminal_outcomes(pipeline, {call_id})[call_id]
+    assert (o["status"], o["error"]["code"]) == expected
+    assert committed(pipeline, {call_id})[call_id] == []
+
+
+def test_expired_request_and_late_approval(pipeline: Pipeline) -> None:
+    (request,) = propose(pipeline)
+    call_id = request["call_id"]
+    (o,) = terminal_outcomes(
+        pipeline, {call_id}, timeout=pipeline.settings.approval_ttl_seconds + 30
+    )[call_id]
+    assert (o["status"], o["error"]["code"]) == ("expired", "approval_expired")
+    decide(pipeline, request, token(pipeline.settings, "boss"))  # too late
+    # The late approval is recorded as invalid and commits nothing.
+    import time
+
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        kinds = [k for k, _ in audit(pipeline, call_id)]
+        if "approval_decision_invalid" in kinds:
+            break
+        time.sleep(0.2)
+    assert [
+        d["reason"] for k, d in audit(pipeline, call_id) if k == "approval_decision_invalid"
+    ] == ["approval already expired"]
+    assert committed(pipeline, {call_id})[call_id] == []
+
+
+def test_http_inbox_and_cli(pipeline: Pipeline) -> None:
+    first, second = propose(pipeline, n=2)
+    boss = token(pipeline.settings, "boss")
+    base = f"http://127.0.0.1:{pipeline.http_port}"
+
+    def call(path: str, body: dict[str, Any] | None = None, auth: str = boss) -> Any:
+        request = urllib.request.Request(
+            base + path,
+            method="POST" if body is not None else "GET",
+            data=json.dumps(body).encode() if body is not None else None,
+            headers={"Authorization": f"Bearer {auth}", "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read())
+
+    listed = {r["call_id"] for r in call("/approvals")["pending"]}
+    assert {first["call_id"], second["call_id"]} <= listed
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        call("/approvals", auth=token(pipeline.settings, "clerk", roles=("support",)))
+    assert refused.value.code == 403
+    with pytest.raises(urllib.error.HTTPError) as hidden:
+        call(
+            f"/approvals/{first['call_id']}",
+            auth=token(pipeline.settings, "boss-b", tenant="tenant-b"),
+        )
+    assert hidden.value.code == 404
+    answer = call(f"/approvals/{first['call_id']}/decision", {"decision": "approve"})
+    assert answer["fingerprint"] == first["fingerprint"]
+
+    env = {**worker_env(pipeline.settings), "RATIFIER_APPROVER_TOKEN": boss}
+    import os
+
+    listing = subprocess.run(
+        [sys.executable, "-m", "ratifier.cli", "approvals", "list"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=60,
+        check=False,
+    )
+    assert listing.returncode == 0, listing.stderr
+    assert second["call_id"] in listing.stdout
+    rejected = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ratifier.cli",
+            "approvals",
+            "reject",
+            second["call_id"],
+            "--reason",
+            "not eligible",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=60,
+        check=False,
+    )
+    assert rejected.returncode == 0, rejected.stderr
+    outcomes = terminal_outcomes(pipeline, {first["call_id"], second["call_id"]})
+    assert outcomes[first["call_id"]][0]["status"] == "succeeded"
+    assert outcomes[second["call_id"]][0]["error"]["code"] == "approval_rejected"
