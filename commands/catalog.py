@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from schemas.envelopes import Actor, Effect
 from schemas.errors import ConfigurationError
+from schemas.settings import Settings
 
 Connection = AsyncConnection[DictRow]
 
@@ -67,7 +68,34 @@ class ExecutionContext:
 
 ResourceLoader = Callable[[Connection, str, Any, bool], Awaitable[Resource | None]]
 Handler = Callable[[ExecutionContext], Awaitable[HandlerResult]]
-ReconcileHook = Callable[[ExecutionContext], Awaitable[HandlerResult | None]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class EffectRequest:
+    """An external effect to perform (or ask about): the operation id is the downstream
+    idempotency key; ``payload`` is what the tool's handler prepared in the ledger's
+    transaction (kept in the ledger, so a restart or the reconciler can pick it up)."""
+
+    operation_id: str
+    tenant: str
+    payload: dict[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExternalEffect:
+    """A tool whose effect happens in another system.
+
+    The tool's ``handler`` prepares it inside the ledger transaction (internal reservations;
+    returns the payload). ``invoke`` sends it, outside any transaction, and raises
+    `TransientFailure` (known not applied: retried within a budget), `PermanentFailure` (known
+    not applied: released) or `OutcomeUnknown` (maybe applied: never retried blindly).
+    ``settle`` or ``release`` finish it in a second transaction. ``lookup`` asks the
+    downstream system by operation id: the reconcile hook."""
+
+    invoke: Callable[[EffectRequest], Awaitable[HandlerResult]]
+    settle: Callable[[Connection, EffectRequest, HandlerResult], Awaitable[None]]
+    release: Callable[[Connection, EffectRequest], Awaitable[None]]
+    lookup: Callable[[EffectRequest], Awaitable[HandlerResult | None]]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,7 +106,7 @@ class Tool:
     effect: Effect
     handler: Handler
     load: ResourceLoader | None = None
-    reconcile: ReconcileHook | None = None
+    external: ExternalEffect | None = None
     secret_fields: frozenset[str] = field(default_factory=frozenset)
     # How long an approval request waits (None: the RATIFIER_APPROVAL_TTL_SECONDS default),
     # and whether the requester may approve their own call.
@@ -110,10 +138,22 @@ def _mask(value: Any, salt: str | None) -> str:
     return f"sha256:{digest}"
 
 
-class Catalog:
-    """An immutable set of tools, looked up by exact name (no case folding, no fuzzing)."""
+Lifecycle = Callable[[Settings], Awaitable[None]]
 
-    def __init__(self, tools: Iterable[Tool]) -> None:
+
+class Catalog:
+    """An immutable set of tools, looked up by exact name (no case folding, no fuzzing).
+    ``start``/``stop`` open and close what the tools' effects need (clients, pools)."""
+
+    def __init__(
+        self,
+        tools: Iterable[Tool],
+        *,
+        start: Lifecycle | None = None,
+        stop: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        self._start = start
+        self._stop = stop
         by_name: dict[str, Tool] = {}
         for tool in tools:
             if tool.name in by_name:
@@ -136,6 +176,14 @@ class Catalog:
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(sorted(self._tools))
+
+    async def start(self, settings: Settings) -> None:
+        if self._start is not None:
+            await self._start(settings)
+
+    async def stop(self) -> None:
+        if self._stop is not None:
+            await self._stop()
 
 
 def load_catalog(spec: str) -> Catalog:

@@ -3,6 +3,6 @@
 from __future__ import annotations
 
 from commands.catalog import Catalog
-from commands.payments import TOOLS
+from commands.payments import TOOLS, start_payments, stop_payments
 
-catalog = Catalog(TOOLS)
+catalog = Catalog(TOOLS, start=start_payments, stop=stop_payments)

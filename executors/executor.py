@@ -1,28 +1,87 @@
-"""Executing one committed command: dedup, ledger, commit-time re-check, handler.
+"""Executing one committed command at most once in effect.
 
-The whole of an internal effect happens in one PostgreSQL transaction together with the
-ledger entry, so a command either ran once (and its outcome is stored) or not at all.
+1. Redis claim (fast path): a finished operation is answered from its stored outcome; another
+   fingerprint under the same key is a conflict; a live owner is left alone (we wait for it).
+2. Ledger transaction (the authority): insert the entry — or, when it exists, answer from it,
+   and never re-run an operation whose effect may have started. Inside the same transaction:
+   cancellation check, commit-time re-check (resource re-read `FOR UPDATE` with the tenant in
+   the WHERE, policy on fresh attributes, approval receipt), then the handler. An internal
+   effect completes here; an external one is prepared here and marked `effect_pending`.
+3. External effects only: invoke downstream with the operation id as idempotency key, with a
+   bounded retry for failures known to precede any effect; then settle or release in a second
+   transaction — only if the entry is still ours (fencing) and still pending. A timeout or a
+   lost response ends as `unknown` and goes to reconciliation; nothing is retried blindly.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
+from collections.abc import Callable, Container
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from pydantic import ValidationError
+from tenacity import (
+    AsyncRetrying,
+    RetryError,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_exponential_jitter,
+)
 
-from commands.catalog import Catalog, Connection, ExecutionContext, Tool
+from commands.catalog import (
+    Catalog,
+    Connection,
+    EffectRequest,
+    ExecutionContext,
+    ExternalEffect,
+    HandlerResult,
+    Tool,
+)
 from commands.policy import PolicySource, authorize
+from executors.claims import Claim, ClaimKind, ClaimStore
 from executors.decisions import Dedup, dedup_decision, receipt_problem, status_for
-from executors.dedup import CachedOutcome, OutcomeCache
 from executors.ledger import CommandLedger
 from schemas.envelopes import Actor, CommittedCommand, ErrorInfo, Outcome, Stage, Status
-from schemas.errors import ErrorCode, RatifierError, StorageUnavailable
+from schemas.errors import (
+    ErrorCode,
+    OutcomeUnknown,
+    PermanentFailure,
+    RatifierError,
+    StorageUnavailable,
+    TransientFailure,
+)
 
 log = logging.getLogger("ratifier.executor")
+
+CrashHook = Callable[[str], None]
+
+
+def _no_crash(_point: str) -> None:
+    return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Execution:
+    """What running a command produced: its outcome, and whether that outcome must also go
+    to reconciliation (`commands.unknown`)."""
+
+    outcome: Outcome
+    unknown: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Pending:
+    """An external effect prepared and committed as `effect_pending`, to invoke now."""
+
+    request: EffectRequest
+    external: ExternalEffect
+    fence: int
 
 
 class CommandExecutor:
@@ -30,15 +89,23 @@ class CommandExecutor:
         self,
         *,
         pool: AsyncConnectionPool[Any],
-        cache: OutcomeCache,
+        claims: ClaimStore | None,
         catalog: Catalog,
         policies: PolicySource,
+        cancelled: Container[str] = frozenset(),
+        retry_attempts: int = 4,
+        crash: CrashHook = _no_crash,
     ) -> None:
         self._pool = pool
-        self._cache = cache
+        self._claims = claims
         self._catalog = catalog
         self._policies = policies
+        self._cancelled = cancelled
+        self._retry_attempts = retry_attempts
+        self._crash = crash
         self._ledger = CommandLedger()
+
+    # -- outcomes ---------------------------------------------------------------------------
 
     def _outcome(
         self,
@@ -49,13 +116,14 @@ class CommandExecutor:
         result: dict[str, Any] | None = None,
         resource_id: str | None = None,
         trace_id: str | None,
+        stage: Stage = Stage.EXECUTE,
     ) -> Outcome:
         return Outcome(
             call_id=command.call_id,
             tool=command.tool,
             tenant=command.tenant,
             status=status,
-            stage=Stage.EXECUTE,
+            stage=stage,
             error=ErrorInfo.of(code) if code is not None else None,
             result=result,
             resource_id=resource_id,
@@ -74,48 +142,255 @@ class CommandExecutor:
         """The stored outcome of this operation, answered to the call that asked again."""
         return stored.model_copy(update={"call_id": command.call_id})
 
-    async def execute(self, command: CommittedCommand, *, trace_id: str | None) -> Outcome:
-        """Run ``command`` at most once in effect and return its one terminal outcome."""
-        cached = await self._cache.get(command.tenant, command.idempotency_key)
-        if cached is not None:
-            if cached.fingerprint != command.fingerprint:
-                return self._failed(command, ErrorCode.CONFLICT, trace_id)
-            return self._readdressed(cached.outcome, command)
+    # -- the flow ---------------------------------------------------------------------------
+
+    async def execute(self, command: CommittedCommand, *, trace_id: str | None) -> Execution:
+        """Run ``command`` at most once in effect; return its one terminal outcome."""
+        claim = await self._claim(command)
+        if claim.kind is ClaimKind.DONE and claim.outcome is not None:
+            return Execution(outcome=self._readdressed(claim.outcome, command))
+        if claim.kind is ClaimKind.CONFLICT:
+            return Execution(outcome=self._failed(command, ErrorCode.CONFLICT, trace_id))
         try:
-            outcome, fresh = await self._execute_in_ledger(command, trace_id)
+            first, pending = await self._in_ledger(command, claim, trace_id)
+            if pending is not None:
+                self._crash("before_effect")
+                first = await self._perform(command, pending, trace_id)
         except (psycopg.OperationalError, PoolTimeout) as exc:
-            # Connection lost: the transaction rolled back, nothing happened.
+            # The connection was lost: the open transaction rolled back; nothing is recorded
+            # that did not happen. The command is retried by the caller.
+            if self._claims is not None and claim.kind in (ClaimKind.CLAIMED, ClaimKind.EXPIRED):
+                await self._claims.release(command.tenant, command.idempotency_key, claim.fence)
             raise StorageUnavailable() from exc
-        if outcome.terminal:
-            await self._cache.put(
+        if self._claims is not None and first.outcome.status is not Status.UNKNOWN:
+            await self._claims.finish(
+                command.tenant, command.idempotency_key, claim.fence, first.outcome
+            )
+        return first
+
+    async def _claim(self, command: CommittedCommand) -> Claim:
+        """The Redis claim; waits (bounded by the lease) while a live owner holds it."""
+        if self._claims is None:
+            return Claim(kind=ClaimKind.UNAVAILABLE)
+        deadline = time.monotonic() + self._claims.lease_ms / 1000 + 1
+        while True:
+            claim = await self._claims.claim(
                 command.tenant,
                 command.idempotency_key,
-                CachedOutcome(fingerprint=command.fingerprint, outcome=outcome),
+                command.fingerprint,
+                int(time.time() * 1000),
             )
-        if not fresh:
-            log.info("operation %s answered from the ledger", command.operation_id)
-        return outcome
+            if claim.kind is not ClaimKind.BUSY or time.monotonic() > deadline:
+                return claim
+            await asyncio.sleep(0.1)
 
-    async def _execute_in_ledger(
-        self, command: CommittedCommand, trace_id: str | None
-    ) -> tuple[Outcome, bool]:
+    async def _in_ledger(
+        self, command: CommittedCommand, claim: Claim, trace_id: str | None
+    ) -> tuple[Execution, _Pending | None]:
         async with self._pool.connection() as conn, conn.transaction():
-            if not await self._ledger.claim(conn, command, fencing=0):
-                entry = await self._ledger.entry_for_update(conn, command)
-                if entry is None:  # claim raced a delete; ledger rows are never deleted
-                    raise StorageUnavailable()
-                verdict = dedup_decision(
-                    stored_fingerprint=entry.fingerprint,
-                    stored_status=entry.status,
-                    fingerprint=command.fingerprint,
+            if not await self._ledger.claim(conn, command, fencing=claim.fence):
+                return await self._answer_from_ledger(conn, command, trace_id), None
+            ended, pending = await self._run(conn, command, claim.fence, trace_id)
+            if pending is None:
+                await self._record(conn, command, ended.outcome)
+            return ended, pending
+
+    async def _answer_from_ledger(
+        self, conn: Connection, command: CommittedCommand, trace_id: str | None
+    ) -> Execution:
+        entry = await self._ledger.entry_for_update(conn, command)
+        if entry is None:  # ledger rows are never deleted; a vanished row is a storage fault
+            raise StorageUnavailable()
+        verdict = dedup_decision(
+            stored_fingerprint=entry.fingerprint,
+            stored_status=entry.status,
+            fingerprint=command.fingerprint,
+        )
+        if verdict is Dedup.CONFLICT:
+            return Execution(outcome=self._failed(command, ErrorCode.CONFLICT, trace_id))
+        if verdict is Dedup.REPLAY and entry.outcome is not None:
+            return Execution(outcome=self._readdressed(entry.outcome, command))
+        # Started before and not finished: the effect may have happened. Never re-run it;
+        # reconciliation asks the downstream system.
+        log.warning("operation %s is %s in the ledger: unknown", command.operation_id, entry.status)
+        return Execution(outcome=self._failed(command, ErrorCode.TIMEOUT, trace_id), unknown=True)
+
+    async def _record(self, conn: Connection, command: CommittedCommand, outcome: Outcome) -> None:
+        await self._ledger.record(conn, command, outcome)
+        await self._ledger.audit(
+            conn,
+            tenant=command.tenant,
+            call_id=command.call_id,
+            kind="executed",
+            detail={
+                "operation_id": command.operation_id,
+                "tool": command.tool,
+                "status": outcome.status.value,
+                "code": outcome.error.code.value if outcome.error else None,
+                "policy_version": command.policy_version,
+                "approver": command.approval.approver if command.approval else None,
+            },
+        )
+
+    async def _run(
+        self, conn: Connection, command: CommittedCommand, fence: int, trace_id: str | None
+    ) -> tuple[Execution, _Pending | None]:
+        tool = self._catalog.get(command.tool)
+        if tool is None:
+            return Execution(outcome=self._failed(command, ErrorCode.UNKNOWN_TOOL, trace_id)), None
+        if command.call_id in self._cancelled:
+            return Execution(outcome=self._failed(command, ErrorCode.CANCELLED, trace_id)), None
+        problem = receipt_problem(command, tool, datetime.now(UTC))
+        if problem is not None:
+            return Execution(outcome=self._failed(command, problem, trace_id)), None
+        try:
+            arguments = tool.arguments.model_validate(command.arguments, strict=True)
+        except ValidationError:
+            return Execution(
+                outcome=self._failed(command, ErrorCode.INVALID_ARGUMENTS, trace_id)
+            ), None
+        actor = Actor(sub=command.actor.sub, tenant=command.tenant, roles=command.actor.roles)
+        # Commit-time re-check on fresh, locked state with the tenant in the WHERE.
+        resource = await tool.load(conn, command.tenant, arguments, True) if tool.load else None
+        if tool.load is not None and resource is None:
+            return Execution(outcome=self._failed(command, ErrorCode.NOT_FOUND, trace_id)), None
+        decision = authorize(
+            actor=actor,
+            tool=tool,
+            resource=resource,
+            arguments=command.arguments,
+            policies=self._policies.current,
+        )
+        if not decision.permitted:
+            return Execution(
+                outcome=self._failed(command, ErrorCode.PRECONDITION_FAILED, trace_id)
+            ), None
+        context = ExecutionContext(
+            conn=conn,
+            operation_id=command.operation_id,
+            tenant=command.tenant,
+            actor=actor,
+            arguments=arguments,
+            resource=resource,
+        )
+        return await self._handle(command, tool, context, fence, trace_id)
+
+    async def _handle(
+        self,
+        command: CommittedCommand,
+        tool: Tool,
+        context: ExecutionContext,
+        fence: int,
+        trace_id: str | None,
+    ) -> tuple[Execution, _Pending | None]:
+        conn = context.conn
+        try:
+            # A savepoint: a failing handler's domain writes roll back, the ledger row stays.
+            async with conn.transaction():
+                handled = await tool.handler(context)
+        except RatifierError as exc:
+            return Execution(outcome=self._failed(command, exc.code, trace_id)), None
+        except psycopg.OperationalError:
+            raise
+        except psycopg.Error:
+            log.exception("handler %s failed on the database", tool.name)
+            return Execution(
+                outcome=self._failed(command, ErrorCode.PERMANENT_ERROR, trace_id)
+            ), None
+        if tool.external is None:
+            return Execution(
+                outcome=self._outcome(
+                    command,
+                    status=Status.SUCCEEDED,
+                    result=handled.result,
+                    resource_id=handled.resource_id,
+                    trace_id=trace_id,
                 )
-                if verdict is Dedup.CONFLICT:
-                    return self._failed(command, ErrorCode.CONFLICT, trace_id), False
-                if verdict is Dedup.REPLAY and entry.outcome is not None:
-                    return self._readdressed(entry.outcome, command), False
-                return self._failed(command, ErrorCode.TIMEOUT, trace_id), False
-            outcome = await self._run(conn, command, trace_id)
-            await self._ledger.record(conn, command, outcome)
+            ), None
+        await self._ledger.mark_effect_pending(conn, command, fencing=fence, effect=handled.result)
+        request = EffectRequest(
+            operation_id=command.operation_id, tenant=command.tenant, payload=handled.result
+        )
+        placeholder = Execution(
+            outcome=self._failed(command, ErrorCode.TIMEOUT, trace_id), unknown=True
+        )
+        return placeholder, _Pending(request=request, external=tool.external, fence=fence)
+
+    async def _perform(
+        self, command: CommittedCommand, pending: _Pending, trace_id: str | None
+    ) -> Execution:
+        """Invoke the external effect (bounded retries only for failures known to precede
+        it), then settle, release or mark unknown — once, if the entry is still ours."""
+        external, request = pending.external, pending.request
+        done: HandlerResult | None = None
+        code: ErrorCode | None = None
+        try:
+            async for attempt in AsyncRetrying(
+                stop=stop_after_attempt(self._retry_attempts),
+                wait=wait_exponential_jitter(multiplier=0.1, max=2.0),
+                retry=retry_if_exception_type(TransientFailure),
+                reraise=False,
+            ):
+                with attempt:
+                    done = await external.invoke(request)
+        except RetryError:
+            code = ErrorCode.RETRY_EXHAUSTED
+        except PermanentFailure:
+            code = ErrorCode.PERMANENT_ERROR
+        except OutcomeUnknown:
+            code = ErrorCode.TIMEOUT
+        self._crash("after_effect")
+        if done is not None:
+            outcome = self._outcome(
+                command,
+                status=Status.SUCCEEDED,
+                result=done.result,
+                resource_id=done.resource_id,
+                trace_id=trace_id,
+            )
+        else:
+            assert code is not None
+            outcome = self._failed(command, code, trace_id)
+        async with self._pool.connection() as conn, conn.transaction():
+            if code is ErrorCode.TIMEOUT:
+                finished = await self._ledger.finish_effect(
+                    conn,
+                    command,
+                    fencing=pending.fence,
+                    outcome=outcome.model_copy(update={"status": Status.UNKNOWN}),
+                )
+            else:
+                finished = await self._ledger.finish_effect(
+                    conn, command, fencing=pending.fence, outcome=outcome
+                )
+                if finished and done is not None:
+                    await external.settle(conn, request, done)
+                elif finished:
+                    await external.release(conn, request)
+            if not finished:
+                # Someone else settled it meanwhile (reconciler, a later owner): the ledger's
+                # record stands; this late result is only noted.
+                entry = await self._ledger.entry_for_update(conn, command)
+                await self._ledger.audit(
+                    conn,
+                    tenant=command.tenant,
+                    call_id=command.call_id,
+                    kind="late_result",
+                    detail={
+                        "operation_id": command.operation_id,
+                        "late_status": outcome.status.value,
+                        "ledger_status": entry.status if entry else None,
+                    },
+                )
+                if (
+                    entry is not None
+                    and entry.outcome is not None
+                    and entry.status != Status.UNKNOWN.value
+                ):
+                    return Execution(outcome=self._readdressed(entry.outcome, command))
+                return Execution(
+                    outcome=outcome.model_copy(update={"status": Status.UNKNOWN}), unknown=True
+                )
             await self._ledger.audit(
                 conn,
                 tenant=command.tenant,
@@ -127,70 +402,8 @@ class CommandExecutor:
                     "status": outcome.status.value,
                     "code": outcome.error.code.value if outcome.error else None,
                     "policy_version": command.policy_version,
+                    "approver": command.approval.approver if command.approval else None,
                 },
             )
-            return outcome, True
-
-    async def _run(
-        self, conn: Connection, command: CommittedCommand, trace_id: str | None
-    ) -> Outcome:
-        tool = self._catalog.get(command.tool)
-        if tool is None:
-            return self._failed(command, ErrorCode.UNKNOWN_TOOL, trace_id)
-        problem = receipt_problem(command, tool, datetime.now(UTC))
-        if problem is not None:
-            return self._failed(command, problem, trace_id)
-        try:
-            arguments = tool.arguments.model_validate(command.arguments, strict=True)
-        except ValidationError:
-            return self._failed(command, ErrorCode.INVALID_ARGUMENTS, trace_id)
-        actor = Actor(sub=command.actor.sub, tenant=command.tenant, roles=command.actor.roles)
-        # Commit-time re-check on fresh, locked state with the tenant in the WHERE.
-        resource = await tool.load(conn, command.tenant, arguments, True) if tool.load else None
-        if tool.load is not None and resource is None:
-            return self._failed(command, ErrorCode.NOT_FOUND, trace_id)
-        decision = authorize(
-            actor=actor,
-            tool=tool,
-            resource=resource,
-            arguments=command.arguments,
-            policies=self._policies.current,
-        )
-        if not decision.permitted:
-            return self._failed(command, ErrorCode.PRECONDITION_FAILED, trace_id)
-        context = ExecutionContext(
-            conn=conn,
-            operation_id=command.operation_id,
-            tenant=command.tenant,
-            actor=actor,
-            arguments=arguments,
-            resource=resource,
-        )
-        return await self._invoke(command, tool, context, trace_id)
-
-    async def _invoke(
-        self,
-        command: CommittedCommand,
-        tool: Tool,
-        context: ExecutionContext,
-        trace_id: str | None,
-    ) -> Outcome:
-        conn = context.conn
-        try:
-            # A savepoint: a failing handler's domain writes roll back, the ledger row stays.
-            async with conn.transaction():
-                handled = await tool.handler(context)
-        except RatifierError as exc:
-            return self._failed(command, exc.code, trace_id)
-        except psycopg.OperationalError:
-            raise
-        except psycopg.Error:
-            log.exception("handler %s failed on the database", tool.name)
-            return self._failed(command, ErrorCode.PERMANENT_ERROR, trace_id)
-        return self._outcome(
-            command,
-            status=Status.SUCCEEDED,
-            result=handled.result,
-            resource_id=handled.resource_id,
-            trace_id=trace_id,
-        )
+        self._crash("after_ledger")
+        return Execution(outcome=outcome, unknown=code is ErrorCode.TIMEOUT)

@@ -26,6 +26,7 @@ class LedgerEntry:
     status: str
     fencing: int
     outcome: Outcome | None
+    effect: dict[str, Any] | None
 
 
 class CommandLedger:
@@ -67,6 +68,7 @@ class CommandLedger:
             status=row["status"],
             fencing=row["fencing"],
             outcome=Outcome.model_validate(stored) if stored is not None else None,
+            effect=row["effect"],
         )
 
     async def record(self, conn: Connection, command: CommittedCommand, outcome: Outcome) -> None:
@@ -79,6 +81,39 @@ class CommandLedger:
                     "outcome": Jsonb(outcome.model_dump(mode="json")),
                 },
             )
+
+    async def mark_effect_pending(
+        self,
+        conn: Connection,
+        command: CommittedCommand,
+        *,
+        fencing: int,
+        effect: dict[str, Any],
+    ) -> None:
+        """The effect is prepared and about to be sent: from now on only the downstream
+        system's own record can say whether it happened."""
+        async with conn.cursor() as cur:
+            await cur.execute(
+                named_query(_PKG, "mark_effect_pending"),
+                {**self._key(command), "fencing": fencing, "effect": Jsonb(effect)},
+            )
+
+    async def finish_effect(
+        self, conn: Connection, command: CommittedCommand, *, fencing: int, outcome: Outcome
+    ) -> bool:
+        """Record the effect's outcome if the entry is still ours and still pending; False
+        when someone else (the reconciler, a later owner) already settled it."""
+        async with conn.cursor() as cur:
+            await cur.execute(
+                named_query(_PKG, "finish_effect"),
+                {
+                    **self._key(command),
+                    "fencing": fencing,
+                    "status": outcome.status.value,
+                    "outcome": Jsonb(outcome.model_dump(mode="json")),
+                },
+            )
+            return await cur.fetchone() is not None
 
     async def audit(
         self,

@@ -1,7 +1,9 @@
 """`ratifier executor`: a consumer group on `commands.committed`.
 
 Offsets are committed only after each outcome is recorded in the ledger and acknowledged by
-the broker. Partitions are worked on concurrently, records within a partition in order.
+the broker. Partitions are worked on concurrently, records within a partition in order. On
+SIGTERM the current batch is finished and its offsets committed; nothing unfinished is
+committed.
 """
 
 from __future__ import annotations
@@ -9,11 +11,16 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import os
+import random
 import signal
+import socket
+import uuid
 from datetime import UTC, datetime
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
+from aiokafka.errors import CommitFailedError
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 from pydantic import ValidationError
@@ -21,7 +28,8 @@ from redis.asyncio import Redis
 
 from commands.catalog import Catalog
 from commands.policy_feed import PolicyFeed
-from executors.dedup import OutcomeCache
+from executors.cancellations import CancelledCalls
+from executors.claims import ClaimStore
 from executors.executor import CommandExecutor
 from schemas.envelopes import CommittedCommand, DeadLetter, Record, SourcePosition
 from schemas.errors import StorageUnavailable
@@ -42,12 +50,29 @@ def _trace_id(record: ConsumerRecord[bytes, bytes]) -> str | None:
     return None
 
 
+def crash_hook(spec: str | None) -> Any:
+    """Fault injection for crash tests: ``point:probability`` (e.g. ``after_effect:0.05``)
+    kills this process with SIGKILL at that point. Off unless configured."""
+    if not spec:
+        return lambda _point: None
+    point, _, rate = spec.partition(":")
+    probability = float(rate or "1")
+
+    def maybe_crash(at: str) -> None:
+        if at == point and random.random() < probability:  # noqa: S311 - test fault, not crypto
+            log.error("crash test: SIGKILL at %s", at)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return maybe_crash
+
+
 class ExecutorService:
     def __init__(self, settings: Settings, *, catalog: Catalog, policies: PolicyFeed) -> None:
         self._settings = settings
         self._catalog = catalog
         self._policies = policies
         self._stopping = asyncio.Event()
+        self._crash = crash_hook(settings.executor_crash_at)
         self.processed = 0
 
     def stop(self) -> None:
@@ -77,7 +102,7 @@ class ExecutorService:
         executor: CommandExecutor,
         producer: AIOKafkaProducer,
         record: ConsumerRecord[bytes, bytes],
-    ) -> asyncio.Future[Any]:
+    ) -> list[asyncio.Future[Any]]:
         trace_id = _trace_id(record)
         try:
             command = CommittedCommand.model_validate_json(record.value or b"")
@@ -91,11 +116,11 @@ class ExecutorService:
                 ),
                 at=datetime.now(UTC),
             )
-            return await self._send(producer, Topic.DEADLETTER, None, letter, trace_id)
+            return [await self._send(producer, Topic.DEADLETTER, None, letter, trace_id)]
         attempt = 0
         while True:
             try:
-                outcome = await executor.execute(command, trace_id=trace_id)
+                done = await executor.execute(command, trace_id=trace_id)
                 break
             except StorageUnavailable:
                 # Nothing happened (the transaction rolled back): waiting is safe, skipping
@@ -106,7 +131,14 @@ class ExecutorService:
                     "storage unavailable for %s; retry in %.1fs", command.operation_id, delay
                 )
                 await asyncio.sleep(delay)
-        return await self._send(producer, Topic.OUTCOMES, outcome.call_id, outcome, trace_id)
+        sent = [
+            await self._send(producer, Topic.OUTCOMES, done.outcome.call_id, done.outcome, trace_id)
+        ]
+        if done.unknown:
+            sent.append(
+                await self._send(producer, Topic.UNKNOWN, command.operation_id, command, trace_id)
+            )
+        return sent
 
     async def _work_partition(
         self,
@@ -114,8 +146,8 @@ class ExecutorService:
         producer: AIOKafkaProducer,
         records: list[ConsumerRecord[bytes, bytes]],
     ) -> None:
-        pending = [await self._handle(executor, producer, r) for r in records]
-        await asyncio.gather(*pending)  # broker acknowledged every outcome
+        sent = [f for r in records for f in await self._handle(executor, producer, r)]
+        await asyncio.gather(*sent)  # the broker acknowledged every outcome
 
     async def run(self) -> None:
         settings = self._settings
@@ -141,18 +173,35 @@ class ExecutorService:
             open=False,
             kwargs={"row_factory": dict_row},
         )
-        redis = Redis.from_url(settings.redis_url)
-        cache = OutcomeCache(
-            redis, prefix=settings.topic_prefix, ttl_seconds=settings.outcome_cache_seconds
+        redis = Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
+        owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        claims = ClaimStore(
+            redis,
+            prefix=settings.topic_prefix,
+            owner=owner,
+            lease_ms=settings.claim_lease_seconds * 1000,
         )
+        cancelled = CancelledCalls(settings)
         executor = CommandExecutor(
-            pool=pool, cache=cache, catalog=self._catalog, policies=self._policies
+            pool=pool,
+            claims=claims if settings.redis_fast_path else None,
+            catalog=self._catalog,
+            policies=self._policies,
+            cancelled=cancelled,
+            retry_attempts=settings.retry_attempts,
+            crash=self._crash,
         )
         await pool.open(wait=True, timeout=30)
+        await self._catalog.start(settings)
         await producer.start()
+        cancellations_ready = asyncio.Event()
+        followers = [
+            asyncio.create_task(self._policies.follow()),
+            asyncio.create_task(cancelled.follow(cancellations_ready)),
+        ]
+        await asyncio.wait_for(cancellations_ready.wait(), timeout=60)
         await consumer.start()
-        follower = asyncio.create_task(self._policies.follow())
-        log.info("executor started on %s", settings.topic(Topic.COMMITTED))
+        log.info("executor %s started on %s", owner, settings.topic(Topic.COMMITTED))
         try:
             while not self._stopping.is_set():
                 batches = await consumer.getmany(timeout_ms=200, max_records=200)
@@ -161,17 +210,27 @@ class ExecutorService:
                 await asyncio.gather(
                     *(self._work_partition(executor, producer, recs) for recs in batches.values())
                 )
+                self._crash("after_publish")
                 offsets = {
                     TopicPartition(tp.topic, tp.partition): recs[-1].offset + 1
                     for tp, recs in batches.items()
                 }
-                await consumer.commit(offsets)
+                try:
+                    await consumer.commit(offsets)
+                except CommitFailedError:
+                    # A rebalance took these partitions away; their new owner redelivers, and
+                    # the ledger answers the duplicates.
+                    log.warning(
+                        "offset commit failed after a rebalance; records will be redelivered"
+                    )
                 self.processed += sum(len(r) for r in batches.values())
         finally:
             log.info("executor stopping")
-            follower.cancel()
+            for task in followers:
+                task.cancel()
             await consumer.stop()
             await producer.stop()
+            await self._catalog.stop()
             await pool.close()
             await redis.aclose()
 

@@ -314,6 +314,8 @@ CONTRACT_RECORDS: dict[str, type[Record]] = {
     "approvals.requested": ApprovalRequest,
     "approvals.decided": ApprovalDecision,
     "commands.committed": CommittedCommand,
+    # An operation whose outcome is unknown, handed to reconciliation (key: operation_id).
+    "commands.unknown": CommittedCommand,
     "outcomes": Outcome,
     "policies": PolicySetRecord,
 }

@@ -35,7 +35,12 @@ class Settings(BaseSettings):
     max_record_bytes: int = Field(default=64 * 1024, ge=1024)
     max_nesting_depth: int = Field(default=16, ge=2)
     max_string_length: int = Field(default=8192, ge=16)
-    outcome_cache_seconds: int = Field(default=24 * 3600, ge=1)
+    # Executor: Redis claim lease, bounded retries of failures known to precede any effect,
+    # the Redis fast path switch (the ledger alone decides when off), and crash-test faults.
+    claim_lease_seconds: int = Field(default=30, ge=1)
+    retry_attempts: int = Field(default=4, ge=1, le=20)
+    redis_fast_path: bool = True
+    executor_crash_at: str | None = None
     log_level: str = "INFO"
     # Approvals: how long a request waits for a human (tools may set their own), how long a
     # decision that arrives before its request is held, and the approver HTTP endpoint.
@@ -43,6 +48,8 @@ class Settings(BaseSettings):
     approval_hold_seconds: int = Field(default=60, ge=1)
     http_port: int = Field(default=6066, ge=0, le=65535)  # 0: no HTTP endpoint
     audit_salt: str = "ratifier-local-audit-salt"
+    # The payment provider the refund domain pays through (`ratifier provider` runs a fake one).
+    provider_url: str = "http://127.0.0.1:8765"
     # Which stream stages this worker runs (comma-separated), so that stages can be scaled
     # and deployed apart: validator, authorizer, approval-join.
     streams_stages: str = "validator,authorizer,approval-join"

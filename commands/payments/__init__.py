@@ -12,15 +12,19 @@ from pydantic import Field, StringConstraints
 
 from commands.catalog import (
     Connection,
+    EffectRequest,
     ExecutionContext,
+    ExternalEffect,
     HandlerResult,
     Resource,
     Tool,
     ToolArguments,
 )
+from commands.payments.provider_client import PaymentProvider
 from commands.sql import named_query
 from schemas.envelopes import Effect
-from schemas.errors import PreconditionFailed, ResourceNotFound
+from schemas.errors import ConfigurationError, PreconditionFailed, ResourceNotFound
+from schemas.settings import Settings
 
 PaymentId = Annotated[str, StringConstraints(pattern=r"^pay_[0-9A-Za-z]+$", max_length=64)]
 RefundId = Annotated[str, StringConstraints(pattern=r"^re_[0-9A-Za-z]+$", max_length=64)]
@@ -125,8 +129,8 @@ async def read_resource(ctx: ExecutionContext) -> HandlerResult:
 
 
 async def propose_refund(ctx: ExecutionContext) -> HandlerResult:
-    """Reserve the refundable amount and record the refund request (internal effect, in the
-    ledger's transaction)."""
+    """Prepare the refund inside the ledger's transaction: reserve the refundable amount and
+    record the refund as pending. The result is the payload sent to the provider."""
     payment = _require(ctx)
     args = ctx.arguments
     assert isinstance(args, ProposeRefundArguments)
@@ -157,10 +161,82 @@ async def propose_refund(ctx: ExecutionContext) -> HandlerResult:
             "payment_id": args.payment_id,
             "amount_minor": args.amount_minor,
             "currency": payment.attributes["currency"],
-            "status": "requested",
         },
         resource_id=refund_id,
     )
+
+
+_provider: PaymentProvider | None = None
+
+
+def _client() -> PaymentProvider:
+    if _provider is None:
+        raise ConfigurationError("the payments catalog was not started")
+    return _provider
+
+
+async def start_payments(settings: Settings) -> None:
+    global _provider  # noqa: PLW0603 - one client per process, opened by the catalog
+    _provider = PaymentProvider(settings.provider_url)
+
+
+async def stop_payments() -> None:
+    global _provider  # noqa: PLW0603
+    if _provider is not None:
+        await _provider.close()
+        _provider = None
+
+
+def _refund_result(payload: dict[str, Any], provider_ref: str) -> HandlerResult:
+    return HandlerResult(
+        result={**payload, "provider_ref": provider_ref, "status": "succeeded"},
+        resource_id=str(payload["refund_id"]),
+    )
+
+
+async def send_refund(request: EffectRequest) -> HandlerResult:
+    """Ask the provider to pay the refund; the operation id is its idempotency key."""
+    payload = request.payload
+    refund = await _client().create_refund(
+        idempotency_key=request.operation_id,
+        tenant=request.tenant,
+        payment_id=str(payload["payment_id"]),
+        amount_minor=int(payload["amount_minor"]),
+        currency=str(payload["currency"]),
+    )
+    return _refund_result(payload, refund.id)
+
+
+async def find_refund(request: EffectRequest) -> HandlerResult | None:
+    """The reconcile hook: did the provider apply this operation?"""
+    refund = await _client().find_refund(request.operation_id)
+    return _refund_result(request.payload, refund.id) if refund is not None else None
+
+
+async def settle_refund(conn: Connection, request: EffectRequest, done: HandlerResult) -> None:
+    async with conn.cursor() as cur:
+        await cur.execute(
+            named_query(_PKG, "settle_refund"),
+            {
+                "tenant": request.tenant,
+                "operation_id": request.operation_id,
+                "provider_ref": done.result.get("provider_ref"),
+            },
+        )
+
+
+async def release_refund(conn: Connection, request: EffectRequest) -> None:
+    """The provider definitely did not pay: give the reserved amount back, once."""
+    failed = await _fetch_one(
+        conn, "fail_refund", {"tenant": request.tenant, "operation_id": request.operation_id}
+    )
+    if failed is None:
+        return  # already settled or released
+    async with conn.cursor() as cur:
+        await cur.execute(
+            named_query(_PKG, "restore_refundable"),
+            {"tenant": request.tenant, **failed},
+        )
 
 
 async def delete_payment_method(ctx: ExecutionContext) -> HandlerResult:
@@ -200,6 +276,9 @@ TOOLS: tuple[Tool, ...] = (
         effect=Effect.EXTERNAL_WRITE,
         load=load_payment,
         handler=propose_refund,
+        external=ExternalEffect(
+            invoke=send_refund, settle=settle_refund, release=release_refund, lookup=find_refund
+        ),
     ),
     Tool(
         name="get_refund_status",

@@ -1,4 +1,5 @@
-SELECT tenant, idempotency_key, operation_id, call_id, tool, fingerprint, status, fencing, outcome
+SELECT tenant, idempotency_key, operation_id, call_id, tool, fingerprint, status, fencing,
+       outcome, effect
 FROM command_ledger
 WHERE tenant = %(tenant)s AND idempotency_key = %(idempotency_key)s
 FOR UPDATE

@@ -46,3 +46,15 @@ async def redis(settings: Settings) -> AsyncIterator[Redis]:
 @pytest.fixture(scope="session")
 def topics(settings: Settings) -> list[str]:
     return run(ensure_topics(settings))
+
+
+@pytest.fixture
+async def provider_url() -> AsyncIterator[str]:
+    """The fake payment provider, in this process, on a free loopback port."""
+    from commands.payments.provider import bound_port, serve
+
+    runner = await serve("127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{bound_port(runner)}"
+    finally:
+        await runner.cleanup()

@@ -1,18 +1,20 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import aiohttp
 import pytest
 from psycopg_pool import AsyncConnectionPool
 from redis.asyncio import Redis
 
 from commands.policy import PolicySet
 from commands.reference import catalog
-from executors.dedup import OutcomeCache
+from executors.claims import ClaimStore
 from executors.executor import CommandExecutor
-from schemas.envelopes import ActorRef, ApprovalReceipt, CommittedCommand, Status
+from schemas.envelopes import ActorRef, ApprovalReceipt, CommittedCommand, Outcome, Status
 from schemas.errors import ErrorCode
 from schemas.fingerprint import fingerprint
 from schemas.settings import Settings
@@ -56,81 +58,192 @@ def command(
 
 
 @pytest.fixture
-def executor(pool: AsyncConnectionPool[Any], redis: Redis, settings: Settings) -> CommandExecutor:
-    cache = OutcomeCache(redis, prefix=settings.topic_prefix, ttl_seconds=60)
-    return CommandExecutor(pool=pool, cache=cache, catalog=catalog, policies=POLICIES)
+async def executor(
+    pool: AsyncConnectionPool[Any], redis: Redis, settings: Settings, provider_url: str
+) -> AsyncIterator[CommandExecutor]:
+    await catalog.start(settings.model_copy(update={"provider_url": provider_url}))
+    claims = ClaimStore(redis, prefix=settings.topic_prefix, owner="test-executor")
+    yield CommandExecutor(
+        pool=pool, claims=claims, catalog=catalog, policies=POLICIES, retry_attempts=2
+    )
+    await catalog.stop()
 
 
-async def ledger_rows(pool: AsyncConnectionPool[Any], tenant: str, key: str) -> list[Any]:
+async def run(executor: CommandExecutor, cmd: CommittedCommand) -> Outcome:
+    return (await executor.execute(cmd, trace_id=None)).outcome
+
+
+async def scalar(pool: AsyncConnectionPool[Any], sql: str, *params: Any) -> Any:
     async with pool.connection() as conn:
-        cur = await conn.execute(
-            "SELECT status FROM command_ledger WHERE tenant = %s AND idempotency_key = %s",
-            (tenant, key),
-        )
-        rows: list[Any] = await cur.fetchall()
-        return rows
+        cur = await conn.execute(sql, params)
+        row = await cur.fetchone()
+    return next(iter(row.values())) if row else None
 
 
-async def test_read_runs_once_and_replays_from_cache_and_ledger(
+async def provider_stats(provider_url: str) -> dict[str, Any]:
+    async with aiohttp.ClientSession() as session, session.get(f"{provider_url}/_stats") as r:
+        stats: dict[str, Any] = await r.json()
+        return stats
+
+
+async def provider_faults(provider_url: str, **faults: Any) -> None:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{provider_url}/_faults", json=faults) as r,
+    ):
+        assert r.status == 200
+
+
+async def test_read_runs_once_and_replays_from_claim_and_ledger(
     executor: CommandExecutor, pool: AsyncConnectionPool[Any], redis: Redis
 ) -> None:
     first = command("get_payment", {"payment_id": "pay_A1001"})
-    outcome = await executor.execute(first, trace_id=None)
+    outcome = await run(executor, first)
     assert outcome.status is Status.SUCCEEDED
     assert outcome.result is not None and outcome.result["currency"] == "EUR"
     again = first.model_copy(update={"call_id": "c-retry"})
-    cached = await executor.execute(again, trace_id=None)
+    cached = await run(executor, again)
     assert (cached.call_id, cached.result) == ("c-retry", outcome.result)
     await redis.flushall()  # losing Redis must not run anything twice
-    from_ledger = await executor.execute(again, trace_id=None)
-    assert from_ledger.result == outcome.result
-    assert await ledger_rows(pool, "tenant-a", first.idempotency_key) == [{"status": "succeeded"}]
+    assert (await run(executor, again)).result == outcome.result
+    assert (
+        await scalar(pool, "SELECT count(*) FROM audit_log WHERE call_id = %s", first.call_id) == 1
+    )
 
 
 async def test_same_key_other_arguments_is_conflict(executor: CommandExecutor) -> None:
     first = command("get_payment", {"payment_id": "pay_A1001"})
-    assert (await executor.execute(first, trace_id=None)).status is Status.SUCCEEDED
+    assert (await run(executor, first)).status is Status.SUCCEEDED
     other = command("get_payment", {"payment_id": "pay_A1002"}, key=first.idempotency_key)
-    outcome = await executor.execute(other, trace_id=None)
+    outcome = await run(executor, other)
     assert outcome.status is Status.CONFLICT
     assert outcome.error is not None and outcome.error.code is ErrorCode.CONFLICT
 
 
 async def test_foreign_payment_is_not_found_at_commit(executor: CommandExecutor) -> None:
-    outcome = await executor.execute(
-        command("get_payment", {"payment_id": "pay_B2001"}), trace_id=None
-    )
+    outcome = await run(executor, command("get_payment", {"payment_id": "pay_B2001"}))
     assert outcome.status is Status.FAILED
     assert outcome.error is not None and outcome.error.code is ErrorCode.NOT_FOUND
 
 
-async def test_refund_without_receipt_is_refused_and_with_receipt_runs_once(
-    executor: CommandExecutor, pool: AsyncConnectionPool[Any], redis: Redis
-) -> None:
-    args = {"payment_id": "pay_A1002", "amount_minor": 1, "reason": "integration test"}
-    refused = await executor.execute(
-        command("propose_refund", args, roles=("refund",)), trace_id=None
+REFUND = {"payment_id": "pay_A1002", "amount_minor": 1, "reason": "integration test"}
+
+
+async def refundable(pool: AsyncConnectionPool[Any]) -> int:
+    return int(
+        await scalar(
+            pool,
+            "SELECT refundable_minor FROM payments "
+            "WHERE tenant = 'tenant-a' AND payment_id = 'pay_A1002'",
+        )
     )
+
+
+async def test_refund_needs_receipt_then_runs_once_downstream(
+    executor: CommandExecutor, pool: AsyncConnectionPool[Any], redis: Redis, provider_url: str
+) -> None:
+    refused = await run(executor, command("propose_refund", REFUND, roles=("refund",)))
     assert refused.error is not None and refused.error.code is ErrorCode.PRECONDITION_FAILED
-    approved = command("propose_refund", args, roles=("refund",), approved=True)
-    async with pool.connection() as conn:
-        cur = await conn.execute(
-            "SELECT refundable_minor FROM payments WHERE tenant='tenant-a' AND payment_id=%s",
-            ("pay_A1002",),
-        )
-        before = (await cur.fetchone())["refundable_minor"]
-    done = await executor.execute(approved, trace_id=None)
+    approved = command("propose_refund", REFUND, roles=("refund",), approved=True)
+    before = await refundable(pool)
+    done = await run(executor, approved)
     assert done.status is Status.SUCCEEDED, done
+    assert done.result is not None and done.result["provider_ref"].startswith("prv_")
     await redis.flushall()
-    await executor.execute(approved, trace_id=None)
-    async with pool.connection() as conn:
-        cur = await conn.execute(
-            "SELECT refundable_minor FROM payments WHERE tenant='tenant-a' AND payment_id=%s",
-            ("pay_A1002",),
+    assert (await run(executor, approved)).result == done.result
+    assert before - await refundable(pool) == 1
+    assert (
+        await scalar(
+            pool, "SELECT status FROM refunds WHERE operation_id = %s", approved.operation_id
         )
-        after = (await cur.fetchone())["refundable_minor"]
-        cur = await conn.execute(
-            "SELECT count(*) AS n FROM refunds WHERE operation_id = %s", (approved.operation_id,)
+        == "succeeded"
+    )
+    assert (await provider_stats(provider_url))["by_key"] == {approved.operation_id: 1}
+
+
+async def test_transient_failures_are_retried_then_released(
+    executor: CommandExecutor, pool: AsyncConnectionPool[Any], provider_url: str
+) -> None:
+    await provider_faults(provider_url, fail_before=1)
+    ok = await run(executor, command("propose_refund", REFUND, roles=("refund",), approved=True))
+    assert ok.status is Status.SUCCEEDED
+    before = await refundable(pool)
+    await provider_faults(provider_url, fail_before=5)
+    spent = command("propose_refund", REFUND, roles=("refund",), approved=True)
+    outcome = await run(executor, spent)
+    assert outcome.error is not None and outcome.error.code is ErrorCode.RETRY_EXHAUSTED
+    assert await refundable(pool) == before  # the reservation was released
+    assert (
+        await scalar(pool, "SELECT status FROM refunds WHERE operation_id = %s", spent.operation_id)
+        == "failed"
+    )
+    assert spent.operation_id not in (await provider_stats(provider_url))["by_key"]
+
+
+async def test_lost_response_is_unknown_never_retried(
+    executor: CommandExecutor, pool: AsyncConnectionPool[Any], provider_url: str
+) -> None:
+    await provider_faults(provider_url, drop_after=1)
+    lost = command("propose_refund", REFUND, roles=("refund",), approved=True)
+    first = await executor.execute(lost, trace_id=None)
+    assert first.unknown
+    assert first.outcome.status is Status.UNKNOWN
+    assert first.outcome.error is not None and first.outcome.error.code is ErrorCode.TIMEOUT
+    again = await executor.execute(lost.model_copy(update={"call_id": "c-again"}), trace_id=None)
+    assert again.unknown
+    stats = await provider_stats(provider_url)
+    assert stats["by_key"] == {lost.operation_id: 1}
+    assert (
+        await scalar(
+            pool, "SELECT status FROM command_ledger WHERE operation_id = %s", lost.operation_id
         )
-        refunds = (await cur.fetchone())["n"]
-    assert (before - after, refunds) == (1, 1)
+        == "unknown"
+    )
+
+
+async def test_toctou_refundable_reduced_after_approval(
+    executor: CommandExecutor, pool: AsyncConnectionPool[Any], provider_url: str
+) -> None:
+    remaining = await refundable(pool)
+    big = command(
+        "propose_refund", {**REFUND, "amount_minor": remaining}, roles=("refund",), approved=True
+    )
+    async with pool.connection() as conn:  # another channel refunds part of it meanwhile
+        await conn.execute(
+            "UPDATE payments SET refundable_minor = refundable_minor - 1 "
+            "WHERE tenant = 'tenant-a' AND payment_id = 'pay_A1002'"
+        )
+    try:
+        outcome = await run(executor, big)
+        assert outcome.error is not None
+        assert outcome.error.code is ErrorCode.PRECONDITION_FAILED
+        assert big.operation_id not in (await provider_stats(provider_url))["by_key"]
+    finally:
+        async with pool.connection() as conn:
+            await conn.execute(
+                "UPDATE payments SET refundable_minor = refundable_minor + 1 "
+                "WHERE tenant = 'tenant-a' AND payment_id = 'pay_A1002'"
+            )
+
+
+async def test_cancelled_before_the_effect(
+    pool: AsyncConnectionPool[Any], redis: Redis, settings: Settings, provider_url: str
+) -> None:
+    cancelled = command("propose_refund", REFUND, roles=("refund",), approved=True)
+    await catalog.start(settings.model_copy(update={"provider_url": provider_url}))
+    try:
+        executor = CommandExecutor(
+            pool=pool,
+            claims=ClaimStore(redis, prefix=settings.topic_prefix, owner="t"),
+            catalog=catalog,
+            policies=POLICIES,
+            cancelled={cancelled.call_id},
+        )
+        outcome = await run(executor, cancelled)
+    finally:
+        await catalog.stop()
+    assert (outcome.status, outcome.error and outcome.error.code) == (
+        Status.CANCELLED,
+        ErrorCode.CANCELLED,
+    )
+    assert (await provider_stats(provider_url))["posts"] == 0

@@ -1,0 +1,143 @@
+"""Redis fast path of dedup: an atomic claim on (tenant, idempotency key) with fingerprint,
+owner, lease expiry and a fencing number, and the finished outcome once there is one.
+
+Redis is the fast path only: the PostgreSQL ledger is the authority, so an empty, flushed or
+failed-over Redis can slow things down but never cause a second effect.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import StrEnum
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from schemas.envelopes import Outcome
+from schemas.names import REDIS_CLAIM_PREFIX
+
+# KEYS[1] claim hash, KEYS[2] fencing counter. ARGV: fingerprint, owner, now_ms, lease_ms, ttl_ms
+_CLAIM = """
+local fp = redis.call('HGET', KEYS[1], 'fp')
+if not fp then
+  local fence = redis.call('INCR', KEYS[2])
+  redis.call('HSET', KEYS[1], 'fp', ARGV[1], 'owner', ARGV[2],
+             'lease', tonumber(ARGV[3]) + tonumber(ARGV[4]), 'fence', fence, 'state', 'running')
+  redis.call('PEXPIRE', KEYS[1], ARGV[5])
+  return {'claimed', fence, ''}
+end
+if fp ~= ARGV[1] then
+  return {'conflict', 0, ''}
+end
+if redis.call('HGET', KEYS[1], 'state') == 'done' then
+  return {'done', tonumber(redis.call('HGET', KEYS[1], 'fence')),
+          redis.call('HGET', KEYS[1], 'outcome')}
+end
+local owner = redis.call('HGET', KEYS[1], 'owner')
+if tonumber(redis.call('HGET', KEYS[1], 'lease')) > tonumber(ARGV[3]) and owner ~= ARGV[2] then
+  return {'busy', tonumber(redis.call('HGET', KEYS[1], 'fence')), owner}
+end
+local fence = redis.call('INCR', KEYS[2])
+redis.call('HSET', KEYS[1], 'owner', ARGV[2], 'lease', tonumber(ARGV[3]) + tonumber(ARGV[4]),
+           'fence', fence)
+return {'expired', fence, owner}
+"""
+
+# KEYS[1] claim hash. ARGV: fence, outcome json, ttl_ms. Only the fence holder may finish.
+_FINISH = """
+if tonumber(redis.call('HGET', KEYS[1], 'fence') or '-1') ~= tonumber(ARGV[1]) then
+  return 0
+end
+redis.call('HSET', KEYS[1], 'state', 'done', 'outcome', ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return 1
+"""
+
+# KEYS[1] claim hash. ARGV: fence. Give a claim up (nothing happened) so others need not wait.
+_RELEASE = """
+if tonumber(redis.call('HGET', KEYS[1], 'fence') or '-1') == tonumber(ARGV[1])
+   and redis.call('HGET', KEYS[1], 'state') ~= 'done' then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+return 0
+"""
+
+
+class ClaimKind(StrEnum):
+    CLAIMED = "claimed"  # ours now, first claim
+    DONE = "done"  # finished before: the stored outcome
+    CONFLICT = "conflict"  # same key, other fingerprint
+    BUSY = "busy"  # a live owner holds it: leave it to them
+    EXPIRED = "expired"  # the previous owner's lease ran out: it may have acted
+    UNAVAILABLE = "unavailable"  # Redis did not answer: the ledger decides alone
+
+
+@dataclass(frozen=True, kw_only=True)
+class Claim:
+    kind: ClaimKind
+    fence: int = 0
+    outcome: Outcome | None = None
+    previous_owner: str | None = None
+
+
+class ClaimStore:
+    def __init__(
+        self,
+        redis: Redis,
+        *,
+        prefix: str,
+        owner: str,
+        lease_ms: int = 30_000,
+        ttl_ms: int = 24 * 3600 * 1000,
+    ) -> None:
+        self._redis = redis
+        self._prefix = f"{prefix}{REDIS_CLAIM_PREFIX}"
+        self._fence_key = f"{self._prefix}fence"
+        self.owner = owner
+        self.lease_ms = lease_ms
+        self._ttl_ms = ttl_ms
+        self._claim = redis.register_script(_CLAIM)
+        self._finish = redis.register_script(_FINISH)
+        self._release = redis.register_script(_RELEASE)
+
+    def _key(self, tenant: str, idempotency_key: str) -> str:
+        return f"{self._prefix}{tenant}:{idempotency_key}"
+
+    async def claim(
+        self, tenant: str, idempotency_key: str, fingerprint: str, now_ms: int
+    ) -> Claim:
+        try:
+            kind, fence, extra = await self._claim(
+                keys=[self._key(tenant, idempotency_key), self._fence_key],
+                args=[fingerprint, self.owner, now_ms, self.lease_ms, self._ttl_ms],
+            )
+        except RedisError:
+            return Claim(kind=ClaimKind.UNAVAILABLE)
+        kind = ClaimKind(kind.decode() if isinstance(kind, bytes) else kind)
+        text = extra.decode() if isinstance(extra, bytes) else str(extra or "")
+        if kind is ClaimKind.DONE:
+            try:
+                return Claim(
+                    kind=kind, fence=int(fence), outcome=Outcome.model_validate(json.loads(text))
+                )
+            except ValueError:
+                return Claim(kind=ClaimKind.UNAVAILABLE)  # unreadable: ask the ledger
+        return Claim(kind=kind, fence=int(fence), previous_owner=text or None)
+
+    async def finish(self, tenant: str, idempotency_key: str, fence: int, outcome: Outcome) -> bool:
+        try:
+            done = await self._finish(
+                keys=[self._key(tenant, idempotency_key)],
+                args=[fence, outcome.model_dump_json(), self._ttl_ms],
+            )
+        except RedisError:
+            return False
+        return bool(done)
+
+    async def release(self, tenant: str, idempotency_key: str, fence: int) -> None:
+        try:
+            await self._release(keys=[self._key(tenant, idempotency_key)], args=[fence])
+        except RedisError:
+            return
