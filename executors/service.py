@@ -159,6 +159,10 @@ class ExecutorService:
             auto_offset_reset="earliest",
             isolation_level="read_committed",
             max_poll_records=200,
+            # A crashed executor's partitions move after 6 s (the broker's minimum) rather
+            # than 10: failover time is time commands wait.
+            session_timeout_ms=6000,
+            heartbeat_interval_ms=1500,
         )
         producer = AIOKafkaProducer(
             bootstrap_servers=settings.kafka_bootstrap,

@@ -51,11 +51,18 @@ def start_worker(
     command: str, *, name: str, log_dir: Path, env: Mapping[str, str] | None = None
 ) -> WorkerProcess:
     """Run ``ratifier <command>`` in a child process, output to ``log_dir/<name>.log``."""
+    return start_worker_args([command], name=name, log_dir=log_dir, env=env)
+
+
+def start_worker_args(
+    args: list[str], *, name: str, log_dir: Path, env: Mapping[str, str] | None = None
+) -> WorkerProcess:
+    """Run ``ratifier <args…>`` in a child process, output to ``log_dir/<name>.log``."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
     log_file = log_path.open("wb")
     process = subprocess.Popen(  # noqa: S603 - our own interpreter and module
-        [sys.executable, "-m", "ratifier.cli", command],
+        [sys.executable, "-m", "ratifier.cli", *args],
         stdout=log_file,
         stderr=subprocess.STDOUT,
         env={**os.environ, **(env or {})},

@@ -30,6 +30,8 @@ _CONFLICT = "The payment provider refused a reused idempotency key with other de
 _REFUSED = "The payment provider refused the refund."
 _LOOKUP_FAILED = "The payment provider lookup failed; try again later."
 _LOOKUP_REFUSED = "The payment provider refused the lookup."
+_BAD_KEY = "The idempotency key is not usable with the payment provider."
+MAX_KEY_LENGTH = 200  # the provider's limit
 
 
 class ProviderRefund(BaseModel):
@@ -53,6 +55,11 @@ async def _read_json(response: aiohttp.ClientResponse) -> Any:
         return json.loads(raw)
     except ValueError:
         return None
+
+
+def _valid_key(key: str) -> bool:
+    """1-200 printable ASCII characters: what an HTTP header carries unchanged."""
+    return 1 <= len(key) <= MAX_KEY_LENGTH and key.isascii() and key.isprintable()
 
 
 def _refund(payload: Any) -> ProviderRefund | None:
@@ -84,6 +91,8 @@ class PaymentProvider:
         amount_minor: int,
         currency: str,
     ) -> ProviderRefund:
+        if not _valid_key(idempotency_key):
+            raise PermanentFailure(_BAD_KEY)  # refused before sending: nothing applied
         body = {
             "tenant": tenant,
             "payment_id": payment_id,
@@ -122,6 +131,8 @@ class PaymentProvider:
 
     async def find_refund(self, idempotency_key: str) -> ProviderRefund | None:
         """The reconciliation lookup: the refund applied under this key, or None."""
+        if not _valid_key(idempotency_key):
+            raise PermanentFailure(_BAD_KEY)
         try:
             async with self._client().get(
                 f"{self._base_url}/refunds",

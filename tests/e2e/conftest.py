@@ -3,6 +3,8 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +16,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from jwt.algorithms import OKPAlgorithm
 
 from ratifier.migrate import migrate
-from ratifier.processes import WorkerProcess, start_worker
+from ratifier.processes import WorkerProcess, start_worker, start_worker_args
 from ratifier.topics import delete_topics, ensure_topics
 from schemas.names import Topic
 from schemas.settings import Settings
@@ -73,6 +75,7 @@ class Pipeline:
     env: dict[str, str]
     log_dir: Path
     http_port: int = 0
+    provider_url: str = ""
 
     def alive(self) -> bool:
         return all(w.process.poll() is None for w in self.workers)
@@ -113,6 +116,19 @@ class Pipeline:
                 worker.stop()
 
 
+def wait_http(url: str, worker: WorkerProcess, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:
+            if worker.process.poll() is not None:
+                break
+            time.sleep(0.1)
+    raise RuntimeError(f"{worker.name} did not answer on {url}:\n{worker.log_tail()}")
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -129,32 +145,49 @@ def reset_refundable(settings: Settings) -> None:
         conn.execute("UPDATE payments SET refundable_minor = 2000 WHERE payment_id = 'pay_A1002'")
 
 
-def start_pipeline(keys: SigningKeys, name: str, **env: str) -> Pipeline:
-    """A streams worker and an executor on their own topic prefix, accepting local HS256
-    tokens and EdDSA tokens of the published JWKS, with a short approval TTL."""
+def start_pipeline(
+    keys: SigningKeys, name: str, *, streams: bool = True, executors: int = 1, **env: str
+) -> Pipeline:
+    """A payment provider, a streams worker and executors on their own topic prefix,
+    accepting local HS256 tokens and EdDSA tokens of the published JWKS, with a short approval
+    TTL."""
     settings = session_settings().model_copy(
         update={"context_jwks_file": str(keys.jwks_path), "approval_ttl_seconds": 25}
     )
     migrate(settings.database_url)
     reset_refundable(settings)
     run(ensure_topics(settings))
-    port = free_port()
+    port, provider_port = free_port(), free_port()
+    provider_url = f"http://127.0.0.1:{provider_port}"
     pipeline = Pipeline(
-        settings=settings,
+        settings=settings.model_copy(update={"provider_url": provider_url}),
         workers=[],
         env={
             **worker_env(settings),
             "RATIFIER_CONTEXT_JWKS_FILE": str(keys.jwks_path),
             "RATIFIER_APPROVAL_TTL_SECONDS": str(settings.approval_ttl_seconds),
+            "RATIFIER_PROVIDER_URL": provider_url,
             **env,
         },
         log_dir=ARTIFACTS / f"{name}-logs",
         http_port=port,
+        provider_url=provider_url,
     )
-    pipeline.start("streams", "streams", RATIFIER_HTTP_PORT=str(port))
-    pipeline.start("executor", "executor")
+    provider = start_worker_args(
+        ["provider", "--port", str(provider_port)],
+        name="provider",
+        log_dir=pipeline.log_dir,
+        env=pipeline.env,
+    )
+    pipeline.workers.append(provider)
     try:
-        pipeline.wait_ready()
+        wait_http(provider_url + "/_stats", provider)
+        if streams:
+            pipeline.start("streams", "streams", RATIFIER_HTTP_PORT=str(port))
+        for n in range(executors):
+            pipeline.start("executor", "executor" if n == 0 else f"executor-{n}")
+        if streams:
+            pipeline.wait_ready()
     except BaseException:
         pipeline.stop()
         raise

@@ -124,8 +124,10 @@ async def test_invalid_requests_are_refused_and_not_applied(
 ) -> None:
     with pytest.raises(PermanentFailure):
         await client.create_refund(idempotency_key=key(), **{**REFUND, "amount_minor": 0})
-    with pytest.raises(PermanentFailure):
-        await client.create_refund(idempotency_key="x" * 201, **REFUND)
+    for bad_key in ("", "x" * 201, "line\nbreak"):
+        with pytest.raises(PermanentFailure):
+            await client.create_refund(idempotency_key=bad_key, **REFUND)
+    assert (await admin.post_raw(REFUND, "x" * 201))[0] == 400
     assert (await admin.post_raw({**REFUND, "extra": 1}, key()))[0] == 422
     assert (await admin.post_raw({**REFUND, "amount_minor": "15"}, key()))[0] == 422
     assert (await admin.post_raw(REFUND, None))[0] == 400

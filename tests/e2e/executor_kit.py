@@ -1,0 +1,98 @@
+"""Helpers for the executor e2e tests: committed refund commands straight onto
+`commands.committed`, provider statistics, outcome bookkeeping."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+
+from commands.policy import PolicySet
+from schemas.envelopes import ActorRef, ApprovalReceipt, CommittedCommand, Effect
+from schemas.fingerprint import fingerprint
+from schemas.names import Topic
+from schemas.settings import Settings
+from tests.services import outcomes_by_call, publish, read_until, run
+
+POLICIES = PolicySet.from_directory()
+PAYMENTS = [f"pay_T{n}" for n in range(20)]
+
+
+def seed_payments(settings: Settings) -> None:
+    """Payments with room for thousands of refunds (the test database only)."""
+    with psycopg.connect(settings.database_url) as conn:
+        for payment in PAYMENTS:
+            conn.execute(
+                "INSERT INTO payments (tenant, payment_id, customer_email, amount_minor, "
+                "currency, refundable_minor, status) VALUES ('tenant-a', %s, 'load@example.com',"
+                " 1000000000000, 'EUR', 1000000000000, 'captured') ON CONFLICT (tenant, "
+                "payment_id) DO UPDATE SET refundable_minor = EXCLUDED.refundable_minor",
+                (payment,),
+            )
+
+
+def refund_command(
+    key: str, amount: int = 1, call_id: str | None = None, payment: str | None = None
+) -> CommittedCommand:
+    arguments = {
+        "payment_id": payment or PAYMENTS[hash(key) % len(PAYMENTS)],
+        "amount_minor": amount,
+        "reason": "load test",
+    }
+    fp = fingerprint(
+        tenant="tenant-a",
+        tool="propose_refund",
+        arguments=arguments,
+        policy_version=POLICIES.version,
+    )
+    now = datetime.now(UTC)
+    return CommittedCommand(
+        operation_id=f"tenant-a:{key}",
+        call_id=call_id or f"x-{uuid.uuid4().hex[:16]}",
+        tenant="tenant-a",
+        actor=ActorRef(sub="agent-1", roles=("refund",)),
+        tool="propose_refund",
+        arguments=arguments,
+        fingerprint=fp,
+        effect=Effect.EXTERNAL_WRITE,
+        policy_version=POLICIES.version,
+        approval=ApprovalReceipt(
+            approver="boss", decided_at=now, expires_at=now + timedelta(minutes=30), fingerprint=fp
+        ),
+        committed_at=now,
+    )
+
+
+def publish_commands(settings: Settings, commands: list[CommittedCommand]) -> None:
+    run(publish(settings, [(c.operation_id, c.to_bytes()) for c in commands], Topic.COMMITTED))
+
+
+def wait_terminal(
+    settings: Settings, call_ids: set[str], timeout: float = 120
+) -> dict[str, list[dict[str, Any]]]:
+    """Every call's outcomes once each call has at least one terminal outcome."""
+    records = run(
+        read_until(
+            settings,
+            [Topic.OUTCOMES],
+            lambda recs: call_ids <= set(outcomes_by_call(recs)),
+            timeout=timeout,
+        )
+    )
+    found = outcomes_by_call(records)
+    return {c: found[c] for c in call_ids}
+
+
+def provider_stats(provider_url: str) -> dict[str, Any]:
+    import urllib.request
+
+    with urllib.request.urlopen(f"{provider_url}/_stats", timeout=10) as response:
+        stats: dict[str, Any] = json.loads(response.read())
+        return stats
+
+
+def distinct_statuses(outcomes: list[dict[str, Any]]) -> set[str]:
+    return {o["status"] for o in outcomes}

@@ -1,0 +1,139 @@
+"""At most once in effect, measured at the payment provider: many executors, duplicates and
+conflicting reuses, kill -9 at every point of the execution, Redis flushed and restarted."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from ratifier.topics import delete_topics
+from tests.e2e.conftest import Pipeline, SigningKeys, start_pipeline
+from tests.e2e.executor_kit import (
+    distinct_statuses,
+    provider_stats,
+    publish_commands,
+    refund_command,
+    seed_payments,
+    wait_terminal,
+)
+from tests.services import run
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def executors_only(signing_keys: SigningKeys, request: pytest.FixtureRequest) -> Iterator[Pipeline]:
+    count = getattr(request, "param", 3)
+    pipeline = start_pipeline(
+        signing_keys,
+        f"executors-{uuid.uuid4().hex[:4]}",
+        streams=False,
+        executors=count,
+        RATIFIER_CLAIM_LEASE_SECONDS="5",
+    )
+    seed_payments(pipeline.settings)
+    try:
+        yield pipeline
+    finally:
+        pipeline.stop()
+        run(delete_topics(pipeline.settings))
+
+
+def test_three_executors_duplicates_and_conflicts(executors_only: Pipeline) -> None:
+    pipeline = executors_only
+    unique = [refund_command(f"u-{uuid.uuid4().hex[:12]}") for _ in range(2000)]
+    rng = random.Random(7)
+    exact = [c for c in rng.sample(unique, 100)]  # redelivered records (same call)
+    retries = [
+        c.model_copy(update={"call_id": f"r-{uuid.uuid4().hex[:12]}"})
+        for c in rng.sample(unique, 100)
+    ]  # the agent retried with the same key
+    conflicting = [
+        refund_command(c.idempotency_key, amount=2, payment=c.arguments["payment_id"])
+        for c in rng.sample(unique, 20)
+    ]  # same key reused for other arguments
+    publish_commands(pipeline.settings, unique + exact + retries + conflicting)
+    calls = {c.call_id for c in unique + retries + conflicting}
+    outcomes = wait_terminal(pipeline.settings, calls, timeout=240)
+
+    stats = provider_stats(pipeline.provider_url)
+    assert stats["refunds"] == len(unique)
+    assert set(stats["by_key"].values()) == {1}
+    assert set(stats["by_key"]) == {c.operation_id for c in unique}
+    for c in unique + retries:
+        assert distinct_statuses(outcomes[c.call_id]) == {"succeeded"}, outcomes[c.call_id]
+    for c in conflicting:
+        assert distinct_statuses(outcomes[c.call_id]) == {"conflict"}
+    # A retry gets the stored outcome of its operation: same refund, same provider reference.
+    first = {c.operation_id: outcomes[c.call_id][0]["result"] for c in unique}
+    assert all(outcomes[c.call_id][0]["result"] == first[c.operation_id] for c in retries)
+
+
+@pytest.mark.parametrize("executors_only", [1], indirect=True)
+@pytest.mark.parametrize(
+    "point", ["before_effect", "after_effect", "after_ledger", "after_publish"]
+)
+def test_kill_minus_nine_at_each_point(executors_only: Pipeline, point: str) -> None:
+    pipeline = executors_only
+    pipeline.stop_worker("executor")
+    crashing = pipeline.start(
+        "executor", "executor-crashing", RATIFIER_EXECUTOR_CRASH_AT=f"{point}:0.1"
+    )
+    commands = [refund_command(f"k-{uuid.uuid4().hex[:12]}") for _ in range(60)]
+    publish_commands(pipeline.settings, commands)
+    deadline = time.monotonic() + 60
+    while crashing.process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert crashing.process.poll() == -9, f"no crash at {point}:\n{crashing.log_tail()}"
+    pipeline.start("executor", "executor-after-crash")
+
+    outcomes = wait_terminal(pipeline.settings, {c.call_id for c in commands}, timeout=120)
+    stats = provider_stats(pipeline.provider_url)
+    assert set(stats["by_key"].values()) <= {1}, "a duplicate effect"
+    statuses = {c.call_id: distinct_statuses(outcomes[c.call_id]) for c in commands}
+    assert all(len(s) == 1 for s in statuses.values()), statuses
+    ended = {next(iter(s)) for s in statuses.values()}
+    if point in ("before_effect", "after_effect"):
+        assert ended <= {"succeeded", "unknown"}
+        assert "unknown" in ended  # the command in flight may have acted: never re-run
+    else:
+        assert ended == {"succeeded"}
+    succeeded = {c.operation_id for c in commands if statuses[c.call_id] == {"succeeded"}}
+    assert succeeded <= set(stats["by_key"])
+
+
+@pytest.mark.parametrize("executors_only", [2], indirect=True)
+def test_redis_flushed_and_restarted_mid_run(executors_only: Pipeline) -> None:
+    pipeline = executors_only
+    client = redis.Redis.from_url(pipeline.settings.redis_url)
+    first = [refund_command(f"f-{uuid.uuid4().hex[:12]}") for _ in range(300)]
+    publish_commands(pipeline.settings, first)
+    wait_terminal(pipeline.settings, {c.call_id for c in first[:50]}, timeout=120)
+    client.flushall()
+    # After the flush the fast path knows nothing: every duplicate is the ledger's to answer.
+    again = [c.model_copy(update={"call_id": f"a-{uuid.uuid4().hex[:12]}"}) for c in first]
+    publish_commands(pipeline.settings, again)
+    with contextlib.suppress(redis.ConnectionError):  # the server hangs up as it goes
+        client.shutdown(nosave=True)
+    restarted = subprocess.run(
+        [REPO / "deploy/local/up"], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert restarted.returncode == 0, restarted.stdout + restarted.stderr
+    more = [c.model_copy(update={"call_id": f"m-{uuid.uuid4().hex[:12]}"}) for c in first]
+    publish_commands(pipeline.settings, more)
+
+    outcomes = wait_terminal(
+        pipeline.settings, {c.call_id for c in first + again + more}, timeout=240
+    )
+    stats = provider_stats(pipeline.provider_url)
+    assert stats["by_key"] == {c.operation_id: 1 for c in first}
+    assert all(distinct_statuses(o) == {"succeeded"} for o in outcomes.values())
