@@ -19,7 +19,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Container
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -73,6 +73,8 @@ class Execution:
 
     outcome: Outcome
     unknown: bool = False
+    # Set when the ledger shows another owner's effect still pending (fencing number seen).
+    pending_fence: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,7 +97,9 @@ class CommandExecutor:
         cancelled: Container[str] = frozenset(),
         retry_attempts: int = 4,
         crash: CrashHook = _no_crash,
+        wait_for_owner_seconds: float = 30.0,
     ) -> None:
+        self._wait_for_owner = wait_for_owner_seconds
         self._pool = pool
         self._claims = claims
         self._catalog = catalog
@@ -153,6 +157,8 @@ class CommandExecutor:
             return Execution(outcome=self._failed(command, ErrorCode.CONFLICT, trace_id))
         try:
             first, pending = await self._in_ledger(command, claim, trace_id)
+            if first.pending_fence is not None:
+                first = await self._settle_in_flight(command, first)
             if pending is not None:
                 self._crash("before_effect")
                 first = await self._perform(command, pending, trace_id)
@@ -210,10 +216,39 @@ class CommandExecutor:
             return Execution(outcome=self._failed(command, ErrorCode.CONFLICT, trace_id))
         if verdict is Dedup.REPLAY and entry.outcome is not None:
             return Execution(outcome=self._readdressed(entry.outcome, command))
-        # Started before and not finished: the effect may have happened. Never re-run it;
-        # reconciliation asks the downstream system.
-        log.warning("operation %s is %s in the ledger: unknown", command.operation_id, entry.status)
-        return Execution(outcome=self._failed(command, ErrorCode.TIMEOUT, trace_id), unknown=True)
+        # Started before and not finished: the effect may have happened. Never re-run it.
+        return Execution(
+            outcome=self._failed(command, ErrorCode.TIMEOUT, trace_id),
+            unknown=True,
+            pending_fence=entry.fencing if entry.status == "effect_pending" else None,
+        )
+
+    async def _settle_in_flight(self, command: CommittedCommand, first: Execution) -> Execution:
+        """Another owner's effect is pending in the ledger (a rebalance handed us its
+        command while it still works on it, or it died). Wait for it within the claim
+        lease; if it does not finish, mark the entry unknown — its late result will be
+        refused — and hand the operation to reconciliation."""
+        deadline = time.monotonic() + self._wait_for_owner
+        fence = first.pending_fence
+        while True:
+            async with self._pool.connection() as conn, conn.transaction():
+                entry = await self._ledger.entry_for_update(conn, command)
+                if entry is None:
+                    raise StorageUnavailable()
+                if entry.status != "effect_pending" or entry.fencing != fence:
+                    if entry.outcome is not None and entry.status != Status.UNKNOWN.value:
+                        return Execution(outcome=self._readdressed(entry.outcome, command))
+                    return replace(first, pending_fence=None)
+                if time.monotonic() >= deadline:
+                    await self._ledger.mark_unknown(
+                        conn, command, fencing=entry.fencing, outcome=first.outcome
+                    )
+                    log.warning(
+                        "operation %s left pending by another owner: unknown",
+                        command.operation_id,
+                    )
+                    return replace(first, pending_fence=None)
+            await asyncio.sleep(0.2)
 
     async def _record(self, conn: Connection, command: CommittedCommand, outcome: Outcome) -> None:
         await self._ledger.record(conn, command, outcome)

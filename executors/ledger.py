@@ -115,6 +115,23 @@ class CommandLedger:
             )
             return await cur.fetchone() is not None
 
+    async def mark_unknown(
+        self, conn: Connection, command: CommittedCommand, *, fencing: int, outcome: Outcome
+    ) -> bool:
+        """Take over an effect left pending by an owner that is gone or too slow: from now
+        on only reconciliation settles it (the old owner's late result is refused by its
+        stale fencing number). False when the entry moved on meanwhile."""
+        async with conn.cursor() as cur:
+            await cur.execute(
+                named_query(_PKG, "mark_unknown"),
+                {
+                    **self._key(command),
+                    "fencing": fencing,
+                    "outcome": Jsonb(outcome.model_dump(mode="json")),
+                },
+            )
+            return await cur.fetchone() is not None
+
     async def audit(
         self,
         conn: Connection,

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
-from aiokafka.errors import CommitFailedError
+from aiokafka.errors import CommitFailedError, IllegalStateError
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 from pydantic import ValidationError
@@ -194,6 +194,7 @@ class ExecutorService:
             cancelled=cancelled,
             retry_attempts=settings.retry_attempts,
             crash=self._crash,
+            wait_for_owner_seconds=settings.claim_lease_seconds,
         )
         await pool.open(wait=True, timeout=30)
         await self._catalog.start(settings)
@@ -215,13 +216,16 @@ class ExecutorService:
                     *(self._work_partition(executor, producer, recs) for recs in batches.values())
                 )
                 self._crash("after_publish")
+                assigned = consumer.assignment()
                 offsets = {
                     TopicPartition(tp.topic, tp.partition): recs[-1].offset + 1
                     for tp, recs in batches.items()
+                    if tp in assigned
                 }
                 try:
-                    await consumer.commit(offsets)
-                except CommitFailedError:
+                    if offsets:
+                        await consumer.commit(offsets)
+                except (CommitFailedError, IllegalStateError):
                     # A rebalance took these partitions away; their new owner redelivers, and
                     # the ledger answers the duplicates.
                     log.warning(

@@ -36,7 +36,8 @@ class WorkerProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout=10)
-        self.log_file.close()
+        if not self.log_file.closed:
+            self.log_file.close()
         return self.process.returncode
 
     def kill(self) -> None:
@@ -44,7 +45,8 @@ class WorkerProcess:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait(timeout=10)
-        self.log_file.close()
+        if not self.log_file.closed:
+            self.log_file.close()
 
 
 def start_worker(

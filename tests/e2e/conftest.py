@@ -112,8 +112,7 @@ class Pipeline:
 
     def stop(self) -> None:
         for worker in self.workers:
-            if worker.process.poll() is None:
-                worker.stop()
+            worker.stop()  # also closes the log of a worker that already exited
 
 
 def wait_http(url: str, worker: WorkerProcess, timeout: float = 30) -> None:

@@ -78,15 +78,16 @@ def test_three_executors_duplicates_and_conflicts(executors_only: Pipeline) -> N
     assert all(outcomes[c.call_id][0]["result"] == first[c.operation_id] for c in retries)
 
 
-@pytest.mark.parametrize("executors_only", [1], indirect=True)
+@pytest.mark.parametrize("executors_only", [0], indirect=True)
 @pytest.mark.parametrize(
     "point", ["before_effect", "after_effect", "after_ledger", "after_publish"]
 )
 def test_kill_minus_nine_at_each_point(executors_only: Pipeline, point: str) -> None:
     pipeline = executors_only
-    pipeline.stop_worker("executor")
+    # Per command for the first three points, once per batch for the last.
+    rate = "1" if point == "after_publish" else "0.1"
     crashing = pipeline.start(
-        "executor", "executor-crashing", RATIFIER_EXECUTOR_CRASH_AT=f"{point}:0.1"
+        "executor", "executor-crashing", RATIFIER_EXECUTOR_CRASH_AT=f"{point}:{rate}"
     )
     commands = [refund_command(f"k-{uuid.uuid4().hex[:12]}") for _ in range(60)]
     publish_commands(pipeline.settings, commands)
@@ -102,10 +103,13 @@ def test_kill_minus_nine_at_each_point(executors_only: Pipeline, point: str) -> 
     statuses = {c.call_id: distinct_statuses(outcomes[c.call_id]) for c in commands}
     assert all(len(s) == 1 for s in statuses.values()), statuses
     ended = {next(iter(s)) for s in statuses.values()}
+    # Partitions run concurrently: commands of other partitions may be between their first
+    # transaction and their effect when the process dies; they may have acted, so they end
+    # unknown (for reconciliation) and are never re-run. After publishing, all is done.
+    assert ended <= {"succeeded", "unknown"}
     if point in ("before_effect", "after_effect"):
-        assert ended <= {"succeeded", "unknown"}
-        assert "unknown" in ended  # the command in flight may have acted: never re-run
-    else:
+        assert "unknown" in ended
+    if point == "after_publish":
         assert ended == {"succeeded"}
     succeeded = {c.operation_id for c in commands if statuses[c.call_id] == {"succeeded"}}
     assert succeeded <= set(stats["by_key"])
@@ -136,4 +140,9 @@ def test_redis_flushed_and_restarted_mid_run(executors_only: Pipeline) -> None:
     )
     stats = provider_stats(pipeline.provider_url)
     assert stats["by_key"] == {c.operation_id: 1 for c in first}
-    assert all(distinct_statuses(o) == {"succeeded"} for o in outcomes.values())
+    odd = {
+        c: distinct_statuses(o)
+        for c, o in outcomes.items()
+        if distinct_statuses(o) != {"succeeded"}
+    }
+    assert odd == {}
