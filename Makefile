@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 PYTEST := $(BIN)/pytest
 export RATIFIER_BIN := $(CURDIR)/$(BIN)/ratifier
 
-.PHONY: help install up down status lint format schemas unit integration e2e test demo bench-validator bench-authorizer clean
+.PHONY: help install up down status lint format schemas unit integration e2e test demo bench-validator bench-authorizer bench-executor clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -65,6 +65,9 @@ bench-validator: up ## validator benchmark (pure and through Kafka) → bench/RE
 
 bench-authorizer: up ## authorizer benchmark (single vs batched Cedar, stage through Kafka)
 	$(BIN)/python -m bench.authorizer 10000
+
+bench-executor: up ## executor benchmark (with and without the Redis fast path, claim cost)
+	$(BIN)/python -m bench.executor 5000
 
 clean: ## remove the virtualenv and caches (not the services' data)
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis test-artifacts

@@ -15,6 +15,7 @@ import pytest
 import redis
 
 from ratifier.topics import delete_topics
+from schemas.envelopes import CommittedCommand
 from tests.e2e.conftest import Pipeline, SigningKeys, start_pipeline
 from tests.e2e.executor_kit import (
     distinct_statuses,
@@ -115,10 +116,11 @@ def test_kill_minus_nine_at_each_point(executors_only: Pipeline, point: str) -> 
     assert succeeded <= set(stats["by_key"])
 
 
-@pytest.mark.parametrize("executors_only", [2], indirect=True)
-def test_redis_flushed_and_restarted_mid_run(executors_only: Pipeline) -> None:
-    pipeline = executors_only
-    client = redis.Redis.from_url(pipeline.settings.redis_url)
+def flush_and_restart(
+    pipeline: Pipeline, client: redis.Redis
+) -> tuple[list[CommittedCommand], list[CommittedCommand]]:
+    """Flush Redis mid-run, then restart it; returns the commands sent before and after the
+    flush."""
     first = [refund_command(f"f-{uuid.uuid4().hex[:12]}") for _ in range(300)]
     publish_commands(pipeline.settings, first)
     wait_terminal(pipeline.settings, {c.call_id for c in first[:50]}, timeout=120)
@@ -132,6 +134,14 @@ def test_redis_flushed_and_restarted_mid_run(executors_only: Pipeline) -> None:
         [REPO / "deploy/local/up"], capture_output=True, text=True, timeout=120, check=False
     )
     assert restarted.returncode == 0, restarted.stdout + restarted.stderr
+    return first, again
+
+
+@pytest.mark.parametrize("executors_only", [2], indirect=True)
+def test_redis_flushed_and_restarted_mid_run(executors_only: Pipeline) -> None:
+    pipeline = executors_only
+    with contextlib.closing(redis.Redis.from_url(pipeline.settings.redis_url)) as client:
+        first, again = flush_and_restart(pipeline, client)
     more = [c.model_copy(update={"call_id": f"m-{uuid.uuid4().hex[:12]}"}) for c in first]
     publish_commands(pipeline.settings, more)
 
