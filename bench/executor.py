@@ -133,7 +133,8 @@ def main() -> int:
                         f"{claim_us / setnx_us:.2f} x SET NX",
                     ],
                     [
-                        "executor, one process, read commands, ledger only (`RATIFIER_REDIS_FAST_PATH=false`)",
+                        "executor, one process, read commands, ledger only "
+                        "(`RATIFIER_REDIS_FAST_PATH=false`)",
                         f"{without:,.0f} commands/s",
                         "baseline",
                     ],
