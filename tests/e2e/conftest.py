@@ -145,13 +145,19 @@ def reset_refundable(settings: Settings) -> None:
 
 
 def start_pipeline(
-    keys: SigningKeys, name: str, *, streams: bool = True, executors: int = 1, **env: str
+    keys: SigningKeys,
+    name: str,
+    *,
+    streams: bool = True,
+    executors: int = 1,
+    approval_ttl: int = 25,
+    **env: str,
 ) -> Pipeline:
     """A payment provider, a streams worker and executors on their own topic prefix,
     accepting local HS256 tokens and EdDSA tokens of the published JWKS, with a short approval
     TTL."""
     settings = session_settings().model_copy(
-        update={"context_jwks_file": str(keys.jwks_path), "approval_ttl_seconds": 25}
+        update={"context_jwks_file": str(keys.jwks_path), "approval_ttl_seconds": approval_ttl}
     )
     migrate(settings.database_url)
     reset_refundable(settings)

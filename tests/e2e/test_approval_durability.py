@@ -20,7 +20,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
 @pytest.fixture
 def own_pipeline(signing_keys: SigningKeys) -> Iterator[Pipeline]:
-    pipeline = start_pipeline(signing_keys, "durability")
+    # Long enough for a restart and a rebalance under a loaded CI machine.
+    pipeline = start_pipeline(signing_keys, "durability", approval_ttl=60)
     try:
         yield pipeline
     finally:

@@ -229,12 +229,14 @@ def test_http_inbox_and_cli(pipeline: Pipeline) -> None:
     with pytest.raises(urllib.error.HTTPError) as refused:
         call("/approvals", auth=token(pipeline.settings, "clerk", roles=("support",)))
     assert refused.value.code == 403
+    refused.value.close()  # an HTTPError holds its response open
     with pytest.raises(urllib.error.HTTPError) as hidden:
         call(
             f"/approvals/{first['call_id']}",
             auth=token(pipeline.settings, "boss-b", tenant="tenant-b"),
         )
     assert hidden.value.code == 404
+    hidden.value.close()
     answer = call(f"/approvals/{first['call_id']}/decision", {"decision": "approve"})
     assert answer["fingerprint"] == first["fingerprint"]
 
