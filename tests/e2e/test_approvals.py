@@ -22,6 +22,7 @@ from tests.e2e.approvals_kit import (
     token,
 )
 from tests.e2e.conftest import Pipeline
+from tests.e2e.executor_kit import provider_stats
 from tests.services import worker_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -59,6 +60,7 @@ def test_two_approvers_at_once_commit_one_command(pipeline: Pipeline) -> None:
     (outcome,) = terminal_outcomes(pipeline, {call_id})[call_id]
     assert outcome["status"] == "succeeded"
     assert len(committed(pipeline, {call_id})[call_id]) == 1
+    assert provider_stats(pipeline.provider_url)["by_key"][outcome["operation_id"]] == 1
 
 
 def invalid_then_rejected(
