@@ -174,6 +174,43 @@ def cmd_approvals(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_reconciler(settings: Settings, _args: argparse.Namespace) -> int:
+    from commands.catalog import load_catalog
+    from executors.reconciler import run_reconciler
+    from ratifier.migrate import migrate
+    from ratifier.topics import ensure_topics
+
+    migrate(settings.database_url)
+    asyncio.run(ensure_topics(settings))
+    asyncio.run(run_reconciler(settings, load_catalog(settings.catalog)))
+    return 0
+
+
+def cmd_ops(settings: Settings, args: argparse.Namespace) -> int:
+    from ratifier.ops import list_unknown, resolve_operation
+
+    if args.ops_command == "unknown":
+        rows = asyncio.run(list_unknown(settings, tenant=args.tenant))
+        print(f"{len(rows)} operations with an unknown outcome")
+        for row in rows:
+            state = "ESCALATED" if row["escalated_at"] else "reconciling"
+            print(
+                f"{row['operation_id']:40}  {row['tool']:20}  {state:11}  "
+                f"checks {row['reconcile_attempts']:3}  call {row['call_id']}"
+            )
+        return 0
+    outcome = asyncio.run(
+        resolve_operation(
+            settings, args.operation_id, applied=args.applied, reference=args.reference, by=args.by
+        )
+    )
+    if outcome is None:
+        print(f"{args.operation_id}: no unknown operation with that id", file=sys.stderr)
+        return 1
+    print(f"{args.operation_id}: resolved as {outcome.status.value}; outcome published")
+    return 0
+
+
 def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
     from ratifier.demo import run_demo
 
@@ -264,6 +301,19 @@ def build_parser() -> argparse.ArgumentParser:
     provider.add_argument("--host", default="127.0.0.1")
     provider.add_argument("--port", type=int, default=8765)
     provider.set_defaults(func=cmd_provider)
+    sub.add_parser("reconciler", help="run a reconciler process").set_defaults(func=cmd_reconciler)
+    ops = sub.add_parser("ops", help="operations with unknown outcomes")
+    ops_sub = ops.add_subparsers(dest="ops_command", required=True)
+    ops_unknown = ops_sub.add_parser("unknown", help="list unknown and escalated operations")
+    ops_unknown.add_argument("--tenant")
+    resolve = ops_sub.add_parser("resolve", help="settle an escalated operation by hand")
+    resolve.add_argument("operation_id", help="tenant:idempotency_key")
+    verdict = resolve.add_mutually_exclusive_group(required=True)
+    verdict.add_argument("--applied", action="store_true", dest="applied", default=None)
+    verdict.add_argument("--not-applied", action="store_false", dest="applied")
+    resolve.add_argument("--reference", help="the downstream system's reference, if applied")
+    resolve.add_argument("--by", required=True, help="who resolves it (recorded in the audit)")
+    ops.set_defaults(func=cmd_ops)
     schemas = sub.add_parser("schemas", help="write JSON Schema files of the contract")
     schemas.add_argument("dir", nargs="?")
     schemas.set_defaults(func=cmd_schemas)

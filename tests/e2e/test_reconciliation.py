@@ -1,0 +1,239 @@
+"""Unknown outcomes are settled exactly once, from the provider's own record, or escalated."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from ratifier.topics import delete_topics
+from schemas.names import Topic
+from tests.e2e.conftest import Pipeline, SigningKeys, start_pipeline
+from tests.e2e.executor_kit import (
+    provider_stats,
+    publish_commands,
+    refund_command,
+    seed_payments,
+)
+from tests.services import outcomes_by_call, read_until, run
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+
+RECONCILER_ENV = {"RATIFIER_RECONCILE_BACKOFF_SECONDS": "0.2", "RATIFIER_RECONCILE_ATTEMPTS": "4"}
+
+
+@pytest.fixture
+def pipeline_with_reconciler(signing_keys: SigningKeys) -> Iterator[Pipeline]:
+    pipeline = start_pipeline(
+        signing_keys,
+        f"reconcile-{uuid.uuid4().hex[:4]}",
+        streams=False,
+        RATIFIER_CLAIM_LEASE_SECONDS="3",
+        RATIFIER_RETRY_ATTEMPTS="2",
+    )
+    seed_payments(pipeline.settings)
+    pipeline.start("reconciler", "reconciler", **RECONCILER_ENV)
+    try:
+        yield pipeline
+    finally:
+        pipeline.stop()
+        run(delete_topics(pipeline.settings))
+
+
+def faults(pipeline: Pipeline, **change: Any) -> None:
+    method = "POST" if change else "DELETE"
+    request = urllib.request.Request(
+        f"{pipeline.provider_url}/_faults",
+        method=method,
+        data=json.dumps(change).encode() if change else None,
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=10):
+        pass
+
+
+def outcomes_until(
+    pipeline: Pipeline, call_id: str, statuses: set[str], timeout: float = 90
+) -> list[dict[str, Any]]:
+    """The call's outcomes once one of them has a status in ``statuses``."""
+    records = run(
+        read_until(
+            pipeline.settings,
+            [Topic.OUTCOMES],
+            lambda recs: any(
+                o["status"] in statuses for o in outcomes_by_call(recs).get(call_id, [])
+            ),
+            timeout=timeout,
+        )
+    )
+    return outcomes_by_call(records)[call_id]
+
+
+def ledger(pipeline: Pipeline, operation_id: str) -> dict[str, Any]:
+    with psycopg.connect(pipeline.settings.database_url) as conn:
+        row = conn.execute(
+            "SELECT status, reconcile_attempts, escalated_at FROM command_ledger "
+            "WHERE operation_id = %s",
+            (operation_id,),
+        ).fetchone()
+    assert row is not None
+    return {"status": row[0], "attempts": row[1], "escalated": row[2] is not None}
+
+
+def refund_status(pipeline: Pipeline, operation_id: str) -> str:
+    with psycopg.connect(pipeline.settings.database_url) as conn:
+        row = conn.execute(
+            "SELECT status FROM refunds WHERE operation_id = %s", (operation_id,)
+        ).fetchone()
+    return str(row[0]) if row else "none"
+
+
+def test_lost_response_is_reconciled_to_succeeded_once(pipeline_with_reconciler: Pipeline) -> None:
+    pipeline = pipeline_with_reconciler
+    faults(pipeline, drop_after=1)
+    command = refund_command(f"lost-{uuid.uuid4().hex[:10]}")
+    publish_commands(pipeline.settings, [command])
+    seen = outcomes_until(pipeline, command.call_id, {"succeeded"})
+    assert [(o["status"], o["stage"]) for o in seen] == [
+        ("unknown", "execute"),
+        ("succeeded", "reconcile"),
+    ]
+    assert seen[1]["result"]["provider_ref"].startswith("prv_")
+    assert provider_stats(pipeline.provider_url)["by_key"] == {command.operation_id: 1}
+    assert ledger(pipeline, command.operation_id)["status"] == "succeeded"
+    assert refund_status(pipeline, command.operation_id) == "succeeded"
+
+
+def test_request_that_never_arrived_is_sent_again_under_the_same_key(
+    pipeline_with_reconciler: Pipeline,
+) -> None:
+    pipeline = pipeline_with_reconciler
+    faults(pipeline, down=True)  # the connection drops: the executor cannot know
+    command = refund_command(f"never-{uuid.uuid4().hex[:10]}")
+    publish_commands(pipeline.settings, [command])
+    outcomes_until(pipeline, command.call_id, {"unknown"})
+    assert command.operation_id not in provider_stats(pipeline.provider_url)["by_key"]
+    faults(pipeline)  # the provider is back
+    seen = outcomes_until(pipeline, command.call_id, {"succeeded"})
+    assert seen[-1]["stage"] == "reconcile"
+    assert provider_stats(pipeline.provider_url)["by_key"] == {command.operation_id: 1}
+
+
+def test_provider_down_beyond_budget_escalates_then_a_human_resolves(
+    pipeline_with_reconciler: Pipeline,
+) -> None:
+    pipeline = pipeline_with_reconciler
+    faults(pipeline, drop_after=1)  # applied, response lost …
+    command = refund_command(f"esc-{uuid.uuid4().hex[:10]}", amount=7)
+    publish_commands(pipeline.settings, [command])
+    outcomes_until(pipeline, command.call_id, {"unknown"})
+    faults(pipeline, down=True)  # … and then the provider stays down
+    seen = outcomes_until(pipeline, command.call_id, {"failed"})
+    assert seen[-1]["error"]["code"] == "retry_exhausted"
+    state = ledger(pipeline, command.operation_id)
+    assert (state["status"], state["escalated"], state["attempts"]) == ("unknown", True, 4)
+    assert refund_status(pipeline, command.operation_id) == "pending"  # reservation kept
+
+    env = {**os.environ, **pipeline.env}
+    listed = subprocess.run(
+        [sys.executable, "-m", "ratifier.cli", "ops", "unknown"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert command.operation_id in listed.stdout and "ESCALATED" in listed.stdout
+    resolved = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ratifier.cli",
+            "ops",
+            "resolve",
+            command.operation_id,
+            "--applied",
+            "--reference",
+            "prv_checked_by_hand",
+            "--by",
+            "ops-oncall",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert resolved.returncode == 0, resolved.stderr
+    seen = outcomes_until(pipeline, command.call_id, {"succeeded"})
+    assert seen[-1]["result"]["provider_ref"] == "prv_checked_by_hand"
+    assert refund_status(pipeline, command.operation_id) == "succeeded"
+    again = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ratifier.cli",
+            "ops",
+            "resolve",
+            command.operation_id,
+            "--not-applied",
+            "--by",
+            "ops-oncall",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert again.returncode == 1  # settled once: nothing left to resolve
+    assert provider_stats(pipeline.provider_url)["by_key"] == {command.operation_id: 1}
+
+
+def test_reconciler_killed_mid_schedule_neither_loses_nor_repeats(
+    pipeline_with_reconciler: Pipeline,
+) -> None:
+    pipeline = pipeline_with_reconciler
+    pipeline.stop_worker("reconciler")
+    patient = pipeline.start(
+        "reconciler",
+        "reconciler-patient",
+        RATIFIER_RECONCILE_BACKOFF_SECONDS="0.2",
+        RATIFIER_RECONCILE_ATTEMPTS="60",
+    )
+    faults(pipeline, drop_after=1)
+    command = refund_command(f"kill-{uuid.uuid4().hex[:10]}")
+    publish_commands(pipeline.settings, [command])
+    outcomes_until(pipeline, command.call_id, {"unknown"})
+    faults(pipeline, down=True)
+    deadline = time.monotonic() + 60
+    while ledger(pipeline, command.operation_id)["attempts"] < 2:
+        assert time.monotonic() < deadline, "the schedule never ran"
+        time.sleep(0.2)
+    patient.kill()
+    before = ledger(pipeline, command.operation_id)["attempts"]
+    pipeline.workers.remove(patient)
+    pipeline.start(
+        "reconciler",
+        "reconciler-restarted",
+        RATIFIER_RECONCILE_BACKOFF_SECONDS="0.2",
+        RATIFIER_RECONCILE_ATTEMPTS="60",
+    )
+    while ledger(pipeline, command.operation_id)["attempts"] <= before:
+        assert time.monotonic() < deadline + 60, "the schedule was lost"
+        time.sleep(0.2)
+    faults(pipeline)
+    seen = outcomes_until(pipeline, command.call_id, {"succeeded"})
+    assert [o["status"] for o in seen] == ["unknown", "succeeded"]
+    assert provider_stats(pipeline.provider_url)["by_key"] == {command.operation_id: 1}
+    assert ledger(pipeline, command.operation_id)["attempts"] > before
