@@ -25,6 +25,7 @@ from tests.e2e.executor_kit import (
     seed_payments,
     wait_terminal,
 )
+from tests.e2e.history import History
 from tests.services import run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -114,6 +115,19 @@ def test_kill_minus_nine_at_each_point(executors_only: Pipeline, point: str) -> 
         assert ended == {"succeeded"}
     succeeded = {c.operation_id for c in commands if statuses[c.call_id] == {"succeeded"}}
     assert succeeded <= set(stats["by_key"])
+
+    # Reconciliation settles what the crash left unknown; then the whole history must hold.
+    pipeline.start("reconciler", "reconciler", RATIFIER_RECONCILE_BACKOFF_SECONDS="0.2")
+    history = History(proposed={c.call_id: c.operation_id for c in commands})
+    deadline = time.monotonic() + 90
+    while True:
+        history.outcomes = wait_terminal(pipeline.settings, set(history.proposed), timeout=60)
+        history.effects = provider_stats(pipeline.provider_url)["by_key"]
+        problems = history.problems(settled=True)
+        if not problems or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert problems == []
 
 
 def flush_and_restart(
