@@ -14,6 +14,7 @@ from commands.policy import PolicySet
 from commands.reference import catalog
 from executors.claims import ClaimStore
 from executors.executor import CommandExecutor
+from executors.reconciler import Reconciler
 from schemas.envelopes import ActorRef, ApprovalReceipt, CommittedCommand, Outcome, Status
 from schemas.errors import ErrorCode
 from schemas.fingerprint import fingerprint
@@ -199,6 +200,11 @@ async def test_lost_response_is_unknown_never_retried(
         )
         == "unknown"
     )
+    # Reconciliation settles it from the provider's record, once.
+    reconciler = Reconciler(pool=pool, catalog=catalog, attempts=3, backoff_base=0.1)
+    settled = [o for o in await reconciler.run_due() if o.operation_id == lost.operation_id]
+    assert [o.status for o in settled] == [Status.SUCCEEDED]
+    assert (await provider_stats(provider_url))["by_key"] == {lost.operation_id: 1}
 
 
 async def test_toctou_refundable_reduced_after_approval(
