@@ -252,6 +252,11 @@ class CommandExecutor:
 
     async def _record(self, conn: Connection, command: CommittedCommand, outcome: Outcome) -> None:
         await self._ledger.record(conn, command, outcome)
+        await self._audit_executed(conn, command, outcome)
+
+    async def _audit_executed(
+        self, conn: Connection, command: CommittedCommand, outcome: Outcome
+    ) -> None:
         await self._ledger.audit(
             conn,
             tenant=command.tenant,
@@ -426,19 +431,6 @@ class CommandExecutor:
                 return Execution(
                     outcome=outcome.model_copy(update={"status": Status.UNKNOWN}), unknown=True
                 )
-            await self._ledger.audit(
-                conn,
-                tenant=command.tenant,
-                call_id=command.call_id,
-                kind="executed",
-                detail={
-                    "operation_id": command.operation_id,
-                    "tool": command.tool,
-                    "status": outcome.status.value,
-                    "code": outcome.error.code.value if outcome.error else None,
-                    "policy_version": command.policy_version,
-                    "approver": command.approval.approver if command.approval else None,
-                },
-            )
+            await self._audit_executed(conn, command, outcome)
         self._crash("after_ledger")
         return Execution(outcome=outcome, unknown=code is ErrorCode.TIMEOUT)
