@@ -72,6 +72,8 @@ def _outcome(
         result=done.result if done else None,
         resource_id=done.resource_id if done else None,
         operation_id=row["operation_id"],
+        # The version the command was authorized under, as recorded with its unknown outcome.
+        policy_version=(row.get("outcome") or {}).get("policy_version"),
         at=datetime.now(UTC),
     )
 

@@ -120,6 +120,7 @@ def test_lost_response_is_reconciled_to_succeeded_once(pipeline_with_reconciler:
         ("succeeded", "reconcile"),
     ]
     assert seen[1]["result"]["provider_ref"].startswith("prv_")
+    assert seen[1]["policy_version"] == seen[0]["policy_version"] == command.policy_version
     assert provider_stats(pipeline.provider_url)["by_key"][command.operation_id] == 1
     assert ledger(pipeline, command.operation_id)["status"] == "succeeded"
     assert refund_status(pipeline, command.operation_id) == "succeeded"
