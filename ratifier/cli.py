@@ -146,7 +146,14 @@ def cmd_approvals(settings: Settings, args: argparse.Namespace) -> int:
     token = args.token or os.environ.get("RATIFIER_APPROVER_TOKEN")
     approver = approver_from(token, context_keys(settings))
     inbox = ApprovalInbox(settings)
-    asyncio.run(inbox.catch_up())
+
+    async def read_inbox() -> None:
+        try:
+            await inbox.catch_up()
+        finally:
+            await inbox.close()
+
+    asyncio.run(read_inbox())
     if args.approvals_command == "list":
         pending = inbox.pending(approver.tenant)
         print(f"{len(pending)} pending in {approver.tenant}")

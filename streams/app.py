@@ -235,6 +235,11 @@ def create_app(
     if settings.http_port > 0:
         inbox = ApprovalInbox(settings)
         install_approval_api(app, settings, inbox=inbox, keys=keys)
+
+        async def _close_inbox(_app: Any, /, *_args: Any, signal: Any, **_kwargs: Any) -> None:
+            await inbox.close()
+
+        app.on_before_shutdown.connect(_close_inbox)
     if "approval-join" in stages:
         install_approval_join(
             app,

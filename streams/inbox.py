@@ -11,7 +11,7 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from pydantic import ValidationError
 
 from schemas.envelopes import (
@@ -47,7 +47,8 @@ class ApprovalInbox:
         self._settings = settings
         self._pending: dict[str, ApprovalRequest] = {}
         self._ended: set[str] = set()
-        self._positions: dict[TopicPartition, int] = {}
+        self._consumer: AIOKafkaConsumer | None = None
+        self._lock = asyncio.Lock()
 
     def apply(self, topic: str, value: bytes | None) -> None:
         try:
@@ -81,45 +82,42 @@ class ApprovalInbox:
             raise ResourceNotFound()
         return request
 
-    def _consumer(self) -> AIOKafkaConsumer:
-        return AIOKafkaConsumer(
-            self._settings.topic(Topic.APPROVALS_REQUESTED),
-            self._settings.topic(Topic.OUTCOMES),
-            bootstrap_servers=self._settings.kafka_bootstrap,
-            group_id=None,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-        )
+    async def _started(self) -> AIOKafkaConsumer:
+        """One consumer for the inbox's lifetime: each catch-up reads only what is new."""
+        if self._consumer is None:
+            consumer = AIOKafkaConsumer(
+                self._settings.topic(Topic.APPROVALS_REQUESTED),
+                self._settings.topic(Topic.OUTCOMES),
+                bootstrap_servers=self._settings.kafka_bootstrap,
+                group_id=None,
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",
+            )
+            await consumer.start()
+            await consumer.seek_to_beginning(*consumer.assignment())
+            self._consumer = consumer
+        return self._consumer
 
     async def catch_up(self) -> None:
-        """Read both topics to their current ends."""
-        consumer = self._consumer()
-        await consumer.start()
-        try:
+        """Read both topics up to their ends as of now (concurrent callers share one read)."""
+        async with self._lock:
+            consumer = await self._started()
             tps = sorted(consumer.assignment())
-            for tp in tps:
-                if tp in self._positions:
-                    consumer.seek(tp, self._positions[tp])
-                else:
-                    await consumer.seek_to_beginning(tp)
             ends = await consumer.end_offsets(tps)
-            remaining = {tp for tp in tps if ends[tp] > 0}
+            remaining = {tp for tp in tps if await consumer.position(tp) < ends[tp]}
             while remaining:
                 batches = await consumer.getmany(*remaining, timeout_ms=500, max_records=5000)
                 for tp, records in batches.items():
                     for record in records:
                         self.apply(tp.topic, record.value)
                 for tp in list(remaining):
-                    self._positions[tp] = await consumer.position(tp)
-                    if self._positions[tp] >= ends[tp]:
+                    if await consumer.position(tp) >= ends[tp]:
                         remaining.discard(tp)
-        finally:
-            await consumer.stop()
 
-    async def follow(self, every: float = 1.0) -> None:
-        while True:
-            await self.catch_up()
-            await asyncio.sleep(every)
+    async def close(self) -> None:
+        if self._consumer is not None:
+            await self._consumer.stop()
+            self._consumer = None
 
 
 def decision_for(
