@@ -16,6 +16,7 @@ from redis.exceptions import RedisError
 
 from schemas.envelopes import Outcome
 from schemas.names import REDIS_CLAIM_PREFIX
+from telemetry.metrics import count_dedup
 
 # KEYS[1] claim hash, KEYS[2] fencing counter. ARGV: fingerprint, owner, now_ms, lease_ms, ttl_ms
 _CLAIM = """
@@ -114,8 +115,10 @@ class ClaimStore:
                 args=[fingerprint, self.owner, now_ms, self.lease_ms, self._ttl_ms],
             )
         except RedisError:
+            count_dedup("redis", ClaimKind.UNAVAILABLE.value)
             return Claim(kind=ClaimKind.UNAVAILABLE)
         kind = ClaimKind(kind.decode() if isinstance(kind, bytes) else kind)
+        count_dedup("redis", kind.value)
         text = extra.decode() if isinstance(extra, bytes) else str(extra or "")
         if kind is ClaimKind.DONE:
             try:

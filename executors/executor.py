@@ -56,6 +56,7 @@ from schemas.errors import (
     StorageUnavailable,
     TransientFailure,
 )
+from telemetry.metrics import count_dedup
 
 log = logging.getLogger("ratifier.executor")
 
@@ -196,6 +197,7 @@ class CommandExecutor:
         async with self._pool.connection() as conn, conn.transaction():
             if not await self._ledger.claim(conn, command, fencing=claim.fence):
                 return await self._answer_from_ledger(conn, command, trace_id), None
+            count_dedup("ledger", "claimed")
             ended, pending = await self._run(conn, command, claim.fence, trace_id)
             if pending is None:
                 await self._record(conn, command, ended.outcome)
@@ -212,6 +214,7 @@ class CommandExecutor:
             stored_status=entry.status,
             fingerprint=command.fingerprint,
         )
+        count_dedup("ledger", verdict.value)
         if verdict is Dedup.CONFLICT:
             return Execution(outcome=self._failed(command, ErrorCode.CONFLICT, trace_id))
         if verdict is Dedup.REPLAY and entry.outcome is not None:

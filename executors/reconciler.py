@@ -21,25 +21,44 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import psycopg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from commands.catalog import Catalog, Connection, EffectRequest, HandlerResult
 from commands.sql import named_query
 from executors.ledger import CommandLedger
 from schemas.envelopes import ErrorInfo, Outcome, Stage, Status
 from schemas.errors import ErrorCode, OutcomeUnknown, PermanentFailure, TransientFailure
-from schemas.names import RECONCILER_GROUP, Topic
+from schemas.names import RECONCILER_GROUP, TRACEPARENT_HEADER, Topic
 from schemas.settings import Settings
+from telemetry.metrics import (
+    RECONCILIATIONS,
+    observe_record,
+    refresh_consumer_lag,
+    serve_metrics,
+    set_reconciliation_queue,
+)
+from telemetry.tracing import (
+    TraceParent,
+    Tracer,
+    format_traceparent,
+    new_trace_id,
+    traceparent_of,
+    tracer_from,
+)
 
 log = logging.getLogger("ratifier.reconciler")
 _PKG = "executors"
+METRICS_REFRESH_SECONDS = 5.0
+MAX_REMEMBERED_PARENTS = 10_000
 
 
 def backoff_seconds(attempt: int, base: float) -> float:
@@ -62,6 +81,7 @@ def _outcome(
     code: ErrorCode | None = None,
     done: HandlerResult | None = None,
 ) -> Outcome:
+    unknown = row.get("outcome") or {}
     return Outcome(
         call_id=row["call_id"],
         tool=row["tool"],
@@ -73,8 +93,10 @@ def _outcome(
         resource_id=done.resource_id if done else None,
         operation_id=row["operation_id"],
         # The version the command was authorized under, as recorded with its unknown outcome.
-        policy_version=(row.get("outcome") or {}).get("policy_version"),
+        policy_version=unknown.get("policy_version"),
         at=datetime.now(UTC),
+        # The call's trace, as recorded with its unknown outcome.
+        trace_id=unknown.get("trace_id") or new_trace_id(),
     )
 
 
@@ -182,6 +204,13 @@ class Reconciler:
                 rows = await cur.fetchall()
             for row in rows:
                 verdict = await self.reconcile_row(conn, dict(row))
+                RECONCILIATIONS.labels(
+                    "escalated"
+                    if verdict.escalated
+                    else "settled"
+                    if verdict.outcome is not None
+                    else "rescheduled"
+                ).inc()
                 if verdict.outcome is not None:
                     published.append(verdict.outcome)
         return published
@@ -236,13 +265,74 @@ class Reconciler:
             )
             return outcome if await self._settle(conn, row, outcome) else None
 
+    async def refresh_queue_metrics(self) -> None:
+        try:
+            async with self._pool.connection() as conn, conn.cursor() as cur:
+                await cur.execute(named_query(_PKG, "reconciliation_queue"))
+                found = await cur.fetchone()
+        except (psycopg.Error, PoolTimeout) as exc:
+            log.warning("reconciliation queue metrics unavailable: %s", exc)
+            return
+        if found is not None:
+            set_reconciliation_queue(
+                size=int(found["size"]),
+                escalated=int(found["escalated"]),
+                oldest_age_seconds=float(found["oldest_age_seconds"]),
+            )
+
+
+def _hop(tracer: Tracer, outcome: Outcome, parent: TraceParent | None, started: int) -> bytes:
+    """Count a reconciled outcome, record its span; the `traceparent` it is published with."""
+    ended = time.time_ns()
+    code = outcome.error.code.value if outcome.error is not None else None
+    observe_record(
+        "reconcile", status=outcome.status.value, code=code, seconds=(ended - started) / 1e9
+    )
+    trace_id = outcome.trace_id or new_trace_id()
+    span_id = tracer.record(
+        stage="reconcile",
+        trace_id=trace_id,
+        parent=parent,
+        start_ns=started,
+        end_ns=ended,
+        attributes={
+            "ratifier.stage": "reconcile",
+            "ratifier.status": outcome.status.value,
+            "ratifier.error_code": code,
+            "ratifier.call_id": outcome.call_id,
+            "ratifier.tool": outcome.tool,
+        }
+        if tracer.enabled
+        else {},
+    )
+    return format_traceparent(trace_id, span_id)
+
 
 async def publish_outcomes(
-    producer: AIOKafkaProducer, settings: Settings, outcomes: list[Outcome]
+    producer: AIOKafkaProducer,
+    settings: Settings,
+    outcomes: list[Outcome],
+    *,
+    tracer: Tracer | None = None,
+    parents: dict[str, TraceParent] | None = None,
+    started: int | None = None,
 ) -> None:
+    """Publish reconciled outcomes, each in its call's trace; ``parents`` (operation id to
+    the executor's hop, from `commands.unknown`) links each span to the executor's."""
+    tracer = tracer or Tracer()
+    parents = parents if parents is not None else {}
+    begun = started or time.time_ns()
     futures = [
         await producer.send(
-            settings.topic(Topic.OUTCOMES), key=o.call_id.encode(), value=o.to_bytes()
+            settings.topic(Topic.OUTCOMES),
+            key=o.call_id.encode(),
+            value=o.to_bytes(),
+            headers=[
+                (
+                    TRACEPARENT_HEADER,
+                    _hop(tracer, o, parents.pop(o.operation_id or "", None), begun),
+                )
+            ],
         )
         for o in outcomes
     ]
@@ -278,17 +368,36 @@ async def run_reconciler(settings: Settings, catalog: Catalog) -> None:
         attempts=settings.reconcile_attempts,
         backoff_base=settings.reconcile_backoff_seconds,
     )
+    close_metrics = await serve_metrics(settings.metrics_host, settings.reconciler_metrics_port)
+    tracer = tracer_from(settings, service="reconciler")
+    group = settings.group(RECONCILER_GROUP)
+    parents: dict[str, TraceParent] = {}
+    metrics_due = 0.0
     log.info("reconciler started on %s", settings.topic(Topic.UNKNOWN))
     try:
         while not stopping.is_set():
             # New unknown operations are already in the ledger as `unknown`; the topic is a
             # wake-up call, and its offsets are committed once they are seen.
             batches = await consumer.getmany(timeout_ms=500, max_records=500)
+            for records in batches.values():
+                for record in records:
+                    parent = traceparent_of(record.headers)
+                    if parent is not None and record.key and len(parents) < MAX_REMEMBERED_PARENTS:
+                        parents[record.key.decode(errors="replace")] = parent
+            started = time.time_ns()
             outcomes = await reconciler.run_due()
-            await publish_outcomes(producer, settings, outcomes)
+            await publish_outcomes(
+                producer, settings, outcomes, tracer=tracer, parents=parents, started=started
+            )
             if batches:
                 await consumer.commit()
+            if time.monotonic() >= metrics_due:
+                metrics_due = time.monotonic() + METRICS_REFRESH_SECONDS
+                await refresh_consumer_lag(consumer, group)
+                await reconciler.refresh_queue_metrics()
     finally:
+        await close_metrics()
+        tracer.shutdown()
         await consumer.stop()
         await producer.stop()
         await catalog.stop()

@@ -15,6 +15,7 @@ import os
 import random
 import signal
 import socket
+import time
 import uuid
 from datetime import UTC, datetime
 from typing import Any
@@ -31,23 +32,23 @@ from commands.policy_feed import PolicyFeed
 from executors.cancellations import CancelledCalls
 from executors.claims import ClaimStore
 from executors.executor import CommandExecutor
-from schemas.envelopes import CommittedCommand, DeadLetter, Record, SourcePosition
+from schemas.envelopes import CommittedCommand, DeadLetter, Outcome, Record, SourcePosition
 from schemas.errors import StorageUnavailable
 from schemas.names import EXECUTOR_GROUP, TRACEPARENT_HEADER, Topic
 from schemas.settings import Settings
+from telemetry.metrics import observe_record, refresh_consumer_lag, serve_metrics
+from telemetry.tracing import (
+    TraceParent,
+    format_traceparent,
+    new_trace_id,
+    traceparent_of,
+    tracer_from,
+)
 
 log = logging.getLogger("ratifier.executor")
 
 RETRY_DELAYS = (0.2, 0.5, 1.0, 2.0, 5.0)
-
-
-def _trace_id(record: ConsumerRecord[bytes, bytes]) -> str | None:
-    for name, value in record.headers or ():
-        if name == TRACEPARENT_HEADER:
-            parts = bytes(value).decode(errors="replace").split("-")
-            if len(parts) == 4:
-                return str(parts[1])
-    return None
+LAG_REFRESH_SECONDS = 5.0
 
 
 def crash_hook(spec: str | None) -> Any:
@@ -73,6 +74,7 @@ class ExecutorService:
         self._policies = policies
         self._stopping = asyncio.Event()
         self._crash = crash_hook(settings.executor_crash_at)
+        self._tracer = tracer_from(settings, service="executor")
         self.processed = 0
 
     def stop(self) -> None:
@@ -84,11 +86,9 @@ class ExecutorService:
         topic: Topic,
         key: str | None,
         value: Record,
-        trace_id: str | None,
+        traceparent: bytes,
     ) -> asyncio.Future[Any]:
-        headers = (
-            [(TRACEPARENT_HEADER, f"00-{trace_id}-{'0' * 15}1-01".encode())] if trace_id else None
-        )
+        headers = [(TRACEPARENT_HEADER, traceparent)]
         future: asyncio.Future[Any] = await producer.send(
             self._settings.topic(topic),
             key=key.encode() if key is not None else None,
@@ -97,13 +97,47 @@ class ExecutorService:
         )
         return future
 
+    def _finished(
+        self,
+        *,
+        trace_id: str,
+        parent: TraceParent | None,
+        started: int,
+        status: str,
+        code: str | None,
+        call_id: str | None,
+        tool: str | None,
+    ) -> bytes:
+        """Count the command, record its span; the `traceparent` of what it publishes."""
+        ended = time.time_ns()
+        observe_record("execute", status=status, code=code, seconds=(ended - started) / 1e9)
+        span_id = self._tracer.record(
+            stage="execute",
+            trace_id=trace_id,
+            parent=parent,
+            start_ns=started,
+            end_ns=ended,
+            attributes={
+                "ratifier.stage": "execute",
+                "ratifier.status": status,
+                "ratifier.error_code": code,
+                "ratifier.call_id": call_id,
+                "ratifier.tool": tool,
+            }
+            if self._tracer.enabled
+            else {},
+        )
+        return format_traceparent(trace_id, span_id)
+
     async def _handle(
         self,
         executor: CommandExecutor,
         producer: AIOKafkaProducer,
         record: ConsumerRecord[bytes, bytes],
     ) -> list[asyncio.Future[Any]]:
-        trace_id = _trace_id(record)
+        started = time.time_ns()
+        parent = traceparent_of(record.headers)
+        trace_id = parent.trace_id if parent is not None else new_trace_id()
         try:
             command = CommittedCommand.model_validate_json(record.value or b"")
         except ValidationError:
@@ -116,7 +150,16 @@ class ExecutorService:
                 ),
                 at=datetime.now(UTC),
             )
-            return [await self._send(producer, Topic.DEADLETTER, None, letter, trace_id)]
+            hop = self._finished(
+                trace_id=trace_id,
+                parent=parent,
+                started=started,
+                status="deadletter",
+                code=None,
+                call_id=None,
+                tool=None,
+            )
+            return [await self._send(producer, Topic.DEADLETTER, None, letter, hop)]
         attempt = 0
         while True:
             try:
@@ -131,12 +174,23 @@ class ExecutorService:
                     "storage unavailable for %s; retry in %.1fs", command.operation_id, delay
                 )
                 await asyncio.sleep(delay)
-        sent = [
-            await self._send(producer, Topic.OUTCOMES, done.outcome.call_id, done.outcome, trace_id)
-        ]
+        outcome: Outcome = done.outcome
+        if outcome.trace_id != trace_id:
+            # A stored outcome answering a repeated call is published in that call's trace.
+            outcome = outcome.model_copy(update={"trace_id": trace_id})
+        hop = self._finished(
+            trace_id=trace_id,
+            parent=parent,
+            started=started,
+            status=outcome.status.value,
+            code=outcome.error.code.value if outcome.error is not None else None,
+            call_id=outcome.call_id,
+            tool=outcome.tool,
+        )
+        sent = [await self._send(producer, Topic.OUTCOMES, outcome.call_id, outcome, hop)]
         if done.unknown:
             sent.append(
-                await self._send(producer, Topic.UNKNOWN, command.operation_id, command, trace_id)
+                await self._send(producer, Topic.UNKNOWN, command.operation_id, command, hop)
             )
         return sent
 
@@ -206,10 +260,16 @@ class ExecutorService:
         ]
         await asyncio.wait_for(cancellations_ready.wait(), timeout=60)
         await consumer.start()
+        close_metrics = await serve_metrics(settings.metrics_host, settings.executor_metrics_port)
+        group = settings.group(EXECUTOR_GROUP)
+        lag_due = 0.0
         log.info("executor %s started on %s", owner, settings.topic(Topic.COMMITTED))
         try:
             while not self._stopping.is_set():
                 batches = await consumer.getmany(timeout_ms=200, max_records=200)
+                if time.monotonic() >= lag_due:
+                    lag_due = time.monotonic() + LAG_REFRESH_SECONDS
+                    await refresh_consumer_lag(consumer, group)
                 if not batches:
                     continue
                 await asyncio.gather(
@@ -241,6 +301,8 @@ class ExecutorService:
             await self._catalog.stop()
             await pool.close()
             await redis.aclose()
+            await close_metrics()
+            self._tracer.shutdown()
 
 
 def run_executor(settings: Settings, *, catalog: Catalog, policies: PolicyFeed) -> None:

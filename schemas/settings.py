@@ -57,6 +57,14 @@ class Settings(BaseSettings):
     # Which stream stages this worker runs (comma-separated), so that stages can be scaled
     # and deployed apart: validator, authorizer, approval-join.
     streams_stages: str = "validator,authorizer,approval-join"
+    # Observability (docs/observability.md): Prometheus `/metrics` ports of the executor and
+    # the reconciler (0: none; the streams worker serves it on http_port), and where spans go:
+    # '' (off), 'otlp' (OTLP/HTTP to otel_endpoint), 'console', or 'jsonl:/path'.
+    executor_metrics_port: int = Field(default=9102, ge=0, le=65535)
+    reconciler_metrics_port: int = Field(default=9103, ge=0, le=65535)
+    metrics_host: str = "127.0.0.1"
+    otel_exporter: str = Field(default="", pattern=r"^(|otlp|console|jsonl:.+)$")
+    otel_endpoint: str = "http://127.0.0.1:4318/v1/traces"
 
     @property
     def stream_stages(self) -> frozenset[str]:

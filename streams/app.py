@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random  # trace and span ids need uniqueness, not secrecy; os.urandom is slow
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from functools import partial
@@ -30,9 +30,12 @@ from streams.authorizer import on_validated_batch
 from streams.emit import Emit
 from streams.http import install_approval_api
 from streams.inbox import ApprovalInbox
+from streams.observe import StageObserver
 from streams.offsets import install_rewind_fix
 from streams.storage import StreamStorage
 from streams.validator import dead_letter, on_proposed
+from telemetry.metrics import metrics_body, refresh_consumer_lag
+from telemetry.tracing import trace_id_of, traceparent_of, tracer_from
 
 log = logging.getLogger("ratifier.streams")
 
@@ -40,6 +43,9 @@ BATCH_MAX = 500
 BATCH_WITHIN = 0.005  # seconds a partial batch waits for more records
 STAGES = frozenset({"validator", "authorizer", "approval-join"})
 STORAGE_RETRY_SECONDS = (0.2, 0.5, 1.0, 2.0, 5.0)
+LAG_REFRESH_SECONDS = 5.0
+# Metric and span names of the stages (the `stage` of their outcomes).
+STAGE_NAMES = {"validator": "validate", "authorizer": "authorize"}
 
 
 def _text_key(key: bytes | None) -> str | None:
@@ -52,18 +58,6 @@ def limits_from(settings: Settings) -> Limits:
         max_nesting_depth=settings.max_nesting_depth,
         max_string_length=settings.max_string_length,
     )
-
-
-def trace_id_from(headers: Any) -> str:
-    """The trace id of a W3C `traceparent` header, or a new one."""
-    items = headers.items() if isinstance(headers, dict) else (headers or [])
-    for name, value in items:
-        if name == TRACEPARENT_HEADER and isinstance(value, bytes | str):
-            text = value.decode() if isinstance(value, bytes) else value
-            parts = text.split("-")
-            if len(parts) == 4 and len(parts[1]) == 32:
-                return parts[1]
-    return f"{random.getrandbits(128):032x}"
 
 
 BatchHandler = Callable[[Sequence[Any]], Awaitable[list[tuple[Emit, ...]]]]
@@ -117,12 +111,10 @@ def create_app(
         for t in Topic
     }
 
-    async def publish(emits: tuple[Emit, ...], trace_id: str | None) -> None:
-        headers = (
-            {TRACEPARENT_HEADER: f"00-{trace_id}-{random.getrandbits(64):016x}-01".encode()}
-            if trace_id
-            else None
-        )
+    observer = StageObserver(tracer_from(settings, service="streams"))
+
+    async def publish(emits: tuple[Emit, ...], traceparent: bytes | None) -> None:
+        headers = {TRACEPARENT_HEADER: traceparent} if traceparent else None
         for emit in emits:
             await topics[emit.topic].send(
                 key=emit.key.encode() if emit.key is not None else None,
@@ -153,7 +145,9 @@ def create_app(
         quiet stream waits at most BATCH_WITHIN). A bug in a stage costs only the record
         that triggers it: the batch is retried one record at a time and that record is
         dead-lettered."""
+        name = STAGE_NAMES[stage]
         async for events in stream.take_events(BATCH_MAX, within=BATCH_WITHIN):
+            started = time.time_ns()
             try:
                 results = await with_storage_retry(partial(handle, events))
             except Exception:
@@ -165,8 +159,11 @@ def create_app(
                     except Exception:
                         log.exception("%s: internal error at %s", stage, position(event))
                         results.append(unreadable(event, stage, "internal error"))
+            ended = time.time_ns()
             for event, emits in zip(events, results, strict=True):
-                await publish(emits, trace_id_from(event.message.headers))
+                parent = traceparent_of(event.message.headers)
+                hop = observer.finished(name, emits, parent=parent, start_ns=started, end_ns=ended)
+                await publish(emits, hop)
 
     stages = settings.stream_stages
     unknown = stages - STAGES
@@ -185,7 +182,7 @@ def create_app(
                 catalog=catalog,
                 limits=limits,
                 now=now,
-                trace_id=trace_id_from(event.message.headers),
+                trace_id=trace_id_of(event.message.headers),
                 policy_version=feed.current.version,
             )
             for event in events
@@ -225,6 +222,12 @@ def create_app(
 
     app.task(follow_policies)
 
+    @app.timer(interval=LAG_REFRESH_SECONDS)  # type: ignore[untyped-decorator]  # faust's is untyped
+    async def refresh_lag() -> None:
+        await refresh_consumer_lag(app.consumer, settings.group(STREAMS_APP_ID))
+
+    del refresh_lag  # registered with the app
+
     agents = {
         "validator": (Topic.PROPOSED, validator),
         "authorizer": (Topic.VALIDATED, authorizer),
@@ -235,6 +238,13 @@ def create_app(
     if settings.http_port > 0:
         inbox = ApprovalInbox(settings)
         install_approval_api(app, settings, inbox=inbox, keys=keys)
+
+        @app.page("/metrics")
+        async def metrics(view: Any, _request: Any) -> Any:
+            body, content_type = metrics_body()
+            return view.bytes(body, headers={"Content-Type": content_type})
+
+        del metrics  # registered with the app
 
         async def _close_inbox(_app: Any, /, *_args: Any, signal: Any, **_kwargs: Any) -> None:
             await inbox.close()
@@ -251,11 +261,12 @@ def create_app(
             keys=keys,
             limits=limits,
             publish=publish,
-            trace_id_of=trace_id_from,
+            observer=observer,
         )
 
     async def _close_store(_app: Any, /, *_args: Any, signal: Any, **_kwargs: Any) -> None:
         await storage.close()
+        observer.tracer.shutdown()
 
     app.on_before_shutdown.connect(_close_store)
 

@@ -56,6 +56,9 @@ class ApprovalState(Part):
     held: tuple[ApprovalDecision, ...] = ()
     held_until: datetime | None = None
     decided_by: str | None = None
+    # The `traceparent` of the hop that asked for the approval: decisions and expiry ticks
+    # arrive in traces of their own, the call's trace continues from here.
+    traceparent: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -48,12 +48,14 @@ from streams.approval import (
     on_tick,
 )
 from streams.emit import Emit
+from streams.observe import StageObserver
 from streams.storage import StreamStorage
 from streams.validator import dead_letter
+from telemetry.tracing import parse_traceparent, traceparent_of
 
 log = logging.getLogger("ratifier.approvals")
 
-Publish = Callable[[tuple[Emit, ...], str | None], Awaitable[None]]
+Publish = Callable[[tuple[Emit, ...], bytes | None], Awaitable[None]]
 TICK_EVERY = 1.0
 RETICK_AFTER = 5.0
 
@@ -69,7 +71,7 @@ def install_approval_join(
     keys: ContextKeys,
     limits: Limits,
     publish: Publish,
-    trace_id_of: Callable[[Any], str],
+    observer: StageObserver,
 ) -> None:
     table = app.Table(
         "approvals",
@@ -187,7 +189,8 @@ def install_approval_join(
                 topic=message.topic, partition=message.partition, offset=message.offset
             )
             event_key = f"{position.topic}:{position.partition}:{position.offset}"
-            trace_id = trace_id_of(message.headers)
+            started = time.time_ns()
+            parent = traceparent_of(message.headers)
             before = table.get(event.key or b"")
             try:
                 state, steps = await handle(event)
@@ -199,14 +202,34 @@ def install_approval_join(
                     source=position,
                     at=datetime.now(UTC),
                 )
-                await publish((letter,), trace_id)
+                hop = observer.finished(
+                    "approve", (letter,), parent=parent, start_ns=started, end_ns=time.time_ns()
+                )
+                await publish((letter,), hop)
                 continue
             emits = tuple(e for s in steps for e in s.emits)
             audits = [a for s in steps for a in s.audits]
             # The audit comes first: a record whose audit could not be written is retried,
             # never published unrecorded.
             await _retrying(partial(storage.audit, audits, event_key=event_key))
-            await publish(emits, trace_id)
+            call = state.authorized if state is not None else None
+            trace_id = call.trace_id if call is not None else None
+            stored = state.traceparent if state is not None else None
+            if trace_id and stored and (parent is None or parent.trace_id != trace_id):
+                # A decision or an expiry tick, in a trace of its own (or none): the call's
+                # trace continues from the hop that asked for the approval.
+                parent = parse_traceparent(stored)
+            hop = observer.finished(
+                "approve",
+                emits,
+                parent=parent,
+                start_ns=started,
+                end_ns=time.time_ns(),
+                trace_id=trace_id,
+            )
+            await publish(emits, hop)
+            if state is not None and call is not None and stored is None:
+                state = state.model_copy(update={"traceparent": hop.decode()})
             after = state.model_dump_json().encode() if state is not None else None
             if after != before:
                 if after is None:

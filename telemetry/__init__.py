@@ -1,0 +1,1 @@
+"""Prometheus metrics and W3C/OpenTelemetry tracing shared by every ratifier service."""

@@ -1,0 +1,139 @@
+"""W3C trace context across Kafka, and one OpenTelemetry span per stage per record.
+
+Every record the pipeline publishes carries a ``traceparent`` header
+(``00-<trace id>-<span id>-<flags>``). A stage reads the incoming header, keeps its trace id
+(or starts a new trace when the header is missing or malformed), records its own span whose
+parent is the incoming span, and writes a header naming its own span as the parent of the
+next hop. The trace id is also written on every outcome.
+
+Spans are exported only when ``RATIFIER_OTEL_EXPORTER`` is set:
+
+- ``''`` (default): no OpenTelemetry at all; a stage only generates span ids for headers.
+- ``otlp``: OTLP/HTTP to ``RATIFIER_OTEL_ENDPOINT`` (batched).
+- ``console``: one JSON span per span on stdout (batched).
+- ``jsonl:/path``: one JSON object per span, one per line, appended as each span ends (tests).
+
+Usage::
+
+    tracer = tracer_from(settings, service="executor")
+    parent = traceparent_of(record.headers)          # None when missing or malformed
+    trace_id = parent.trace_id if parent else new_trace_id()
+    ... work ...
+    span_id = tracer.record(stage="execute", trace_id=trace_id, parent=parent,
+                            start_ns=t0, end_ns=time.time_ns(), attributes={...})
+    headers = [(TRACEPARENT_HEADER, format_traceparent(trace_id, span_id))]
+    tracer.shutdown()                                 # flushes the exporter
+"""
+
+from __future__ import annotations
+
+import random  # trace and span ids need uniqueness, not secrecy; os.urandom is slow
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from schemas.names import TRACEPARENT_HEADER
+from schemas.settings import Settings
+
+_TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$")
+_ZERO_TRACE = "0" * 32
+_ZERO_SPAN = "0" * 16
+
+AttributeValue = str | int | float | bool | None
+
+
+@dataclass(frozen=True, slots=True)
+class TraceParent:
+    trace_id: str  # 32 lowercase hex digits, not all zero
+    span_id: str  # 16 lowercase hex digits, not all zero
+    sampled: bool = True
+
+
+def new_trace_id() -> str:
+    return f"{random.getrandbits(128) or 1:032x}"
+
+
+def new_span_id() -> str:
+    return f"{random.getrandbits(64) or 1:016x}"
+
+
+def parse_traceparent(value: str | bytes | bytearray | None) -> TraceParent | None:
+    """The W3C ``traceparent`` in ``value``, or None when it is missing or malformed
+    (version ``ff``, all-zero ids, wrong lengths or case, or a version-00 header with
+    trailing data)."""
+    if value is None:
+        return None
+    if isinstance(value, bytes | bytearray):
+        try:
+            value = bytes(value).decode("ascii")
+        except UnicodeDecodeError:
+            return None
+    found = _TRACEPARENT.match(value.strip())
+    if found is None:
+        return None
+    version, trace_id, span_id, flags, rest = found.groups()
+    if version == "ff" or (version == "00" and rest) or trace_id == _ZERO_TRACE:
+        return None
+    if span_id == _ZERO_SPAN:
+        return None
+    return TraceParent(trace_id=trace_id, span_id=span_id, sampled=bool(int(flags, 16) & 1))
+
+
+def format_traceparent(trace_id: str, span_id: str, *, sampled: bool = True) -> bytes:
+    return f"00-{trace_id}-{span_id}-{'01' if sampled else '00'}".encode()
+
+
+def traceparent_of(headers: Any) -> TraceParent | None:
+    """The parent named by the ``traceparent`` header among Kafka ``headers`` (a sequence
+    of ``(name, value)`` pairs as aiokafka and faust give them, or a mapping)."""
+    if not headers:
+        return None
+    items: Iterable[tuple[Any, Any]] = headers.items() if isinstance(headers, Mapping) else headers
+    for name, value in items:
+        if name == TRACEPARENT_HEADER:
+            return parse_traceparent(value)
+    return None
+
+
+def trace_id_of(headers: Any) -> str:
+    """The trace id of the ``traceparent`` among ``headers``, or a new one."""
+    parent = traceparent_of(headers)
+    return parent.trace_id if parent is not None else new_trace_id()
+
+
+def kafka_headers(trace_id: str, span_id: str) -> list[tuple[str, bytes]]:
+    return [(TRACEPARENT_HEADER, format_traceparent(trace_id, span_id))]
+
+
+class Tracer:
+    """Records one span per stage per record. Without an exporter it only makes span ids."""
+
+    enabled = False
+
+    def record(
+        self,
+        *,
+        stage: str,
+        trace_id: str,
+        parent: TraceParent | None,
+        start_ns: int,
+        end_ns: int,
+        attributes: Mapping[str, AttributeValue],
+    ) -> str:
+        """Record a finished span of ``stage`` in ``trace_id``; return its span id (the
+        parent of the next hop)."""
+        return new_span_id()
+
+    def shutdown(self) -> None:
+        return None
+
+
+def tracer_from(settings: Settings, *, service: str) -> Tracer:
+    """The tracer ``settings.otel_exporter`` asks for; OpenTelemetry is imported only when
+    an exporter is configured."""
+    if not settings.otel_exporter:
+        return Tracer()
+    from telemetry.otel import otel_tracer  # noqa: PLC0415 - no OpenTelemetry cost when off
+
+    return otel_tracer(settings.otel_exporter, endpoint=settings.otel_endpoint, service=service)
