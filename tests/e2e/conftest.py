@@ -172,6 +172,9 @@ def start_pipeline(
             "RATIFIER_CONTEXT_JWKS_FILE": str(keys.jwks_path),
             "RATIFIER_APPROVAL_TTL_SECONDS": str(settings.approval_ttl_seconds),
             "RATIFIER_PROVIDER_URL": provider_url,
+            # Several executors per host: metrics ports only where a test asks for them.
+            "RATIFIER_EXECUTOR_METRICS_PORT": "0",
+            "RATIFIER_RECONCILER_METRICS_PORT": "0",
             **env,
         },
         log_dir=ARTIFACTS / f"{name}-logs",
