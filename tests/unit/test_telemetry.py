@@ -5,18 +5,32 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 from prometheus_client import REGISTRY
 
-from schemas.envelopes import DeadLetter, Outcome, SourcePosition, Stage, Status, ValidatedCall
+from commands.catalog import Catalog
+from commands.policy import PolicySet
+from commands.validate import Limits
+from schemas.envelopes import (
+    ApprovalVerdict,
+    DeadLetter,
+    Outcome,
+    SourcePosition,
+    Stage,
+    Status,
+    ValidatedCall,
+)
 from schemas.errors import ErrorCode
 from schemas.names import Topic
 from schemas.settings import Settings
+from streams.approval import on_authorized, on_decided, on_tick
+from streams.authorizer import on_validated
 from streams.emit import Emit, outcome
 from streams.observe import StageObserver, status_of, trace_id_in
+from streams.validator import on_proposed
 from telemetry.metrics import METRIC_NAMES, count_dedup, observe_record
 from telemetry.tracing import (
     TraceParent,
@@ -27,6 +41,9 @@ from telemetry.tracing import (
     traceparent_of,
     tracer_from,
 )
+from tests.unit.conftest import KEYS
+from tests.unit.test_approval import BOSS, HOLD, authorized, decision
+from tests.unit.test_stages import PAYMENT, SOURCE, FakeStore, proposed, validated
 
 ROOT = Path(__file__).resolve().parents[2]
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -270,3 +287,50 @@ def test_prometheus_scrape_config_names_the_default_ports() -> None:
     text = (ROOT / "deploy/prometheus/prometheus.yml").read_text()
     for setting in ("http_port", "executor_metrics_port", "reconciler_metrics_port"):
         assert f"127.0.0.1:{Settings.model_fields[setting].default}" in text
+
+
+async def test_every_stream_stage_outcome_carries_the_calls_trace(
+    catalog: Catalog, policies: PolicySet
+) -> None:
+    """Validator (rejection, malformed), authorizer (unauthenticated, denied) and the
+    approval-join (awaiting, rejected, expired) all write the call's trace id."""
+    seen: list[Outcome] = []
+    for raw in (proposed(tool="no_such_tool"), proposed(v=7)):
+        emits = on_proposed(
+            raw, source=SOURCE, catalog=catalog, limits=Limits(), now=NOW, trace_id=TRACE
+        )
+        seen += [e.value for e in emits if isinstance(e.value, Outcome)]
+    store = FakeStore(PAYMENT)
+    for call in (
+        validated(context="forged.token.here", trace_id=TRACE),
+        validated(tenant="tenant-b", trace_id=TRACE),
+    ):
+        emits = await on_validated(
+            call, catalog=catalog, keys=KEYS, policies=policies, fetch=store.fetch, now=NOW
+        )
+        seen += [e.value for e in emits if isinstance(e.value, Outcome)]
+    asked = authorized().model_copy(update={"trace_id": TRACE})
+    tool = catalog.get("propose_refund")
+    waiting = on_authorized(None, asked, tool=tool, now=NOW)
+    assert waiting.state is not None
+    rejected = on_decided(
+        waiting.state,
+        decision(asked, ApprovalVerdict.REJECT),
+        BOSS,
+        tool=tool,
+        now=NOW,
+        hold=HOLD,
+    )
+    expired = on_tick(waiting.state, now=NOW + timedelta(days=1))
+    for step in (waiting, rejected, expired):
+        seen += [e.value for e in step.emits if isinstance(e.value, Outcome)]
+    assert [(o.stage.value, o.status.value) for o in seen] == [
+        ("validate", "rejected"),
+        ("validate", "rejected"),
+        ("authorize", "denied"),
+        ("authorize", "denied"),
+        ("approve", "awaiting_approval"),
+        ("approve", "rejected"),
+        ("approve", "expired"),
+    ]
+    assert {o.trace_id for o in seen} == {TRACE}
