@@ -313,7 +313,7 @@ _LOG_EVENTS: dict[str, tuple[str, str, tuple[str, ...], int]] = {
     ),
     "approval_edit_committed": (
         "approval",
-        "edited arguments re-validated and re-authorized by {approver}",
+        "edit re-validated and re-authorized: {approver}",
         ("approver", "policy_version", "original_fingerprint"),
         42,
     ),
