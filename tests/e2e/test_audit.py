@@ -39,6 +39,10 @@ def audited(signing_keys: SigningKeys) -> Iterator[Pipeline]:
     pipeline = start_pipeline(signing_keys, "e2e-audit", audit_sink=True)
     try:
         yield pipeline
+        # SIGTERM: the sink finishes its batch, reports and exits cleanly.
+        sink = pipeline.worker("audit-sink")
+        assert sink.stop() == 0, sink.log_tail()
+        assert "audit sink stopping" in sink.log_tail()
     finally:
         pipeline.stop()
         run(delete_topics(pipeline.settings))

@@ -339,3 +339,22 @@ def test_rendered_story_is_aligned_and_names_the_key_facts() -> None:
         "resource_id     re_1",
     ):
         assert fact in text, fact
+
+
+def test_audit_imports_only_schemas_and_commands_of_ours() -> None:
+    import ast
+    from pathlib import Path
+
+    ours = {"schemas", "commands", "streams", "executors", "ratifier", "examples", "bench"}
+    for path in (Path(__file__).resolve().parents[2] / "audit").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            for name in names:
+                top = name.split(".")[0]
+                assert top not in ours - {"schemas", "commands"}, f"{path} imports {name}"
