@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from schemas.envelopes import TERMINAL_STATUSES, Status
+from schemas.envelopes import Status
 
 Facts = tuple[tuple[str, str], ...]
 
@@ -200,6 +200,11 @@ _MEANINGS = {
 }
 
 
+# Ties: an awaiting outcome follows its approval request; an unknown one precedes its hand-over
+# to reconciliation; every other outcome ends its step.
+_OUTCOME_RANKS = {Status.AWAITING_APPROVAL.value: 35, Status.UNKNOWN.value: 62}
+
+
 def _outcome(r: Mapping[str, Any]) -> tuple[str, str, Facts, int]:
     error = r.get("error") or {}
     status = r.get("status")
@@ -223,7 +228,7 @@ def _outcome(r: Mapping[str, Any]) -> tuple[str, str, Facts, int]:
             approval=_approval(r.get("approval")),
             operation_id=r.get("operation_id"),
         ),
-        90 if status in {s.value for s in TERMINAL_STATUSES} else 35,
+        _OUTCOME_RANKS.get(str(status), 90),
     )
 
 

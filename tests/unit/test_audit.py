@@ -358,3 +358,39 @@ def test_audit_imports_only_schemas_and_commands_of_ours() -> None:
             for name in names:
                 top = name.split(".")[0]
                 assert top not in ours - {"schemas", "commands"}, f"{path} imports {name}"
+
+
+def test_story_of_a_reconciled_call_names_checks_and_the_settled_outcome() -> None:
+    records = [
+        _record("commands.committed", 0.0, {"operation_id": "tenant-a:r"}, tenant="tenant-a"),
+        _record("outcomes", 1.0, {"status": "unknown", "stage": "execute",
+                                  "error": {"code": "timeout"}}, status="unknown"),
+        _record("commands.unknown", 1.0, {"operation_id": "tenant-a:r"}),
+        _record("outcomes", 4.0, {"status": "succeeded", "stage": "reconcile",
+                                  "resource_id": "re_9"}, status="succeeded"),
+    ]  # fmt: skip
+    log = [
+        {"id": 9, "at": NOW + timedelta(seconds=3.9), "tenant": "tenant-a", "kind": "reconciled",
+         "detail": {"operation_id": "tenant-a:r", "status": "succeeded", "attempts": 2}},
+    ]  # fmt: skip
+    ledger = [
+        {"operation_id": "tenant-a:r", "call_id": "other-call", "fingerprint": "f",
+         "status": "succeeded", "attempts": 1, "reconcile_attempts": 2,
+         "created_at": NOW + timedelta(seconds=0.5), "updated_at": NOW + timedelta(seconds=3.9),
+         "outcome": {"error": None}, "effect": {"refund_id": "re_9"}},
+    ]  # fmt: skip
+    story = build_story("r", records=records, log=log, ledger=ledger)
+    assert [(e.stage, e.what) for e in story.events] == [
+        ("authorizer", "command committed for execution"),
+        ("executor", "ledger entry claimed: execution starts"),
+        ("executor", "outcome: unknown (timeout)"),
+        ("executor", "outcome unknown: handed to reconciliation"),
+        ("reconciler", "reconciled from the downstream system: succeeded"),
+        ("reconciler", "ledger now: succeeded"),
+        ("reconciler", "outcome: succeeded"),
+    ]
+    assert story.final == "succeeded"
+    text = render(story)
+    assert "first_run_by  other-call (this call was answered from it)" in text
+    assert "reconcile_checks  2" in text
+    assert "effect may or may not have happened" in text
