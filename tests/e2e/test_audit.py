@@ -206,7 +206,7 @@ def test_secret_argument_is_nowhere_in_clear(audited: Pipeline) -> None:
     secret = "DE89" + "".join(str(secrets.randbelow(10)) for _ in range(18))
     settings = audited.settings
     call_id = f"au-secret-{uuid.uuid4().hex[:8]}"
-    body = {
+    body: dict[str, Any] = {
         "v": 1,
         "call_id": call_id,
         "tool": "add_payout_account",
@@ -218,7 +218,30 @@ def test_secret_argument_is_nowhere_in_clear(audited: Pipeline) -> None:
         "context": context_token(settings, roles=("refund",)),
         "proposed_at": "2026-11-29T12:00:00+00:00",
     }
-    run(publish(settings, [(call_id, json.dumps(body).encode())]))
+    # The same secret also in a malformed proposal (dead-lettered: its raw bytes are kept) and
+    # in an OpenAI-format call (arguments as a JSON string), both rejected by the validator.
+    malformed_id, openai_id = f"{call_id}-malformed", f"{call_id}-openai"
+    malformed = {**body, "call_id": malformed_id}
+    del malformed["proposed_at"]
+    openai_call = {
+        **{k: v for k, v in body.items() if k not in ("tool", "arguments")},
+        "call_id": openai_id,
+        "format": "openai",
+        "call": {
+            "id": "call_1",
+            "type": "function",
+            "function": {
+                "name": "add_payout_account",
+                "arguments": json.dumps({**body["arguments"], "payment_id": "bad"}),
+            },
+        },
+    }
+    run(
+        publish(
+            settings,
+            [(c["call_id"], json.dumps(c).encode()) for c in (body, malformed, openai_call)],
+        )
+    )
     requests = run(
         read_until(
             settings,
@@ -236,6 +259,8 @@ def test_secret_argument_is_nowhere_in_clear(audited: Pipeline) -> None:
     assert final["status"] == "succeeded", final
     assert final["result"]["account_last4"] == secret[-4:]
     _wait_recorded(audited, call_id, "succeeded")
+    assert ("calls.deadletter", None) in _wait_recorded(audited, malformed_id, "rejected")
+    _wait_recorded(audited, openai_id, "rejected")
 
     with psycopg.connect(settings.database_url) as conn:
         masked = conn.execute(
