@@ -160,13 +160,15 @@ class AuditSink:
         pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
             settings.database_url, min_size=1, max_size=2, open=False
         )
-        await pool.open(wait=True, timeout=30)
-        await consumer.start()
-        log.info(
-            "audit sink started on %d topics under prefix %r", len(topics), settings.topic_prefix
-        )
         reported = time.monotonic()
         try:
+            await pool.open(wait=True, timeout=30)
+            await consumer.start()
+            log.info(
+                "audit sink started on %d topics under prefix %r",
+                len(topics),
+                settings.topic_prefix,
+            )
             while not self._stopping.is_set():
                 batches = await consumer.getmany(timeout_ms=500, max_records=500)
                 if not batches:
