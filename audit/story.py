@@ -453,7 +453,9 @@ def build_story(
     events.extend(log_event(r) for r in log)
     for row in ledger:
         events.extend(ledger_events(row, call_id))
-    events.sort(key=lambda e: (e.at, e.rank))
+    # Kafka timestamps have millisecond resolution, PostgreSQL's microsecond: compared at the
+    # coarser one, events of the same millisecond are told apart by pipeline order.
+    events.sort(key=lambda e: (e.at.replace(microsecond=e.at.microsecond // 1000 * 1000), e.rank))
     tenant = next((r["tenant"] for r in records if r.get("tenant")), None)
     tool = next((r["tool"] for r in records if r.get("tool")), None)
     finals = [

@@ -394,3 +394,21 @@ def test_story_of_a_reconciled_call_names_checks_and_the_settled_outcome() -> No
     assert "first_run_by  other-call (this call was answered from it)" in text
     assert "reconcile_checks  2" in text
     assert "effect may or may not have happened" in text
+
+
+def test_events_of_the_same_millisecond_keep_pipeline_order() -> None:
+    """The join records the accepted decision (PostgreSQL, microseconds) just before it
+    publishes the command (Kafka, milliseconds): within one millisecond the command's
+    timestamp can read earlier, and pipeline order decides."""
+    records = [
+        _record("commands.committed", 3.0, {"operation_id": "tenant-a:c"}),
+    ]
+    log = [
+        {"id": 1, "at": NOW + timedelta(seconds=3.0004), "tenant": "tenant-a",
+         "kind": "approval_decision", "detail": {"decision": "approve", "approver": "boss"}},
+    ]  # fmt: skip
+    story = build_story("c", records=records, log=log, ledger=[])
+    assert [e.what for e in story.events] == [
+        "decision accepted: approve by boss",
+        "command committed for execution",
+    ]
