@@ -33,6 +33,7 @@ from schemas.errors import RatifierError
 from schemas.identity import context_keys, verify_context_token
 from schemas.names import AUDIT_SINK_GROUP, Topic
 from schemas.settings import Settings
+from telemetry.metrics import count_records, refresh_consumer_lag, serve_metrics
 
 log = logging.getLogger("ratifier.audit")
 
@@ -42,6 +43,7 @@ _PKG = "audit"
 AUDITED_TOPICS: tuple[Topic, ...] = tuple(t for t in Topic if t is not Topic.APPROVAL_TIMERS)
 RETRY_DELAYS = (0.2, 0.5, 1.0, 2.0, 5.0)
 PROGRESS_EVERY_SECONDS = 10.0
+LAG_EVERY_SECONDS = 5.0
 
 
 def max_audited_bytes(settings: Settings) -> int:
@@ -160,7 +162,8 @@ class AuditSink:
         pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
             settings.database_url, min_size=1, max_size=2, open=False
         )
-        reported = time.monotonic()
+        reported = lagged = time.monotonic()
+        group = settings.group(AUDIT_SINK_GROUP)
         try:
             await pool.open(wait=True, timeout=30)
             await consumer.start()
@@ -171,6 +174,9 @@ class AuditSink:
             )
             while not self._stopping.is_set():
                 batches = await consumer.getmany(timeout_ms=500, max_records=500)
+                if time.monotonic() - lagged >= LAG_EVERY_SECONDS:
+                    lagged = time.monotonic()
+                    await refresh_consumer_lag(consumer, group)
                 if not batches:
                     continue
                 records = [kafka_record(r) for batch in batches.values() for r in batch]
@@ -179,6 +185,8 @@ class AuditSink:
                     break  # stopped while PostgreSQL was away: nothing committed, redelivered
                 self.written += written
                 self.seen += len(records)
+                count_records("audit", "written", written)
+                count_records("audit", "duplicate", len(records) - written)
                 await self._commit(consumer, batches)
                 if time.monotonic() - reported >= PROGRESS_EVERY_SECONDS:
                     reported = time.monotonic()
@@ -225,6 +233,10 @@ def run_audit_sink(settings: Settings, catalog: Catalog) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, sink.stop)
-        await sink.run()
+        close_metrics = await serve_metrics(settings.metrics_host, settings.audit_metrics_port)
+        try:
+            await sink.run()
+        finally:
+            await close_metrics()
 
     asyncio.run(main())

@@ -62,6 +62,7 @@ class Settings(BaseSettings):
     # '' (off), 'otlp' (OTLP/HTTP to otel_endpoint), 'console', or 'jsonl:/path'.
     executor_metrics_port: int = Field(default=9102, ge=0, le=65535)
     reconciler_metrics_port: int = Field(default=9103, ge=0, le=65535)
+    audit_metrics_port: int = Field(default=9104, ge=0, le=65535)
     metrics_host: str = "127.0.0.1"
     otel_exporter: str = Field(default="", pattern=r"^(|otlp|console|jsonl:.+)$")
     otel_endpoint: str = "http://127.0.0.1:4318/v1/traces"

@@ -126,6 +126,17 @@ def observe_record(stage: str, *, status: str, code: str | None, seconds: float)
     histogram.observe(seconds)
 
 
+def count_records(stage: str, status: str, n: int = 1) -> None:
+    """``n`` records finished ``stage`` with ``status`` (no latency: e.g. the audit sink)."""
+    if n <= 0:
+        return
+    key = (stage, status)
+    counter = _records.get(key)
+    if counter is None:
+        counter = _records[key] = RECORDS.labels(stage, status)
+    counter.inc(n)
+
+
 def count_dedup(layer: str, result: str) -> None:
     key = (layer, result)
     counter = _dedup.get(key)

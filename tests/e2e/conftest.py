@@ -176,6 +176,7 @@ def start_pipeline(
             # Several executors per host: metrics ports only where a test asks for them.
             "RATIFIER_EXECUTOR_METRICS_PORT": "0",
             "RATIFIER_RECONCILER_METRICS_PORT": "0",
+            "RATIFIER_AUDIT_METRICS_PORT": "0",
             **env,
         },
         log_dir=ARTIFACTS / f"{name}-logs",

@@ -20,7 +20,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ratifier.topics import delete_topics
 from schemas.envelopes import ApprovalVerdict
-from schemas.names import EXECUTOR_GROUP, RECONCILER_GROUP, STREAMS_APP_ID, Topic
+from schemas.names import (
+    AUDIT_SINK_GROUP,
+    EXECUTOR_GROUP,
+    RECONCILER_GROUP,
+    STREAMS_APP_ID,
+    Topic,
+)
 from tests.e2e.approvals_kit import REFUND, decide, token
 from tests.e2e.conftest import Pipeline, SigningKeys, free_port, start_pipeline
 from tests.e2e.executor_kit import refund_command, seed_payments
@@ -44,10 +50,12 @@ def observed(
     signing_keys: SigningKeys, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Observed]:
     spans = tmp_path_factory.mktemp("telemetry") / "spans.jsonl"
-    executor_port, reconciler_port = free_port(), free_port()
+    executor_port, reconciler_port, audit_port = free_port(), free_port(), free_port()
     pipeline = start_pipeline(
         signing_keys,
         f"telemetry-{uuid.uuid4().hex[:4]}",
+        audit_sink=True,
+        RATIFIER_AUDIT_METRICS_PORT=str(audit_port),
         RATIFIER_OTEL_EXPORTER=f"jsonl:{spans}",
         RATIFIER_EXECUTOR_METRICS_PORT=str(executor_port),
         RATIFIER_CLAIM_LEASE_SECONDS="3",
@@ -69,6 +77,7 @@ def observed(
                 "streams": f"http://127.0.0.1:{pipeline.http_port}/metrics",
                 "executor": f"http://127.0.0.1:{executor_port}/metrics",
                 "reconciler": f"http://127.0.0.1:{reconciler_port}/metrics",
+                "audit": f"http://127.0.0.1:{audit_port}/metrics",
             },
         )
     finally:
@@ -338,3 +347,13 @@ def test_metrics_move_and_one_trace_follows_each_call(observed: Observed) -> Non
         assert value(reconciler, name, **labels) > value(old, name, **labels), (name, labels)
     assert ("ratifier_reconciliation_queue_size", frozenset()) in reconciler
     assert ("ratifier_reconciliation_oldest_age_seconds", frozenset()) in reconciler
+
+    audit_group = pipeline.settings.group(AUDIT_SINK_GROUP)
+    audit = scrape_until(
+        observed.metrics["audit"],
+        lambda s: any(
+            n == "ratifier_consumer_lag" and ("group", audit_group) in labels for n, labels in s
+        ),
+    )
+    written = ("ratifier_records_total", {"stage": "audit", "status": "written"})
+    assert value(audit, written[0], **written[1]) > value(before["audit"], written[0], **written[1])
