@@ -218,6 +218,13 @@ def cmd_ops(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_dashboard(settings: Settings, args: argparse.Namespace) -> int:
+    from dashboard.server import run_dashboard
+
+    run_dashboard(settings, port=args.port)
+    return 0
+
+
 def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
     from ratifier.demo import run_demo
 
@@ -321,6 +328,11 @@ def build_parser() -> argparse.ArgumentParser:
     resolve.add_argument("--reference", help="the downstream system's reference, if applied")
     resolve.add_argument("--by", required=True, help="who resolves it (recorded in the audit)")
     ops.set_defaults(func=cmd_ops)
+    dashboard = sub.add_parser(
+        "dashboard", help="serve the web dashboard and approval inbox on 127.0.0.1"
+    )
+    dashboard.add_argument("--port", type=int, help="default: RATIFIER_DASHBOARD_PORT (6070)")
+    dashboard.set_defaults(func=cmd_dashboard)
     schemas = sub.add_parser("schemas", help="write JSON Schema files of the contract")
     schemas.add_argument("dir", nargs="?")
     schemas.set_defaults(func=cmd_schemas)
