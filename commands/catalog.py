@@ -131,6 +131,11 @@ class Tool:
         }
 
 
+def salted_hash(value: Any, salt: str) -> str:
+    """The masked form of a secret value: comparable across records, not reversible."""
+    return _mask(value, salt)
+
+
 def _mask(value: Any, salt: str | None) -> str:
     if salt is None:
         return "***"

@@ -218,6 +218,29 @@ def cmd_ops(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_audit(settings: Settings, args: argparse.Namespace) -> int:
+    from commands.catalog import load_catalog
+
+    if args.audit_command == "sink":
+        from audit.sink import run_audit_sink
+        from ratifier.migrate import migrate
+        from ratifier.topics import ensure_topics
+
+        migrate(settings.database_url)
+        asyncio.run(ensure_topics(settings))
+        run_audit_sink(settings, load_catalog(settings.catalog))
+        return 0
+    from audit.show import show_call
+
+    return show_call(
+        settings,
+        load_catalog(settings.catalog),
+        args.call_id,
+        tenant=args.tenant,
+        as_json=args.json,
+    )
+
+
 def cmd_dashboard(settings: Settings, args: argparse.Namespace) -> int:
     from dashboard.server import run_dashboard
 
@@ -328,6 +351,14 @@ def build_parser() -> argparse.ArgumentParser:
     resolve.add_argument("--reference", help="the downstream system's reference, if applied")
     resolve.add_argument("--by", required=True, help="who resolves it (recorded in the audit)")
     ops.set_defaults(func=cmd_ops)
+    audit = sub.add_parser("audit", help="the audit log: run its sink, or show a call's story")
+    audit_sub = audit.add_subparsers(dest="audit_command", required=True)
+    audit_sub.add_parser("sink", help="record every pipeline record (secrets masked) in PostgreSQL")
+    audit_show = audit_sub.add_parser("show", help="a call's whole story, in time order")
+    audit_show.add_argument("call_id")
+    audit_show.add_argument("--tenant", help="only this tenant's records of the call")
+    audit_show.add_argument("--json", action="store_true", help="the events as JSON")
+    audit.set_defaults(func=cmd_audit)
     dashboard = sub.add_parser(
         "dashboard", help="serve the web dashboard and approval inbox on 127.0.0.1"
     )

@@ -32,6 +32,7 @@ COMPACTED_TOPICS: frozenset[Topic] = frozenset({Topic.POLICIES})
 STREAMS_APP_ID = "ratifier-streams"
 EXECUTOR_GROUP = "ratifier-executor"
 RECONCILER_GROUP = "ratifier-reconciler"
+AUDIT_SINK_GROUP = "ratifier-audit-sink"
 
 REDIS_OUTCOME_PREFIX = "ratifier:outcome:"
 REDIS_CLAIM_PREFIX = "ratifier:claim:"

@@ -17,6 +17,7 @@ from commands.catalog import (
     ExternalEffect,
     HandlerResult,
     Resource,
+    Secret,
     Tool,
     ToolArguments,
 )
@@ -55,6 +56,20 @@ class GetRefundStatusArguments(ToolArguments):
 
 class DeletePaymentMethodArguments(ToolArguments):
     payment_method_id: PaymentMethodId
+
+
+# An IBAN-shaped bank account number: country, check digits, 10 to 30 letters and digits.
+AccountNumber = Annotated[
+    str, StringConstraints(pattern=r"^[A-Z]{2}[0-9]{2}[A-Z0-9]{10,30}$", max_length=34)
+]
+
+
+class AddPayoutAccountArguments(ToolArguments):
+    payment_id: PaymentId
+    account_holder: Annotated[str, StringConstraints(min_length=1, max_length=140)]
+    # Secret: masked in previews, approval requests and the audit log; only its last four
+    # characters are stored.
+    account_number: AccountNumber = Secret()
 
 
 async def _fetch_one(conn: Connection, name: str, params: dict[str, Any]) -> dict[str, Any] | None:
@@ -239,6 +254,36 @@ async def release_refund(conn: Connection, request: EffectRequest) -> None:
         )
 
 
+async def add_payout_account(ctx: ExecutionContext) -> HandlerResult:
+    """Attach a bank account to the payment for its refund. The account number itself is
+    never stored or returned: its last four characters identify it to people."""
+    payment = _require(ctx)
+    args = ctx.arguments
+    assert isinstance(args, AddPayoutAccountArguments)
+    payout_account_id = "pa_" + hashlib.sha256(ctx.operation_id.encode()).hexdigest()[:20]
+    last4 = args.account_number[-4:]
+    async with ctx.conn.cursor() as cur:
+        await cur.execute(
+            named_query(_PKG, "insert_payout_account"),
+            {
+                "tenant": ctx.tenant,
+                "payout_account_id": payout_account_id,
+                "payment_id": payment.id,
+                "operation_id": ctx.operation_id,
+                "account_holder": args.account_holder,
+                "account_last4": last4,
+            },
+        )
+    return HandlerResult(
+        result={
+            "payout_account_id": payout_account_id,
+            "payment_id": payment.id,
+            "account_last4": last4,
+        },
+        resource_id=payout_account_id,
+    )
+
+
 async def delete_payment_method(ctx: ExecutionContext) -> HandlerResult:
     method = _require(ctx)
     async with ctx.conn.cursor() as cur:
@@ -287,6 +332,17 @@ TOOLS: tuple[Tool, ...] = (
         effect=Effect.READ,
         load=load_refund,
         handler=read_resource,
+    ),
+    Tool(
+        name="add_payout_account",
+        description=(
+            "Attach a bank account to a payment, to receive its refund when the card cannot. "
+            "A human approves it. The account number is secret: it is never shown back."
+        ),
+        arguments=AddPayoutAccountArguments,
+        effect=Effect.REVERSIBLE_WRITE,
+        load=load_payment,
+        handler=add_payout_account,
     ),
     Tool(
         name="delete_payment_method",

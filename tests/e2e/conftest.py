@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from jwt.algorithms import OKPAlgorithm
 
 from ratifier.migrate import migrate
-from ratifier.processes import WorkerProcess, start_worker, start_worker_args
+from ratifier.processes import WorkerProcess, start_worker, start_worker_args, wait_for_log
 from ratifier.topics import delete_topics, ensure_topics
 from schemas.names import Topic
 from schemas.settings import Settings
@@ -151,11 +151,12 @@ def start_pipeline(
     streams: bool = True,
     executors: int = 1,
     approval_ttl: int = 25,
+    audit_sink: bool = False,
     **env: str,
 ) -> Pipeline:
     """A payment provider, a streams worker and executors on their own topic prefix,
     accepting local HS256 tokens and EdDSA tokens of the published JWKS, with a short approval
-    TTL."""
+    TTL; with ``audit_sink``, also `ratifier audit sink` for that prefix."""
     settings = session_settings().model_copy(
         update={"context_jwks_file": str(keys.jwks_path), "approval_ttl_seconds": approval_ttl}
     )
@@ -191,6 +192,14 @@ def start_pipeline(
             pipeline.start("streams", "streams", RATIFIER_HTTP_PORT=str(port))
         for n in range(executors):
             pipeline.start("executor", "executor" if n == 0 else f"executor-{n}")
+        if audit_sink:
+            # Reads every topic from the beginning: nothing published before it joins is lost.
+            sink = start_worker_args(
+                ["audit", "sink"], name="audit-sink", log_dir=pipeline.log_dir, env=pipeline.env
+            )
+            pipeline.workers.append(sink)
+            if not wait_for_log(sink, "audit sink started", timeout=60):
+                raise RuntimeError(f"audit sink did not start:\n{sink.log_tail()}")
         if streams:
             pipeline.wait_ready()
     except BaseException:

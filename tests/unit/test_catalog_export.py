@@ -16,7 +16,7 @@ import openai.types.shared_params
 import pytest
 from pydantic import BaseModel, Field, TypeAdapter
 
-from commands.catalog import Catalog, Tool, ToolArguments
+from commands.catalog import SECRET_MARK, Catalog, Tool, ToolArguments
 from commands.export import (
     FORMATS,
     OPENAI_KEYWORDS,
@@ -136,14 +136,14 @@ def test_openai_tools_load_as_sdk_types_and_follow_strict_mode() -> None:
 
 def test_openai_parameters_match_the_sdks_own_strict_schema() -> None:
     """`openai.pydantic_function_tool` is the SDK's strict-schema conversion of a pydantic
-    model; ours agrees with it (apart from the titles we drop)."""
+    model; ours agrees with it (apart from the titles and the secret marks we drop)."""
     for tool in TOOLS:
         theirs = openai.pydantic_function_tool(tool.arguments)["function"]["parameters"]
         assert openai_schema(tool) == _without_titles(dict(theirs)), tool.name
 
 
 def _without_titles(schema: dict[str, Any]) -> dict[str, Any]:
-    out = {k: v for k, v in schema.items() if k != "title"}
+    out = {k: v for k, v in schema.items() if k not in ("title", SECRET_MARK)}
     if isinstance(out.get("properties"), dict):
         out["properties"] = {k: _without_titles(v) for k, v in out["properties"].items()}
     return out
