@@ -306,12 +306,15 @@ def feed_item(row: Mapping[str, Any]) -> dict[str, Any]:
     }
     if row["stream"] == "approvals.decided":
         decision = record.get("decision")
+        # The sink masks the approver's token, keeping the identity it proved.
+        approver = record.get("approver") if isinstance(record.get("approver"), dict) else {}
         return {
             **base,
             "kind": "decision",
             "status": f"decision:{decision}" if isinstance(decision, str) else "decision",
             "decision": decision if isinstance(decision, str) else None,
             "reason": _text(record.get("reason")),
+            "approver": _text(approver.get("sub")) if approver.get("verified") else None,
             "stage": "approve",
             "error_code": None,
             "message": None,

@@ -232,15 +232,17 @@ function kpiTile(label, value, sub, tone, extra) {
 function renderKpis(overview) {
   const k = overview.kpis;
   const by = k.by_status || {};
-  const total = k.outcomes || 0;
+  const total = Object.entries(by).reduce((n, [st, c]) => n + (st === "awaiting_approval" ? 0 : c), 0);
   const ok = by.succeeded || 0;
   const refused = REFUSED.reduce((n, st) => n + (by[st] || 0), 0);
-  const topCode = Object.entries(k.by_code || {}).sort((a, b) => b[1] - a[1])[0];
+  const topCode = Object.entries(k.by_code || {})
+    .filter(([code]) => code !== "approval_required")
+    .sort((a, b) => b[1] - a[1])[0];
   const e2e = (overview.latency || []).find((r) => r.stage === "end_to_end") || {};
   const windowLabel = $("f-window").selectedOptions[0].textContent;
   $("kpis").replaceChildren(
-    kpiTile("Outcomes", total.toLocaleString(), windowLabel, "#4f46e5"),
-    kpiTile("Succeeded", ok.toLocaleString(), total ? `${((100 * ok) / total).toFixed(1)}% of outcomes` : "no outcomes yet", STATUS_COLORS.succeeded),
+    kpiTile("Calls finished", total.toLocaleString(), `terminal outcomes, ${windowLabel}`, "#4f46e5"),
+    kpiTile("Succeeded", ok.toLocaleString(), total ? `${((100 * ok) / total).toFixed(1)}% of finished calls` : "no finished calls yet", STATUS_COLORS.succeeded),
     kpiTile("Refused or failed", refused.toLocaleString(), topCode ? `most often ${topCode[0]} (${topCode[1]})` : "none", STATUS_COLORS.failed),
     kpiTile("Awaiting approval", String(k.pending_approvals), state.filters.tenant ? `in ${state.filters.tenant}` : "across tenants", STATUS_COLORS.awaiting_approval),
     kpiTile(
@@ -325,7 +327,7 @@ function niceStep(max) {
 
 function feedDetails(item) {
   if (item.kind === "decision") {
-    return [h("span", {}, `${item.decision || "decision"} published by an approver`), item.reason ? h("span", { class: "msg" }, ` · “${item.reason}”`) : null];
+    return [h("span", {}, `${item.decision || "decision"} published by ${item.approver || "an approver"}`), item.reason ? h("span", { class: "msg" }, ` · “${item.reason}”`) : null];
   }
   const parts = [];
   if (item.error_code) parts.push(h("span", { class: "code-chip" }, item.error_code), " ");
@@ -346,10 +348,9 @@ function renderFeed(items) {
       { class: classes || null, "data-call-id": item.call_id, "data-status": item.status, "data-kind": item.kind },
       h("td", { class: "time", title: item.at }, fmtTime(item.at)),
       h("td", {}, chip(item.status)),
-      h("td", {}, item.tool || "–"),
-      h("td", {}, item.tenant || "–"),
+      h("td", { class: "tool" }, item.tool || "–", h("span", { class: "stage" }, item.stage ? `stage ${item.stage}` : "")),
+      h("td", { class: "tenant" }, item.tenant || "–"),
       h("td", { class: "call", title: item.call_id }, shortId(item.call_id)),
-      h("td", { class: "muted" }, item.stage || ""),
       h("td", { class: "details" }, feedDetails(item)),
     );
   });
