@@ -307,7 +307,8 @@ def feed_item(row: Mapping[str, Any]) -> dict[str, Any]:
     if row["stream"] == "approvals.decided":
         decision = record.get("decision")
         # The sink masks the approver's token, keeping the identity it proved.
-        approver = record.get("approver") if isinstance(record.get("approver"), dict) else {}
+        proved = record.get("approver")
+        approver: dict[str, Any] = proved if isinstance(proved, dict) else {}
         return {
             **base,
             "kind": "decision",
@@ -340,15 +341,18 @@ def _detail(result: Any) -> str | None:
     """A short, human summary of a handler's result (amounts and ids, not the whole object)."""
     if not isinstance(result, dict):
         return None
-    parts = []
-    for key in ("refund_id", "payment_id", "amount_minor", "currency", "status"):
-        if (
-            key in result
-            and isinstance(result[key], str | int)
-            and not isinstance(result[key], bool)
-        ):
-            parts.append(f"{key}={result[key]}")
-    return ", ".join(parts) or None
+
+    def shown(key: str) -> str | None:
+        value = result.get(key)
+        if isinstance(value, str | int) and not isinstance(value, bool):
+            return str(value)[:80]
+        return None
+
+    parts = [v for v in (shown("refund_id"), shown("payment_id")) if v]
+    amount, currency = shown("amount_minor"), shown("currency")
+    if amount is not None:
+        parts.append(" ".join(p for p in (amount, currency, "(minor units)") if p))
+    return " · ".join(parts) or None
 
 
 def _text(value: Any, limit: int = 300) -> str | None:
