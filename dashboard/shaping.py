@@ -349,10 +349,26 @@ def _detail(result: Any) -> str | None:
         return None
 
     parts = [v for v in (shown("refund_id"), shown("payment_id")) if v]
-    amount, currency = shown("amount_minor"), shown("currency")
-    if amount is not None:
-        parts.append(" ".join(p for p in (amount, currency, "(minor units)") if p))
+    amount = result.get("amount_minor")
+    if isinstance(amount, int) and not isinstance(amount, bool):
+        parts.append(money(amount, shown("currency")))
     return " · ".join(parts) or None
+
+
+# ISO 4217 minor-unit exponents that are not 2 (amounts travel in minor units).
+_EXPONENTS = {"JPY": 0, "KRW": 0, "VND": 0, "CLP": 0, "ISK": 0, "UGX": 0, "XAF": 0, "XOF": 0}
+_EXPONENTS |= {"BHD": 3, "JOD": 3, "KWD": 3, "OMR": 3, "TND": 3}
+
+
+def money(amount_minor: int, currency: str | None) -> str:
+    """An amount in minor units as people read it: 1250 EUR → "12.50 EUR"."""
+    if currency is None:
+        return f"{amount_minor} (minor units)"
+    exponent = _EXPONENTS.get(currency.upper(), 2)
+    sign = "-" if amount_minor < 0 else ""
+    units, minor = divmod(abs(amount_minor), 10**exponent)
+    shown = f"{units:,}" + (f".{minor:0{exponent}d}" if exponent else "")
+    return f"{sign}{shown} {currency}"
 
 
 def _text(value: Any, limit: int = 300) -> str | None:

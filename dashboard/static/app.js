@@ -74,10 +74,10 @@ function chip(status, label) {
 function fmtMs(ms) {
   if (ms === null || ms === undefined) return "–";
   if (ms < 1000) return `${Math.round(ms)} ms`;
-  if (ms < 60000) return `${(ms / 1000).toFixed(ms < 10000 ? 2 : 1)} s`;
-  const m = Math.floor(ms / 60000);
-  const sec = Math.round((ms % 60000) / 1000);
-  return `${m}m ${String(sec).padStart(2, "0")}s`;
+  if (ms < 59950) return `${(ms / 1000).toFixed(ms < 9995 ? 2 : 1)} s`;
+  const total = Math.round(ms / 1000);
+  const m = Math.floor(total / 60);
+  return `${m}m ${String(total % 60).padStart(2, "0")}s`;
 }
 
 function fmtLeft(seconds) {
@@ -347,10 +347,9 @@ function renderFeed(items) {
       "tr",
       { class: classes || null, "data-call-id": item.call_id, "data-status": item.status, "data-kind": item.kind },
       h("td", { class: "time", title: item.at }, fmtTime(item.at)),
-      h("td", {}, chip(item.status)),
-      h("td", { class: "tool" }, item.tool || "–", h("span", { class: "stage" }, item.stage ? `stage ${item.stage}` : "")),
-      h("td", { class: "tenant" }, item.tenant || "–"),
-      h("td", { class: "call", title: item.call_id }, shortId(item.call_id)),
+      h("td", { class: "status" }, chip(item.status), h("span", { class: "sub" }, item.stage ? `at ${item.stage}` : "")),
+      h("td", { class: "tool" }, item.tool || "–", h("span", { class: "sub mono", title: item.call_id }, shortId(item.call_id))),
+      h("td", { class: "tenant" }, item.tenant || h("span", { class: "muted" }, "unverified")),
       h("td", { class: "details" }, feedDetails(item)),
     );
   });

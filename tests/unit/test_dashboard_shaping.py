@@ -192,7 +192,11 @@ def test_feed_items_for_outcomes_and_decisions() -> None:
         "succeeded",
         "boss",
     )
-    assert outcome["detail"] == "re_1 · 10 EUR (minor units)"
+    assert outcome["detail"] == "re_1 · 0.10 EUR"
+    assert shaping.money(123456, "EUR") == "1,234.56 EUR"
+    assert shaping.money(500, "JPY") == "500 JPY"
+    assert shaping.money(-1005, "KWD") == "-1.005 KWD"
+    assert shaping.money(7, None) == "7 (minor units)"
     decision = shaping.feed_item(
         {
             **base,
