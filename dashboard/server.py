@@ -234,4 +234,5 @@ def run_dashboard(settings: Settings, *, port: int | None = None) -> None:
         f"dashboard: http://127.0.0.1:{chosen}/  (topic prefix {settings.topic_prefix!r})",
         flush=True,
     )
-    web.run_app(create_app(settings), host="127.0.0.1", port=chosen, print=None)
+    # No access log: the page polls every 2 s; decisions are logged on their own.
+    web.run_app(create_app(settings), host="127.0.0.1", port=chosen, print=None, access_log=None)

@@ -708,6 +708,7 @@ async function refreshInbox() {
 
 async function refresh() {
   if (state.inFlight) return;
+  if (document.hidden && state.overview) return; // a background tab does not poll
   state.inFlight = true;
   const q = query();
   try {
@@ -757,6 +758,7 @@ async function start() {
   });
   $("signout").addEventListener("click", signOut);
   window.addEventListener("resize", () => state.overview && renderChart(state.overview));
+  document.addEventListener("visibilitychange", () => !document.hidden && refresh());
   renderWho();
   if (state.token) await signIn(state.token);
   await refresh();
