@@ -1,5 +1,5 @@
 // ratifier dashboard: polls the JSON API every 2 s and renders with plain DOM (no libraries,
-// no innerHTML with data: every value goes through textContent).
+// no HTML built from strings: every value goes through textContent).
 "use strict";
 
 const POLL_MS = 2000;

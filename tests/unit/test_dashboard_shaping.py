@@ -260,3 +260,17 @@ def test_operations_carry_state_and_history() -> None:
         ("escalated", "escalated to humans after 8 check(s)"),
     ]
     assert items[1]["history"] == []
+
+
+def test_the_page_loads_nothing_from_elsewhere() -> None:
+    """No CDN, fonts or scripts from the internet: the page works on an offline machine."""
+    from importlib import resources
+
+    static = resources.files("dashboard").joinpath("static")
+    names = {"index.html", "app.css", "app.js"}
+    assert names <= {entry.name for entry in static.iterdir()}
+    for name in names:
+        text = static.joinpath(name).read_text(encoding="utf-8")
+        found = text.replace("http://www.w3.org/2000/svg", "")
+        assert "http://" not in found and "https://" not in found and "//cdn" not in found, name
+        assert "innerHTML" not in found, name  # data goes through textContent only
