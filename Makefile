@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 PYTEST := $(BIN)/pytest
 export RATIFIER_BIN := $(CURDIR)/$(BIN)/ratifier
 
-.PHONY: help install up down status lint format schemas unit integration e2e test demo bench-validator bench-authorizer bench-executor clean
+.PHONY: help install up down status lint format schemas unit integration browser e2e test dashboard demo bench-validator bench-authorizer bench-executor clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -50,10 +50,16 @@ unit: install ## pure tests, no I/O
 integration: up ## tests against real Kafka, Redis and PostgreSQL
 	$(PYTEST) tests/integration -m integration
 
-e2e: up ## the whole pipeline through Kafka with real worker processes
+browser: ## install Debian's chromium for the dashboard's browser test, when it is missing
+	deploy/local/browser
+
+e2e: up browser ## the whole pipeline through Kafka with real worker processes
 	$(PYTEST) tests/e2e -m e2e
 
 test: up lint unit integration e2e ## everything CI runs
+
+dashboard: up ## serve the web dashboard on http://127.0.0.1:6070/ (Ctrl-C stops it)
+	$(BIN)/ratifier dashboard
 
 demo: install ## start services, run the pipeline on a short scenario, print outcomes, stop
 	@if deploy/local/status >/dev/null 2>&1; then was_up=1; else was_up=0; fi; \

@@ -241,6 +241,13 @@ def cmd_audit(settings: Settings, args: argparse.Namespace) -> int:
     )
 
 
+def cmd_dashboard(settings: Settings, args: argparse.Namespace) -> int:
+    from dashboard.server import run_dashboard
+
+    run_dashboard(settings, port=args.port)
+    return 0
+
+
 def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
     from ratifier.demo import run_demo
 
@@ -352,6 +359,11 @@ def build_parser() -> argparse.ArgumentParser:
     audit_show.add_argument("--tenant", help="only this tenant's records of the call")
     audit_show.add_argument("--json", action="store_true", help="the events as JSON")
     audit.set_defaults(func=cmd_audit)
+    dashboard = sub.add_parser(
+        "dashboard", help="serve the web dashboard and approval inbox on 127.0.0.1"
+    )
+    dashboard.add_argument("--port", type=int, help="default: RATIFIER_DASHBOARD_PORT (6070)")
+    dashboard.set_defaults(func=cmd_dashboard)
     schemas = sub.add_parser("schemas", help="write JSON Schema files of the contract")
     schemas.add_argument("dir", nargs="?")
     schemas.set_defaults(func=cmd_schemas)

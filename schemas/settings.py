@@ -51,6 +51,8 @@ class Settings(BaseSettings):
     approval_ttl_seconds: int = Field(default=15 * 60, ge=1)
     approval_hold_seconds: int = Field(default=60, ge=1)
     http_port: int = Field(default=6066, ge=0, le=65535)  # 0: no HTTP endpoint
+    # `ratifier dashboard` serves the web dashboard here, on 127.0.0.1.
+    dashboard_port: int = Field(default=6070, ge=1, le=65535)
     audit_salt: str = "ratifier-local-audit-salt"
     # The payment provider the refund domain pays through (`ratifier provider` runs a fake one).
     provider_url: str = "http://127.0.0.1:8765"

@@ -1,0 +1,144 @@
+"""What the dashboard reads from PostgreSQL: the audit sink's `audit_records` (every record of
+every pipeline topic, under this deployment's topic prefix), the command ledger and the audit
+log. Read-only connections: the dashboard's one write is a signed decision on Kafka."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from commands.sql import named_query
+from dashboard import shaping
+from dashboard.shaping import Filters, PendingApproval
+from schemas.envelopes import ApprovalRequest
+from schemas.errors import StorageUnavailable
+
+_PKG = "dashboard"
+FEED_LIMIT = 200
+OPERATIONS_LIMIT = 50
+# Settled operations stay in the operations panel this long after their last change.
+SETTLED_VISIBLE = timedelta(days=1)
+
+
+def read_only_pool(database_url: str, *, max_size: int = 4) -> AsyncConnectionPool[Any]:
+    """A pool whose sessions refuse writes (PostgreSQL enforces it, not our discipline)."""
+    return AsyncConnectionPool(
+        database_url,
+        min_size=1,
+        max_size=max_size,
+        open=False,
+        kwargs={
+            "row_factory": dict_row,
+            "autocommit": True,
+            "options": "-c default_transaction_read_only=on",
+        },
+    )
+
+
+class DashboardReads:
+    def __init__(self, pool: AsyncConnectionPool[Any], *, prefix: str) -> None:
+        self._pool = pool
+        self._prefix = prefix
+
+    async def _rows(self, name: str, params: Mapping[str, Any]) -> list[dict[str, Any]]:
+        try:
+            async with self._pool.connection(timeout=5) as conn, conn.cursor() as cur:
+                await cur.execute(named_query(_PKG, name), {"prefix": self._prefix, **params})
+                return [dict(r) for r in await cur.fetchall()]
+        except pg_errors.UndefinedTable as exc:
+            raise StorageUnavailable(
+                "The audit tables are missing: run `ratifier migrate` and the audit sink."
+            ) from exc
+        except (psycopg.Error, TimeoutError) as exc:
+            raise StorageUnavailable("PostgreSQL is not reachable.") from exc
+
+    async def overview(self, filters: Filters, now: datetime) -> dict[str, Any]:
+        """KPIs, the outcome series, counts per tenant and tool, latency, filter choices."""
+        since = shaping.series_since(now, filters)
+        window_start = now - timedelta(seconds=filters.window_seconds)
+        params = {**filters.params(), "since": window_start}
+        series_rows = await self._rows(
+            "outcome_series",
+            {**params, "since": since, "bucket_seconds": filters.bucket_seconds},
+        )
+        counted = shaping.breakdown(await self._rows("outcome_breakdown", params))
+        unfiltered = await self._rows(
+            "outcome_breakdown",
+            {**Filters(window_seconds=filters.window_seconds).params(), "since": window_start},
+        )
+        latency = shaping.latency_table(await self._rows("stage_latency", params))
+        pending = await self.pending(filters.tenant, now)
+        open_ops = await self.operations(filters.tenant, now, with_history=False)
+        last = await self._rows("last_outcome", {})
+        return {
+            "prefix": self._prefix,
+            "now": shaping.iso(now),
+            "window_seconds": filters.window_seconds,
+            "bucket_seconds": filters.bucket_seconds,
+            "last_outcome_at": shaping.iso(last[0]["record_at"]) if last else None,
+            "kpis": {
+                "outcomes": counted.total,
+                "by_status": counted.totals,
+                "by_code": counted.codes,
+                "pending_approvals": len(pending),
+                "reconciling": sum(1 for o in open_ops if o["state"] == "reconciling"),
+                "escalated": sum(1 for o in open_ops if o["state"] == "escalated"),
+            },
+            "series": shaping.fill_series(
+                series_rows,
+                since=since,
+                bucket_seconds=filters.bucket_seconds,
+                count=filters.window_seconds // filters.bucket_seconds,
+            ),
+            "breakdown": counted.rows,
+            "latency": latency,
+            "facets": shaping.facets(unfiltered),
+        }
+
+    async def feed(self, filters: Filters, now: datetime, limit: int = FEED_LIMIT) -> list[Any]:
+        rows = await self._rows(
+            "feed",
+            {
+                **filters.params(),
+                "since": now - timedelta(seconds=filters.window_seconds),
+                "limit": limit,
+            },
+        )
+        return [shaping.feed_item(r) for r in rows]
+
+    async def pending(self, tenant: str | None, now: datetime) -> list[PendingApproval]:
+        """Pending approval requests of ``tenant`` (None: every tenant, for counting)."""
+        rows = await self._rows(
+            "approval_requests", {"tenant": tenant, "since": now - shaping.INBOX_HORIZON}
+        )
+        return shaping.pending_requests(rows, now=now, tenant=tenant)
+
+    async def request_to_decide(self, tenant: str, call_id: str, now: datetime) -> ApprovalRequest:
+        rows = await self._rows(
+            "approval_requests", {"tenant": tenant, "since": now - shaping.INBOX_HORIZON}
+        )
+        return shaping.request_to_decide(rows, call_id=call_id, tenant=tenant, now=now)
+
+    async def operations(
+        self, tenant: str | None, now: datetime, *, with_history: bool = True
+    ) -> list[dict[str, Any]]:
+        ledger = await self._rows(
+            "open_operations",
+            {"tenant": tenant, "since": now - SETTLED_VISIBLE, "limit": OPERATIONS_LIMIT},
+        )
+        history: list[dict[str, Any]] = []
+        if ledger and with_history:
+            history = await self._rows(
+                "operation_history",
+                {
+                    "tenants": [r["tenant"] for r in ledger],
+                    "call_ids": [r["call_id"] for r in ledger],
+                },
+            )
+        return shaping.operations(ledger, history)

@@ -1,0 +1,238 @@
+"""`ratifier dashboard`: one page and a JSON API on 127.0.0.1, read from PostgreSQL.
+
+    GET  /                                   the page (HTML, CSS and JS shipped in the package)
+    GET  /api/overview?window=&tenant=&tool=&status=&error_code=
+                                             KPIs, outcome series, counts, latency, filter choices
+    GET  /api/feed?…same filters…            newest outcomes and approval decisions
+    GET  /api/operations?tenant=             unknown / escalated operations and their history
+    GET  /api/session                        who the approver token names      (Bearer token)
+    GET  /api/approvals                      the approver tenant's pending requests (Bearer)
+    POST /api/approvals/{call_id}/decision   {"decision": "approve"|"reject"|"edit",
+                                              "reason": "...", "arguments": {...}}   (Bearer)
+
+The only thing it writes is a signed `approvals.decided` record, published exactly as the
+approver CLI and HTTP endpoint do (`streams.inbox`): bound to the fingerprint of the request
+shown, signed by the approver's own token. Everything else is read through read-only sessions.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+from importlib import resources
+from typing import Any
+
+from aiohttp import web
+from aiokafka.errors import KafkaError
+from pydantic import ValidationError
+
+from dashboard import shaping
+from dashboard.reads import DashboardReads, read_only_pool
+from schemas.envelopes import Actor, ApprovalVerdict
+from schemas.errors import (
+    ErrorCode,
+    InvalidArguments,
+    RatifierError,
+    ResourceNotFound,
+    StorageUnavailable,
+)
+from schemas.identity import ContextKeys, context_keys
+from schemas.settings import Settings
+from streams.inbox import approver_from, decision_for, publish_decision
+
+log = logging.getLogger("ratifier.dashboard")
+
+HTTP_STATUS = {
+    ErrorCode.UNAUTHENTICATED: 401,
+    ErrorCode.POLICY_DENIED: 403,
+    ErrorCode.NOT_FOUND: 404,
+    ErrorCode.APPROVAL_EXPIRED: 410,
+    ErrorCode.INVALID_ARGUMENTS: 400,
+    ErrorCode.RETRYABLE_ERROR: 503,
+}
+STATIC_FILES = {"app.js": "text/javascript", "app.css": "text/css"}
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
+        "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+_READS = web.AppKey("reads", DashboardReads)
+_SETTINGS = web.AppKey("settings", Settings)
+_KEYS = web.AppKey("keys", ContextKeys)
+
+
+def _static(name: str) -> bytes:
+    return resources.files("dashboard").joinpath("static", name).read_bytes()
+
+
+def _failure(exc: RatifierError) -> web.Response:
+    return web.json_response(
+        {"error": {"code": exc.code.value, "message": exc.safe_message}},
+        status=HTTP_STATUS.get(exc.code, 400),
+    )
+
+
+@web.middleware
+async def _errors_and_headers(request: web.Request, handler: Any) -> web.StreamResponse:
+    try:
+        response: web.StreamResponse = await handler(request)
+    except RatifierError as exc:
+        if isinstance(exc, StorageUnavailable):
+            log.warning("dashboard: %s (%s)", exc.safe_message, exc.__cause__)
+        response = _failure(exc)
+    response.headers.update(SECURITY_HEADERS)
+    return response
+
+
+def _approver(request: web.Request) -> tuple[str, Actor]:
+    header = request.headers.get("Authorization", "")
+    token = header.removeprefix("Bearer ").strip()
+    return token, approver_from(token or None, request.app[_KEYS])
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+async def page(_request: web.Request) -> web.Response:
+    return web.Response(body=_static("index.html"), content_type="text/html", charset="utf-8")
+
+
+async def static_file(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    if name not in STATIC_FILES:
+        raise web.HTTPNotFound()
+    return web.Response(body=_static(name), content_type=STATIC_FILES[name], charset="utf-8")
+
+
+async def overview(request: web.Request) -> web.Response:
+    filters = shaping.filters_from(request.query)
+    return web.json_response(await request.app[_READS].overview(filters, _now()))
+
+
+async def feed(request: web.Request) -> web.Response:
+    filters = shaping.filters_from(request.query)
+    return web.json_response({"items": await request.app[_READS].feed(filters, _now())})
+
+
+async def operations(request: web.Request) -> web.Response:
+    tenant = shaping.filters_from({"tenant": request.query.get("tenant", "")}).tenant
+    items = await request.app[_READS].operations(tenant, _now())
+    return web.json_response({"items": items})
+
+
+async def session(request: web.Request) -> web.Response:
+    _, approver = _approver(request)
+    return web.json_response(
+        {"sub": approver.sub, "tenant": approver.tenant, "roles": list(approver.roles)}
+    )
+
+
+async def approvals(request: web.Request) -> web.Response:
+    _, approver = _approver(request)
+    now = _now()
+    pending = await request.app[_READS].pending(approver.tenant, now)
+    return web.json_response(
+        {
+            "tenant": approver.tenant,
+            "now": shaping.iso(now),
+            "pending": [p.to_json(now) for p in pending],
+        }
+    )
+
+
+def _decision_body(body: Any) -> tuple[ApprovalVerdict, str | None, dict[str, Any] | None]:
+    if not isinstance(body, dict):
+        raise InvalidArguments("The body must be a JSON object.")
+    try:
+        verdict = ApprovalVerdict(str(body.get("decision")))
+    except ValueError as exc:
+        raise InvalidArguments("decision must be approve, reject or edit.") from exc
+    reason = body.get("reason")
+    if reason is not None and not isinstance(reason, str):
+        raise InvalidArguments("reason must be text.")
+    arguments = body.get("arguments")
+    if verdict is ApprovalVerdict.EDIT:
+        if not isinstance(arguments, dict):
+            raise InvalidArguments("An edit needs the new arguments as a JSON object.")
+    else:
+        arguments = None
+    return verdict, (reason or None), arguments
+
+
+async def decide(request: web.Request) -> web.Response:
+    token, approver = _approver(request)
+    call_id = request.match_info["call_id"]
+    if not shaping.valid_call_id(call_id):
+        raise ResourceNotFound()
+    try:
+        body = await request.json()
+    except ValueError as exc:
+        raise InvalidArguments("The body must be JSON.") from exc
+    verdict, reason, arguments = _decision_body(body)
+    found = await request.app[_READS].request_to_decide(approver.tenant, call_id, _now())
+    try:
+        decision = decision_for(
+            found, token=token, verdict=verdict, reason=reason, arguments=arguments
+        )
+    except ValidationError as exc:
+        raise InvalidArguments("The decision is not valid (reason too long?).") from exc
+    try:
+        await publish_decision(request.app[_SETTINGS], decision)
+    except KafkaError as exc:
+        raise StorageUnavailable("Kafka is not reachable; nothing was published.") from exc
+    log.info(
+        "dashboard: %s published for %s by %s@%s",
+        verdict.value,
+        call_id,
+        approver.sub,
+        approver.tenant,
+    )
+    return web.json_response(
+        {
+            "published": True,
+            "call_id": call_id,
+            "decision": verdict.value,
+            "fingerprint": decision.fingerprint,
+        },
+        status=202,
+    )
+
+
+def create_app(settings: Settings, *, keys: ContextKeys | None = None) -> web.Application:
+    app = web.Application(middlewares=[_errors_and_headers], client_max_size=256 * 1024)
+    pool = read_only_pool(settings.database_url)
+    app[_READS] = DashboardReads(pool, prefix=settings.topic_prefix)
+    app[_SETTINGS] = settings
+    app[_KEYS] = keys or context_keys(settings)
+
+    async def lifecycle(_app: web.Application) -> Any:
+        await pool.open(wait=False)
+        yield
+        await pool.close()
+
+    app.cleanup_ctx.append(lifecycle)
+    app.router.add_get("/", page)
+    app.router.add_get("/static/{name}", static_file)
+    app.router.add_get("/api/overview", overview)
+    app.router.add_get("/api/feed", feed)
+    app.router.add_get("/api/operations", operations)
+    app.router.add_get("/api/session", session)
+    app.router.add_get("/api/approvals", approvals)
+    app.router.add_post("/api/approvals/{call_id}/decision", decide)
+    return app
+
+
+def run_dashboard(settings: Settings, *, port: int | None = None) -> None:
+    """Serve until SIGINT/SIGTERM, on loopback only."""
+    chosen = settings.dashboard_port if port is None else port
+    print(
+        f"dashboard: http://127.0.0.1:{chosen}/  (topic prefix {settings.topic_prefix!r})",
+        flush=True,
+    )
+    # No access log: the page polls every 2 s; decisions are logged on their own.
+    web.run_app(create_app(settings), host="127.0.0.1", port=chosen, print=None, access_log=None)

@@ -1,0 +1,769 @@
+// ratifier dashboard: polls the JSON API every 2 s and renders with plain DOM (no libraries,
+// no HTML built from strings: every value goes through textContent).
+"use strict";
+
+const POLL_MS = 2000;
+const TOKEN_KEY = "ratifier.dashboard.token";
+const STATUS_COLORS = {
+  succeeded: "#16a34a",
+  awaiting_approval: "#6366f1",
+  failed: "#dc2626",
+  rejected: "#f97316",
+  denied: "#e11d48",
+  unknown: "#eab308",
+  conflict: "#a855f7",
+  expired: "#64748b",
+  cancelled: "#94a3b8",
+};
+const STATUS_ORDER = Object.keys(STATUS_COLORS);
+const DECISION_COLORS = { approve: "#0ea5e9", reject: "#f97316", edit: "#8b5cf6" };
+const REFUSED = ["failed", "rejected", "denied", "conflict", "expired", "cancelled"];
+const FILTERS = ["window", "tenant", "tool", "status", "error_code"];
+
+const state = {
+  token: sessionStorage.getItem(TOKEN_KEY),
+  me: null,
+  filters: { window: "3600", tenant: "", tool: "", status: "", error_code: "" },
+  overview: null,
+  seenFeed: new Set(),
+  feedPrimed: false,
+  mine: new Set(), // call ids decided from this tab (highlighted in the feed)
+  cards: new Map(), // call id -> {el, item, refs}
+  clockOffset: 0, // server time minus browser time, ms
+  inFlight: false,
+};
+
+// ------------------------------------------------------------------ helpers
+
+const $ = (id) => document.getElementById(id);
+
+function h(tag, attrs, ...children) {
+  const el = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === null || value === undefined || value === false) continue;
+    if (key === "class") el.className = value;
+    else if (key === "text") el.textContent = value;
+    else if (key.startsWith("on")) el.addEventListener(key.slice(2), value);
+    else if (key === "style") for (const [p, v] of Object.entries(value)) el.style.setProperty(p, v);
+    else el.setAttribute(key, value === true ? "" : String(value));
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined || child === false) continue;
+    el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return el;
+}
+
+const SVG_NS = "http://www.w3.org/2000/svg";
+function s(tag, attrs, ...children) {
+  const el = document.createElementNS(SVG_NS, tag);
+  for (const [key, value] of Object.entries(attrs || {})) el.setAttribute(key, String(value));
+  for (const child of children.flat()) if (child) el.append(child);
+  return el;
+}
+
+const humanStatus = (status) => String(status || "").replace(/_/g, " ");
+
+function chip(status, label) {
+  const decision = String(status || "").startsWith("decision:") ? status.split(":")[1] : null;
+  const color = decision ? DECISION_COLORS[decision] || "#0ea5e9" : STATUS_COLORS[status] || "#64748b";
+  const text = label || (decision ? `${decision} decision` : humanStatus(status));
+  return h("span", { class: "chip", style: { "--c": color }, "data-status": status }, text);
+}
+
+function fmtMs(ms) {
+  if (ms === null || ms === undefined) return "–";
+  if (ms < 1000) return `${Math.round(ms)} ms`;
+  if (ms < 59950) return `${(ms / 1000).toFixed(ms < 9995 ? 2 : 1)} s`;
+  const total = Math.round(ms / 1000);
+  const m = Math.floor(total / 60);
+  return `${m}m ${String(total % 60).padStart(2, "0")}s`;
+}
+
+function fmtLeft(seconds) {
+  if (seconds <= 0) return "expired";
+  const m = Math.floor(seconds / 60);
+  const sec = Math.floor(seconds % 60);
+  if (m >= 60) return `${Math.floor(m / 60)}h ${String(m % 60).padStart(2, "0")}m left`;
+  return `${m}:${String(sec).padStart(2, "0")} left`;
+}
+
+function fmtTime(iso) {
+  const d = new Date(iso);
+  return d.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit", hour12: false });
+}
+
+function ago(iso) {
+  const seconds = Math.max(0, (serverNow() - new Date(iso).getTime()) / 1000);
+  if (seconds < 5) return "just now";
+  if (seconds < 90) return `${Math.round(seconds)} s ago`;
+  if (seconds < 5400) return `${Math.round(seconds / 60)} min ago`;
+  if (seconds < 172800) return `${Math.round(seconds / 3600)} h ago`;
+  return `${Math.round(seconds / 86400)} days ago`;
+}
+
+const serverNow = () => Date.now() + state.clockOffset;
+const shortId = (id) => (id && id.length > 22 ? `${id.slice(0, 10)}…${id.slice(-8)}` : id || "");
+
+function toast(text, tone) {
+  const el = h("div", { class: `toast ${tone || ""}` }, text);
+  $("toasts").append(el);
+  setTimeout(() => el.remove(), 5000);
+}
+
+class ApiError extends Error {
+  constructor(status, code, message) {
+    super(message);
+    this.status = status;
+    this.code = code;
+  }
+}
+
+async function api(path, options = {}) {
+  const headers = { Accept: "application/json", ...(options.headers || {}) };
+  if (options.auth && state.token) headers.Authorization = `Bearer ${state.token}`;
+  if (options.body !== undefined) headers["Content-Type"] = "application/json";
+  let response;
+  try {
+    response = await fetch(path, {
+      method: options.method || "GET",
+      headers,
+      body: options.body === undefined ? undefined : JSON.stringify(options.body),
+    });
+  } catch (err) {
+    throw new ApiError(0, "unreachable", "The dashboard server cannot be reached.");
+  }
+  let body = null;
+  try {
+    body = await response.json();
+  } catch (err) {
+    body = null;
+  }
+  if (!response.ok) {
+    const error = (body && body.error) || {};
+    throw new ApiError(response.status, error.code || `http_${response.status}`, error.message || response.statusText);
+  }
+  return body;
+}
+
+function query() {
+  const params = new URLSearchParams();
+  for (const name of FILTERS) if (state.filters[name]) params.set(name, state.filters[name]);
+  return params.toString();
+}
+
+// ------------------------------------------------------------------ header and health
+
+function setHealth(kind, text) {
+  $("health").dataset.state = kind;
+  $("health-text").textContent = text;
+}
+
+function showBanner(text) {
+  const banner = $("banner");
+  banner.hidden = !text;
+  banner.textContent = text || "";
+}
+
+function renderHealth(overview) {
+  $("prefix").textContent = overview.prefix || "(no prefix)";
+  if (!overview.last_outcome_at) {
+    setHealth("stale", "connected · no outcomes recorded yet");
+    return;
+  }
+  const age = (serverNow() - new Date(overview.last_outcome_at).getTime()) / 1000;
+  setHealth(age < 600 ? "live" : "stale", `live · last outcome ${ago(overview.last_outcome_at)}`);
+}
+
+// ------------------------------------------------------------------ filters
+
+function fillSelect(name, values, label) {
+  const select = $(`f-${name}`);
+  const current = state.filters[name];
+  const wanted = [...new Set([...(values || []), ...(current ? [current] : [])])].sort();
+  const existing = [...select.options].slice(1).map((o) => o.value);
+  if (existing.join("\u0000") !== wanted.join("\u0000")) {
+    select.replaceChildren(
+      h("option", { value: "" }, label),
+      ...wanted.map((v) => h("option", { value: v }, name === "status" ? humanStatus(v) : v)),
+    );
+  }
+  select.value = current;
+  select.classList.toggle("active", Boolean(current));
+}
+
+function renderFacets(facets) {
+  fillSelect("tenant", facets.tenant, "all tenants");
+  fillSelect("tool", facets.tool, "all tools");
+  fillSelect("status", [...new Set([...STATUS_ORDER, ...(facets.status || [])])], "all statuses");
+  fillSelect("error_code", facets.error_code, "all error codes");
+}
+
+function initFilters() {
+  const params = new URLSearchParams(location.search);
+  for (const name of FILTERS) if (params.get(name)) state.filters[name] = params.get(name);
+  $("f-window").value = state.filters.window;
+  for (const name of FILTERS) {
+    $(`f-${name}`).addEventListener("change", (event) => {
+      state.filters[name] = event.target.value;
+      history.replaceState(null, "", `?${query()}`);
+      refresh();
+    });
+  }
+  $("f-clear").addEventListener("click", () => {
+    state.filters = { window: state.filters.window, tenant: "", tool: "", status: "", error_code: "" };
+    history.replaceState(null, "", `?${query()}`);
+    refresh();
+  });
+}
+
+// ------------------------------------------------------------------ KPIs
+
+function kpiTile(label, value, sub, tone, extra) {
+  return h(
+    "div",
+    { class: `kpi ${extra || ""}`, style: { "--tone": tone } },
+    h("div", { class: "k-label" }, label),
+    h("div", { class: "k-value" }, value),
+    h("div", { class: "k-sub" }, sub),
+  );
+}
+
+function renderKpis(overview) {
+  const k = overview.kpis;
+  const by = k.by_status || {};
+  const total = Object.entries(by).reduce((n, [st, c]) => n + (st === "awaiting_approval" ? 0 : c), 0);
+  const ok = by.succeeded || 0;
+  const refused = REFUSED.reduce((n, st) => n + (by[st] || 0), 0);
+  const topCode = Object.entries(k.by_code || {})
+    .filter(([code]) => code !== "approval_required")
+    .sort((a, b) => b[1] - a[1])[0];
+  const e2e = (overview.latency || []).find((r) => r.stage === "end_to_end") || {};
+  const windowLabel = $("f-window").selectedOptions[0].textContent;
+  $("kpis").replaceChildren(
+    kpiTile("Calls finished", total.toLocaleString(), `terminal outcomes, ${windowLabel}`, "#4f46e5"),
+    kpiTile("Succeeded", ok.toLocaleString(), total ? `${((100 * ok) / total).toFixed(1)}% of finished calls` : "no finished calls yet", STATUS_COLORS.succeeded),
+    kpiTile("Refused or failed", refused.toLocaleString(), topCode ? `most often ${topCode[0]} (${topCode[1]})` : "none", STATUS_COLORS.failed),
+    kpiTile("Awaiting approval", String(k.pending_approvals), state.filters.tenant ? `in ${state.filters.tenant}` : "across tenants", STATUS_COLORS.awaiting_approval),
+    kpiTile(
+      "Unknown outcomes",
+      String(k.reconciling + k.escalated),
+      k.escalated ? `${k.escalated} escalated to humans` : `${k.reconciling} being reconciled`,
+      k.escalated ? STATUS_COLORS.failed : STATUS_COLORS.unknown,
+      k.escalated ? "alert" : "",
+    ),
+    kpiTile("End to end p95", fmtMs(e2e.p95), e2e.n ? `p50 ${fmtMs(e2e.p50)} · ${e2e.n} calls` : "no finished calls", "#0ea5e9"),
+  );
+}
+
+// ------------------------------------------------------------------ chart
+
+function renderChart(overview) {
+  const box = $("chart");
+  const width = Math.max(box.clientWidth, 320);
+  const height = 220;
+  const pad = { left: 38, right: 8, top: 10, bottom: 24 };
+  const series = overview.series || [];
+  const totals = series.map((b) => Object.values(b.counts).reduce((a, n) => a + n, 0));
+  const max = Math.max(1, ...totals);
+  const step = niceStep(max);
+  const top = Math.ceil(max / step) * step;
+  const innerW = width - pad.left - pad.right;
+  const innerH = height - pad.top - pad.bottom;
+  const slot = innerW / Math.max(series.length, 1);
+  const barW = Math.max(2, slot * 0.72);
+  const y = (v) => pad.top + innerH - (v / top) * innerH;
+  const svg = s("svg", { width, height, viewBox: `0 0 ${width} ${height}`, role: "img", "aria-label": "Outcomes per time bucket, stacked by status" });
+  for (let v = 0; v <= top; v += step) {
+    svg.append(s("line", { class: "grid-line", x1: pad.left, x2: width - pad.right, y1: y(v), y2: y(v) }));
+    const label = s("text", { class: "axis", x: pad.left - 6, y: y(v) + 4, "text-anchor": "end" });
+    label.textContent = String(v);
+    svg.append(label);
+  }
+  const labelEvery = Math.max(1, Math.ceil(series.length / 7));
+  series.forEach((bucket, i) => {
+    const x = pad.left + i * slot + (slot - barW) / 2;
+    let base = 0;
+    const group = s("g", {});
+    const title = s("title", {});
+    const lines = [fmtTime(bucket.at)];
+    for (const status of [...STATUS_ORDER, ...Object.keys(bucket.counts).filter((k) => !STATUS_COLORS[k])]) {
+      const n = bucket.counts[status] || 0;
+      if (!n) continue;
+      const y0 = y(base + n);
+      group.append(s("rect", { x, y: y0, width: barW, height: Math.max(1, y(base) - y0), fill: STATUS_COLORS[status] || "#94a3b8", rx: 1.5 }));
+      lines.push(`${humanStatus(status)}: ${n}`);
+      base += n;
+    }
+    title.textContent = lines.join("\n");
+    group.append(s("rect", { x: pad.left + i * slot, y: pad.top, width: slot, height: innerH, fill: "transparent" }), title);
+    svg.append(group);
+    if (i % labelEvery === 0 || i === series.length - 1) {
+      const label = s("text", { class: "axis", x: pad.left + i * slot + slot / 2, y: height - 6, "text-anchor": "middle" });
+      label.textContent = i === series.length - 1 ? "now" : fmtTime(bucket.at).slice(0, 5);
+      svg.append(label);
+    }
+  });
+  box.replaceChildren(svg);
+  const sums = {};
+  for (const b of series) for (const [k, n] of Object.entries(b.counts)) sums[k] = (sums[k] || 0) + n;
+  const shown = STATUS_ORDER.filter((st) => sums[st]);
+  $("legend").replaceChildren(
+    ...(shown.length
+      ? shown.map((st) => h("span", {}, h("span", { class: "swatch", style: { background: STATUS_COLORS[st] } }), humanStatus(st), h("b", {}, sums[st])))
+      : [h("span", { class: "muted" }, "No outcomes in this window.")]),
+  );
+  $("chart-hint").textContent = `one bar per ${overview.bucket_seconds >= 60 ? `${overview.bucket_seconds / 60} min` : `${overview.bucket_seconds} s`}`;
+}
+
+function niceStep(max) {
+  const raw = max / 4;
+  const mag = 10 ** Math.floor(Math.log10(raw || 1));
+  for (const m of [1, 2, 5, 10]) if (raw <= m * mag) return Math.max(1, m * mag);
+  return Math.max(1, 10 * mag);
+}
+
+// ------------------------------------------------------------------ feed
+
+function feedDetails(item) {
+  if (item.kind === "decision") {
+    return [h("span", {}, `${item.decision || "decision"} published by ${item.approver || "an approver"}`), item.reason ? h("span", { class: "msg" }, ` · “${item.reason}”`) : null];
+  }
+  const parts = [];
+  if (item.error_code) parts.push(h("span", { class: "code-chip" }, item.error_code), " ");
+  if (item.message) parts.push(h("span", { class: "msg" }, item.message));
+  if (item.detail) parts.push(h("span", {}, item.detail));
+  if (item.approver) parts.push(h("span", { class: "msg" }, ` · approved by ${item.approver}`));
+  if (!parts.length && item.resource_id) parts.push(h("span", {}, item.resource_id));
+  return parts;
+}
+
+function renderFeed(items) {
+  const tbody = $("feed").querySelector("tbody");
+  const rows = items.map((item) => {
+    const fresh = state.feedPrimed && !state.seenFeed.has(item.id);
+    const classes = [fresh ? "fresh" : "", state.mine.has(item.call_id) ? "mine" : ""].join(" ").trim();
+    return h(
+      "tr",
+      { class: classes || null, "data-call-id": item.call_id, "data-status": item.status, "data-kind": item.kind },
+      h("td", { class: "time", title: item.at }, fmtTime(item.at)),
+      h("td", { class: "status" }, chip(item.status), h("span", { class: "sub" }, item.stage ? `at ${item.stage}` : "")),
+      h("td", { class: "tool" }, item.tool || "–", h("span", { class: "sub mono", title: item.call_id }, shortId(item.call_id))),
+      h("td", { class: "tenant" }, item.tenant || h("span", { class: "muted" }, "unverified")),
+      h("td", { class: "details" }, feedDetails(item)),
+    );
+  });
+  tbody.replaceChildren(...rows);
+  state.seenFeed = new Set(items.map((i) => i.id));
+  state.feedPrimed = true;
+  $("feed-empty").hidden = items.length > 0;
+}
+
+// ------------------------------------------------------------------ latency
+
+function renderLatency(rows) {
+  const tbody = $("latency").querySelector("tbody");
+  const max = Math.max(1, ...rows.map((r) => r.p99 || 0));
+  tbody.replaceChildren(
+    ...rows.map((r) =>
+      h(
+        "tr",
+        { class: r.stage === "end_to_end" ? "total" : null, "data-stage": r.stage },
+        h("td", {}, r.label, h("span", { class: "stage-hint" }, r.hint)),
+        h("td", { class: "num" }, String(r.n)),
+        h("td", { class: "num" }, fmtMs(r.p50)),
+        h("td", { class: "num" }, fmtMs(r.p95)),
+        h("td", { class: "num" }, fmtMs(r.p99)),
+        h(
+          "td",
+          {},
+          h(
+            "div",
+            { class: "lbar", title: `p50 ${fmtMs(r.p50)} · p95 ${fmtMs(r.p95)}` },
+            h("span", { class: "p95", style: { width: `${(100 * (r.p95 || 0)) / max}%` } }),
+            h("span", { class: "p50", style: { width: `${(100 * (r.p50 || 0)) / max}%` } }),
+          ),
+        ),
+      ),
+    ),
+  );
+}
+
+// ------------------------------------------------------------------ breakdown
+
+function renderBreakdown(rows) {
+  const tbody = $("breakdown").querySelector("tbody");
+  if (!rows.length) {
+    tbody.replaceChildren(h("tr", {}, h("td", { colspan: 5, class: "empty" }, "No outcomes in this window.")));
+    return;
+  }
+  tbody.replaceChildren(
+    ...rows.slice(0, 40).map((r) => {
+      const statuses = Object.entries(r.by_status).sort((a, b) => STATUS_ORDER.indexOf(a[0]) - STATUS_ORDER.indexOf(b[0]));
+      return h(
+        "tr",
+        {},
+        h("td", {}, r.tenant || h("span", { class: "muted" }, "unverified")),
+        h("td", {}, r.tool),
+        h("td", { class: "num" }, r.total.toLocaleString()),
+        h(
+          "td",
+          {},
+          h("div", { class: "codes" }, statuses.map(([st, n]) => chip(st, `${humanStatus(st)} ${n}`))),
+          h("div", { class: "stack" }, statuses.map(([st, n]) => h("span", { title: `${humanStatus(st)}: ${n}`, style: { width: `${(100 * n) / r.total}%`, background: STATUS_COLORS[st] || "#94a3b8" } }))),
+        ),
+        h(
+          "td",
+          {},
+          h(
+            "div",
+            { class: "codes" },
+            Object.entries(r.by_code)
+              .sort((a, b) => b[1] - a[1])
+              .map(([code, n]) => h("span", { class: "code-chip" }, `${code} ${n}`)),
+          ),
+        ),
+      );
+    }),
+  );
+}
+
+// ------------------------------------------------------------------ operations
+
+function renderOps(items) {
+  const box = $("ops");
+  if (!items.length) {
+    box.replaceChildren(h("div", { class: "all-clear" }, h("span", { class: "tick" }, "✓"), h("span", {}, "No unknown outcomes: every executed operation has a known result.")));
+    return;
+  }
+  const stateChip = { escalated: ["escalated to humans", "#dc2626"], reconciling: ["reconciling", "#d97706"], settled: ["settled", "#16a34a"] };
+  box.replaceChildren(
+    ...items.map((op) => {
+      const [label, color] = stateChip[op.state] || [op.state, "#64748b"];
+      const meta = [`${op.tool} · ${op.tenant}`, `${op.checks} check${op.checks === 1 ? "" : "s"}`];
+      if (op.state === "reconciling" && op.next_check_at) meta.push(`next check ${fmtTime(op.next_check_at)}`);
+      if (op.state === "escalated") meta.push(`escalated ${ago(op.escalated_at)} — settle with "ratifier ops resolve"`);
+      if (op.state === "settled") meta.push(`settled as ${op.ledger_status}${op.error_code ? ` (${op.error_code})` : ""} ${ago(op.updated_at)}`);
+      return h(
+        "div",
+        { class: `op ${op.state}`, "data-operation-id": op.operation_id },
+        h("div", { class: "op-head" }, h("span", { class: "chip", style: { "--c": color } }, label), h("span", { class: "op-id", title: op.operation_id }, op.operation_id)),
+        h("div", { class: "op-meta" }, meta.join(" · ")),
+        op.history.length
+          ? h(
+              "ul",
+              { class: "timeline" },
+              op.history.map((e) => h("li", { class: `k-${e.kind}` }, h("span", { class: "t" }, fmtTime(e.at)), h("span", { class: "kind" }, humanStatus(e.kind)), e.summary)),
+            )
+          : null,
+      );
+    }),
+  );
+}
+
+// ------------------------------------------------------------------ sign-in
+
+function renderWho() {
+  const signedIn = Boolean(state.me);
+  $("who").hidden = !signedIn;
+  $("signin").hidden = signedIn;
+  $("inbox").hidden = !signedIn;
+  if (signedIn) {
+    $("who-sub").textContent = state.me.sub;
+    $("who-tenant").textContent = state.me.tenant;
+    $("who-avatar").textContent = state.me.sub.slice(0, 1).toUpperCase();
+  } else {
+    $("inbox-count").textContent = "";
+    $("inbox-count").classList.remove("hot");
+  }
+}
+
+async function signIn(token) {
+  const previous = state.token;
+  state.token = token;
+  try {
+    state.me = await api("/api/session", { auth: true });
+    sessionStorage.setItem(TOKEN_KEY, token);
+    $("signin-error").hidden = true;
+    $("token").value = "";
+    renderWho();
+    await refreshInbox();
+    return true;
+  } catch (err) {
+    state.token = previous && previous !== token ? previous : null;
+    state.me = null;
+    if (!state.token) sessionStorage.removeItem(TOKEN_KEY);
+    const reason = {
+      unauthenticated: "This token is not valid here: it is malformed, expired, or signed for another deployment.",
+      policy_denied: "This token does not carry the approver role.",
+    }[err.code] || err.message;
+    $("signin-error").textContent = reason;
+    $("signin-error").hidden = false;
+    renderWho();
+    return false;
+  }
+}
+
+function signOut() {
+  state.token = null;
+  state.me = null;
+  sessionStorage.removeItem(TOKEN_KEY);
+  for (const card of state.cards.values()) card.el.remove();
+  state.cards.clear();
+  renderWho();
+}
+
+// ------------------------------------------------------------------ inbox
+
+function argumentsText(item) {
+  return JSON.stringify(item.arguments, null, 2);
+}
+
+function buildCard(item) {
+  const refs = {};
+  refs.left = h("span", { class: "req-left" });
+  refs.bar = h("span", {});
+  refs.timebar = h("div", { class: "timebar" }, refs.bar);
+  refs.error = h("p", { class: "error", hidden: true });
+  refs.note = h("div", { class: "sent-note", hidden: true }, h("span", { class: "spinner" }), h("span", {}));
+  refs.editor = h("div", { class: "editor", hidden: true });
+  const action = (verdict, label, cls) =>
+    h("button", { class: `btn ${cls}`, type: "button", "data-action": verdict, onclick: () => onAction(item.call_id, verdict) }, label);
+  refs.actions = h("div", { class: "actions" }, action("approve", "Approve", "approve"), action("reject", "Reject…", "reject"), action("edit", "Edit…", "edit"));
+  const el = h(
+    "article",
+    { class: "req", "data-call-id": item.call_id },
+    h("div", { class: "req-head" }, h("span", { class: "req-tool" }, item.tool), chip("awaiting_approval", humanStatus(item.effect)), refs.left),
+    h(
+      "div",
+      { class: "req-meta" },
+      h("code", { title: item.call_id }, shortId(item.call_id)),
+      ` · requested by ${item.requested_by} · ${ago(item.requested_at)}`,
+    ),
+    h("ul", { class: "preview" }, (item.preview || []).map((line) => h("li", {}, line))),
+    refs.timebar,
+    h("details", {}, h("summary", {}, "Arguments and fingerprint"), h("pre", {}, `${argumentsText(item)}\n\nfingerprint ${item.fingerprint}`)),
+    refs.actions,
+    refs.editor,
+    refs.error,
+    refs.note,
+  );
+  return { el, item, refs, total: Math.max(1, (new Date(item.expires_at) - new Date(item.requested_at)) / 1000), mode: null };
+}
+
+function updateCard(card) {
+  const left = (new Date(card.item.expires_at).getTime() - serverNow()) / 1000;
+  card.refs.left.textContent = fmtLeft(left);
+  card.refs.left.className = `req-left ${left < 30 ? "late" : left < 120 ? "soon" : ""}`;
+  card.refs.timebar.className = `timebar ${left < 120 ? "soon" : ""}`;
+  card.refs.bar.style.width = `${Math.max(0, Math.min(100, (100 * left) / card.total))}%`;
+  const sent = card.item.decision;
+  card.el.classList.toggle("sent", Boolean(sent));
+  card.refs.note.hidden = !sent;
+  if (sent) card.refs.note.lastChild.textContent = `${sent} decision published — waiting for the outcome…`;
+  if (left <= 0) {
+    for (const button of card.refs.actions.querySelectorAll("button")) button.disabled = true;
+  }
+}
+
+function renderInbox(payload) {
+  const box = $("inbox");
+  const pending = payload.pending || [];
+  const ids = new Set(pending.map((p) => p.call_id));
+  for (const [id, card] of state.cards) {
+    if (!ids.has(id)) {
+      card.el.classList.add("leaving");
+      setTimeout(() => card.el.remove(), 350);
+      state.cards.delete(id);
+    }
+  }
+  for (const item of pending) {
+    let card = state.cards.get(item.call_id);
+    if (!card) {
+      card = buildCard(item);
+      state.cards.set(item.call_id, card);
+    }
+    card.item = { ...item, decision: item.decision || card.item.decision };
+    box.append(card.el); // keeps the server's order (soonest to expire first)
+    updateCard(card);
+  }
+  let empty = box.querySelector(".empty");
+  if (!pending.length && !empty) {
+    empty = h("p", { class: "empty" }, `Nothing to decide in ${payload.tenant}. New requests appear here as agents propose them.`);
+    box.append(empty);
+  } else if (pending.length && empty) {
+    empty.remove();
+  }
+  $("inbox-count").textContent = String(pending.length);
+  $("inbox-count").classList.toggle("hot", pending.length > 0);
+}
+
+function showEditor(card, verdict) {
+  const editor = card.refs.editor;
+  card.refs.error.hidden = true;
+  if (card.mode === verdict) {
+    editor.hidden = true;
+    card.mode = null;
+    return;
+  }
+  card.mode = verdict;
+  const reason = h("input", { type: "text", maxlength: 512, placeholder: verdict === "reject" ? "Reason (shown in the audit log)" : "Reason for the change (optional)" });
+  const children = [];
+  let area = null;
+  if (verdict === "edit") {
+    area = h("textarea", { spellcheck: "false", "aria-label": "New arguments (JSON)" });
+    area.value = argumentsText(card.item);
+    children.push(h("span", { class: "hint" }, "Change the arguments; they are validated and authorized again, then approved in your name."), area);
+  }
+  const confirm = h(
+    "button",
+    {
+      class: `btn ${verdict === "reject" ? "reject" : "approve"}`,
+      type: "button",
+      "data-action": `confirm-${verdict}`,
+      onclick: () => {
+        let args;
+        if (area) {
+          try {
+            args = JSON.parse(area.value);
+          } catch (err) {
+            showCardError(card, `The arguments are not valid JSON: ${err.message}`);
+            return;
+          }
+          if (!args || typeof args !== "object" || Array.isArray(args)) {
+            showCardError(card, "The arguments must be a JSON object.");
+            return;
+          }
+        }
+        decide(card, verdict, reason.value.trim() || null, args);
+      },
+    },
+    verdict === "reject" ? "Reject request" : "Approve with changes",
+  );
+  const cancel = h("button", { class: "btn edit", type: "button", onclick: () => showEditor(card, verdict) }, "Cancel");
+  editor.replaceChildren(...children, reason, h("div", { class: "row" }, confirm, cancel));
+  editor.hidden = false;
+  (area || reason).focus();
+}
+
+function showCardError(card, text) {
+  card.refs.error.textContent = text;
+  card.refs.error.hidden = false;
+}
+
+function onAction(callId, verdict) {
+  const card = state.cards.get(callId);
+  if (!card) return;
+  if (verdict === "approve") decide(card, "approve", null, undefined);
+  else showEditor(card, verdict);
+}
+
+async function decide(card, verdict, reason, args) {
+  const buttons = card.el.querySelectorAll("button");
+  buttons.forEach((b) => (b.disabled = true));
+  card.refs.error.hidden = true;
+  try {
+    await api(`/api/approvals/${encodeURIComponent(card.item.call_id)}/decision`, {
+      method: "POST",
+      auth: true,
+      body: { decision: verdict, reason, arguments: args },
+    });
+    state.mine.add(card.item.call_id);
+    card.item = { ...card.item, decision: verdict };
+    card.refs.editor.hidden = true;
+    card.mode = null;
+    updateCard(card);
+    toast(`${verdict === "reject" ? "Rejection" : verdict === "edit" ? "Edited approval" : "Approval"} published for ${card.item.tool}; the outcome will appear in the feed.`, "good");
+    refresh();
+  } catch (err) {
+    const text = {
+      approval_expired: "Too late: this request expired and can no longer be decided.",
+      not_found: "This request is no longer pending (it was decided or ended).",
+      unauthenticated: "Your sign-in is no longer valid; sign in again.",
+      policy_denied: "Your token does not carry the approver role.",
+    }[err.code] || err.message;
+    showCardError(card, `${text} (${err.code})`);
+    toast(text, "bad");
+    if (err.code === "unauthenticated") signOut();
+  } finally {
+    buttons.forEach((b) => (b.disabled = false));
+    updateCard(card);
+  }
+}
+
+async function refreshInbox() {
+  if (!state.token || !state.me) return;
+  try {
+    renderInbox(await api("/api/approvals", { auth: true }));
+  } catch (err) {
+    if (err.code === "unauthenticated" || err.code === "policy_denied") {
+      signOut();
+      $("signin-error").textContent = "Your sign-in expired; paste a fresh approver token.";
+      $("signin-error").hidden = false;
+    }
+  }
+}
+
+// ------------------------------------------------------------------ polling
+
+async function refresh() {
+  if (state.inFlight) return;
+  if (document.hidden && state.overview) return; // a background tab does not poll
+  state.inFlight = true;
+  const q = query();
+  try {
+    const [overview, feed, ops] = await Promise.all([
+      api(`/api/overview?${q}`),
+      api(`/api/feed?${q}`),
+      api(`/api/operations?${state.filters.tenant ? `tenant=${encodeURIComponent(state.filters.tenant)}` : ""}`),
+    ]);
+    state.clockOffset = new Date(overview.now).getTime() - Date.now();
+    state.overview = overview;
+    renderHealth(overview);
+    renderFacets(overview.facets);
+    renderKpis(overview);
+    renderChart(overview);
+    renderLatency(overview.latency);
+    renderBreakdown(overview.breakdown);
+    renderFeed(feed.items);
+    renderOps(ops.items);
+    showBanner(null);
+    $("refreshed").textContent = `live · updated ${fmtTime(overview.now)}`;
+    await refreshInbox();
+  } catch (err) {
+    if (err.status === 0) setHealth("down", "dashboard server unreachable");
+    else if (err.status === 503) setHealth("down", "storage unavailable");
+    else setHealth("down", "error");
+    showBanner(`${err.message}${err.code && err.status ? ` (${err.code})` : ""}`);
+  } finally {
+    state.inFlight = false;
+  }
+}
+
+function tickClocks() {
+  for (const card of state.cards.values()) updateCard(card);
+}
+
+async function start() {
+  initFilters();
+  $("signin").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const token = $("token").value.trim();
+    if (!token) {
+      $("signin-error").textContent = "Paste an approver token first.";
+      $("signin-error").hidden = false;
+      return;
+    }
+    signIn(token);
+  });
+  $("signout").addEventListener("click", signOut);
+  window.addEventListener("resize", () => state.overview && renderChart(state.overview));
+  document.addEventListener("visibilitychange", () => !document.hidden && refresh());
+  renderWho();
+  if (state.token) await signIn(state.token);
+  await refresh();
+  setInterval(refresh, POLL_MS);
+  setInterval(tickClocks, 1000);
+}
+
+document.addEventListener("DOMContentLoaded", start);

@@ -1,0 +1,119 @@
+"""The dashboard in a real browser: sign in as an approver, approve a pending refund from the
+inbox, and watch its `succeeded` outcome arrive in the live feed.
+
+Playwright (Python) drives Debian's Chromium (`deploy/local/browser` installs it); the pipeline,
+the audit sink and `ratifier dashboard` are real processes on their own topic prefix. The
+screenshot is written to test-artifacts/dashboard-approval.png.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import ConsoleMessage, sync_playwright
+
+from ratifier.topics import delete_topics
+from tests.e2e.approvals_kit import REFUND, propose, terminal_outcomes, token
+from tests.e2e.conftest import (
+    ARTIFACTS,
+    Pipeline,
+    SigningKeys,
+    free_port,
+    start_pipeline,
+    wait_http,
+)
+from tests.services import run
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+
+CHROMIUM = Path(os.environ.get("RATIFIER_CHROMIUM", "/usr/bin/chromium"))
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+SCREENSHOT = ARTIFACTS / "dashboard-approval.png"
+
+
+@pytest.fixture(scope="module")
+def dashboard(signing_keys: SigningKeys) -> Iterator[tuple[Pipeline, str]]:
+    """A pipeline with the audit sink (approval TTL long enough for a browser), and the
+    dashboard on a free port reading it."""
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} is missing: run deploy/local/browser (make browser)")
+    pipeline = start_pipeline(signing_keys, "dashboard", approval_ttl=600, audit_sink=True)
+    try:
+        port = free_port()
+        worker = pipeline.start("dashboard", "dashboard", RATIFIER_DASHBOARD_PORT=str(port))
+        url = f"http://127.0.0.1:{port}/"
+        wait_http(url, worker)
+        yield pipeline, url
+    finally:
+        pipeline.stop()
+        run(delete_topics(pipeline.settings))
+
+
+def test_approver_approves_a_refund_and_sees_it_succeed(dashboard: tuple[Pipeline, str]) -> None:
+    pipeline, url = dashboard
+    # Two refunds wait for a human: one is approved here, the other stays in the inbox.
+    first, second = propose(pipeline, n=2)
+    boss = token(pipeline.settings, "boss")
+    problems: list[str] = []
+
+    def console(message: ConsoleMessage) -> None:
+        if message.type == "error":
+            problems.append(message.text)
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1440, "height": 1250})
+            page.on("console", console)
+            page.on("pageerror", lambda exc: problems.append(str(exc)))
+            page.goto(url)
+            page.locator("#health[data-state='live']").wait_for(timeout=30_000)
+
+            page.fill("#token", boss)
+            page.click("#signin button[type=submit]")
+            page.locator("#who").wait_for(state="visible")
+            assert page.inner_text("#who-sub") == "boss"
+            assert page.inner_text("#who-tenant") == "tenant-a"
+
+            card = page.locator(f"article.req[data-call-id='{first['call_id']}']")
+            card.wait_for(timeout=30_000)
+            page.locator(f"article.req[data-call-id='{second['call_id']}']").wait_for()
+            assert card.locator(".req-tool").inner_text() == "propose_refund"
+            preview = card.locator(".preview").inner_text()
+            assert all(line in preview for line in first["preview"]), preview
+            assert "left" in card.locator(".req-left").inner_text()
+
+            card.locator("button[data-action='approve']").click()
+            done = page.locator(
+                f"#feed tr[data-call-id='{first['call_id']}'][data-status='succeeded']"
+            )
+            done.wait_for(timeout=60_000)
+            assert "approved by boss" in done.inner_text()
+            # The approved request leaves the inbox; the other one is still there to decide.
+            card.wait_for(state="detached", timeout=15_000)
+            assert page.locator("article.req").count() >= 1
+            page.locator(
+                f"#feed tr[data-call-id='{first['call_id']}'][data-status='decision:approve']"
+            ).wait_for(timeout=15_000)
+            SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(SCREENSHOT), full_page=True, animations="disabled")
+        finally:
+            browser.close()
+
+    assert problems == [], problems
+    outcome = terminal_outcomes(pipeline, {first["call_id"]})[first["call_id"]]
+    assert [(o["status"], o["approval"]["approver"]) for o in outcome] == [("succeeded", "boss")]
+    assert outcome[0]["result"]["amount_minor"] == REFUND["amount_minor"]
+    assert SCREENSHOT.stat().st_size > 10_000

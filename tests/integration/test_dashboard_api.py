@@ -1,0 +1,326 @@
+"""The dashboard's JSON API against real PostgreSQL and Kafka: rows as the audit sink writes
+them (under this session's topic prefix), the ledger and audit log, and the one write — a
+signed decision on `approvals.decided`."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from psycopg.types.json import Jsonb
+
+from dashboard.reads import read_only_pool
+from dashboard.server import create_app
+from ratifier.topics import delete_topics, ensure_topics
+from schemas.envelopes import ApprovalDecision
+from schemas.identity import context_keys, issue_context_token
+from schemas.names import Topic
+from schemas.settings import Settings
+from tests.services import read_until, run
+
+pytestmark = pytest.mark.integration
+
+
+class Rows:
+    """Inserts audit_records rows for one prefix, as the sink would."""
+
+    def __init__(self, conn: psycopg.Connection[Any], prefix: str) -> None:
+        self.conn = conn
+        self.prefix = prefix
+        self.offset = 0
+
+    def add(self, stream: str, record: dict[str, Any], at: datetime, **columns: Any) -> None:
+        self.offset += 1
+        self.conn.execute(
+            "INSERT INTO audit_records (topic, kafka_partition, kafka_offset, prefix, stream, "
+            "call_id, tenant, tool, status, error_code, record_at, record) VALUES "
+            "(%s, 0, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            (
+                self.prefix + stream,
+                self.offset,
+                self.prefix,
+                stream,
+                record.get("call_id"),
+                columns.get("tenant", record.get("tenant")),
+                record.get("tool"),
+                record.get("status") if stream == "outcomes" else None,
+                (record.get("error") or {}).get("code"),
+                at,
+                Jsonb(record),
+            ),
+        )
+
+
+def request_record(call_id: str, tenant: str, expires_at: datetime) -> dict[str, Any]:
+    return {
+        "v": 1,
+        "call_id": call_id,
+        "operation_id": f"{tenant}:{call_id}",
+        "tenant": tenant,
+        "tool": "propose_refund",
+        "arguments": {"payment_id": "pay_A1002", "amount_minor": 10, "reason": "late"},
+        "preview": ["propose_refund requested by agent-1", "amount_minor: 10"],
+        "fingerprint": "a" * 64,
+        "effect": "external_write",
+        "policy_version": "p1",
+        "requested_by": "agent-1",
+        "expires_at": expires_at.isoformat(),
+    }
+
+
+def outcome(call_id: str, tenant: str | None, status: str, at: datetime, **extra: Any) -> Any:
+    return {
+        "v": 1,
+        "call_id": call_id,
+        "tool": extra.pop("tool", "propose_refund"),
+        "tenant": tenant,
+        "status": status,
+        "stage": "execute",
+        "at": at.isoformat(),
+        **extra,
+    }
+
+
+@pytest.fixture(scope="module")
+def dash_settings(settings: Settings) -> Iterator[Settings]:
+    """This module's own topic prefix: its rows and topics are nobody else's."""
+    own = settings.model_copy(update={"topic_prefix": f"d{uuid.uuid4().hex[:10]}."})
+    run(ensure_topics(own))
+    yield own
+    run(delete_topics(own))
+
+
+@pytest.fixture(scope="module")
+def world(dash_settings: Settings) -> Iterator[dict[str, Any]]:
+    """A deployment's pipeline history in PostgreSQL (the tests only read it); the ledger
+    rows are removed after."""
+    settings = dash_settings
+    now = datetime.now(UTC)
+    tag = uuid.uuid4().hex[:8]
+    ta, tb = f"ta-{tag}", f"tb-{tag}"
+    ids = {name: f"{name}-{tag}" for name in ("ok", "deny", "pend", "old", "done", "unk", "rec")}
+    with psycopg.connect(settings.database_url, autocommit=True) as conn:
+        rows = Rows(conn, settings.topic_prefix)
+        t0 = now - timedelta(seconds=30)
+        # A read that went all the way through, with timestamps for each stage.
+        ok = ids["ok"]
+        rows.add("calls.proposed", {"call_id": ok, "tool": "get_payment"}, t0)
+        rows.add(
+            "calls.validated",
+            {"call_id": ok, "tool": "get_payment", "proposed_at": t0.isoformat()},
+            t0 + timedelta(milliseconds=20),
+            tenant=ta,
+        )
+        rows.add("calls.authorized", {"call_id": ok, "tenant": ta}, t0 + timedelta(milliseconds=50))
+        rows.add(
+            "commands.committed", {"call_id": ok, "tenant": ta}, t0 + timedelta(milliseconds=60)
+        )
+        rows.add(
+            "outcomes",
+            outcome(ok, ta, "succeeded", t0 + timedelta(milliseconds=100), tool="get_payment"),
+            t0 + timedelta(milliseconds=100),
+        )
+        # A denial in another tenant.
+        rows.add(
+            "outcomes",
+            outcome(
+                ids["deny"],
+                tb,
+                "denied",
+                now - timedelta(seconds=20),
+                error={"code": "policy_denied", "message": "no", "retryable": False},
+            ),
+            now - timedelta(seconds=20),
+        )
+        # Approval requests: one pending (with a decision already sent), one expired, one ended.
+        sec, minutes = timedelta(seconds=1), timedelta(minutes=1)
+        boss = {"token": "masked", "verified": True, "sub": "boss"}
+        requested = "approvals.requested"
+        rows.add(requested, request_record(ids["pend"], ta, now + 5 * minutes), now - 10 * sec)
+        decided = {"call_id": ids["pend"], "decision": "approve", "approver": boss}
+        rows.add("approvals.decided", decided, now - 5 * sec)
+        rows.add(requested, request_record(ids["old"], ta, now - sec), now - 60 * sec)
+        rows.add(requested, request_record(ids["done"], ta, now + 5 * minutes), now - 9 * sec)
+        rows.add("outcomes", outcome(ids["done"], ta, "succeeded", now), now - timedelta(seconds=2))
+        # Operations: one escalated (unknown), one reconciled; both seen by this deployment.
+        for key, status in (("unk", "unknown"), ("rec", "succeeded")):
+            call_id = ids[key]
+            rows.add("commands.committed", {"call_id": call_id, "tenant": ta}, now)
+            conn.execute(
+                "INSERT INTO command_ledger (tenant, idempotency_key, operation_id, call_id, tool, "
+                "fingerprint, status, reconcile_attempts, escalated_at) "
+                "VALUES (%s, %s, %s, %s, 'propose_refund', 'f', %s, %s, %s)",
+                (
+                    ta,
+                    call_id,
+                    f"{ta}:{call_id}",
+                    call_id,
+                    status,
+                    8 if key == "unk" else 1,
+                    now if key == "unk" else None,
+                ),
+            )
+            conn.execute(
+                "INSERT INTO audit_log (tenant, call_id, kind, detail) VALUES (%s, %s, %s, %s)",
+                (
+                    ta,
+                    call_id,
+                    "escalated" if key == "unk" else "reconciled",
+                    Jsonb(
+                        {"attempts": 8} if key == "unk" else {"status": "succeeded", "attempts": 2}
+                    ),
+                ),
+            )
+        try:
+            yield {"ta": ta, "tb": tb, "ids": ids}
+        finally:
+            conn.execute("DELETE FROM command_ledger WHERE tenant = %s", (ta,))
+
+
+@pytest.fixture
+async def client(dash_settings: Settings) -> AsyncIterator[TestClient[Any, Any]]:
+    async with TestClient(TestServer(create_app(dash_settings))) as test_client:
+        yield test_client
+
+
+def bearer(
+    settings: Settings, tenant: str, roles: tuple[str, ...] = ("approver",)
+) -> dict[str, str]:
+    token = issue_context_token(context_keys(settings), sub="boss", tenant=tenant, roles=roles)
+    return {"Authorization": f"Bearer {token}"}
+
+
+async def test_overview_counts_latency_and_facets(client: Any, world: Any) -> None:
+    response = await client.get("/api/overview", params={"window": "900"})
+    assert response.status == 200
+    body = await response.json()
+    kpis = body["kpis"]
+    assert kpis["by_status"] == {"succeeded": 2, "denied": 1}
+    assert kpis["by_code"] == {"policy_denied": 1}
+    assert kpis["pending_approvals"] == 1
+    assert (kpis["escalated"], kpis["reconciling"]) == (1, 0)
+    assert len(body["series"]) == 30
+    assert sum(sum(b["counts"].values()) for b in body["series"]) == 3
+    latency = {r["stage"]: r for r in body["latency"]}
+    assert latency["validate"]["n"] == 1 and latency["validate"]["p50"] == pytest.approx(20, abs=1)
+    assert latency["authorize"]["p95"] == pytest.approx(30, abs=1)
+    assert latency["end_to_end"]["p99"] == pytest.approx(100, abs=1)
+    assert set(body["facets"]["tenant"]) == {world["ta"], world["tb"]}
+    narrowed = await (await client.get("/api/overview", params={"tenant": world["tb"]})).json()
+    assert narrowed["kpis"]["by_status"] == {"denied": 1}
+    assert narrowed["breakdown"][0]["by_code"] == {"policy_denied": 1}
+    bad = await client.get("/api/overview", params={"status": "splendid"})
+    assert bad.status == 400
+    assert (await bad.json())["error"]["code"] == "invalid_arguments"
+
+
+async def test_feed_filters_and_shows_decisions(client: Any, world: Any) -> None:
+    items = (await (await client.get("/api/feed")).json())["items"]
+    statuses = [(i["call_id"], i["status"]) for i in items]
+    ids = world["ids"]
+    assert (ids["pend"], "decision:approve") in statuses
+    decision = next(i for i in items if i["call_id"] == ids["pend"])
+    assert (decision["tenant"], decision["tool"], decision["approver"]) == (
+        world["ta"],
+        "propose_refund",
+        "boss",
+    )
+    denied = (await (await client.get("/api/feed", params={"error_code": "policy_denied"})).json())[
+        "items"
+    ]
+    assert [(i["call_id"], i["tenant"]) for i in denied] == [(ids["deny"], world["tb"])]
+
+
+async def test_operations_with_history(client: Any, world: Any) -> None:
+    items = (await (await client.get("/api/operations", params={"tenant": world["ta"]})).json())[
+        "items"
+    ]
+    assert [(i["call_id"], i["state"]) for i in items] == [
+        (world["ids"]["unk"], "escalated"),
+        (world["ids"]["rec"], "settled"),
+    ]
+    assert items[0]["history"][0]["kind"] == "escalated"
+    assert items[1]["history"][0]["summary"] == "succeeded after 2 check(s)"
+
+
+async def test_inbox_needs_an_approver_of_the_tenant(
+    client: Any, world: Any, dash_settings: Settings
+) -> None:
+    assert (await client.get("/api/approvals")).status == 401
+    wrong = await client.get("/api/approvals", headers={"Authorization": "Bearer not-a-jwt"})
+    assert wrong.status == 401
+    clerk = await client.get(
+        "/api/approvals", headers=bearer(dash_settings, world["ta"], ("support",))
+    )
+    assert clerk.status == 403
+    session = await client.get("/api/session", headers=bearer(dash_settings, world["ta"]))
+    assert (await session.json())["tenant"] == world["ta"]
+    mine = await (
+        await client.get("/api/approvals", headers=bearer(dash_settings, world["ta"]))
+    ).json()
+    assert [(p["call_id"], p["decision"]) for p in mine["pending"]] == [
+        (world["ids"]["pend"], "approve")
+    ]
+    assert 200 < mine["pending"][0]["seconds_left"] <= 300
+    other = await (
+        await client.get("/api/approvals", headers=bearer(dash_settings, world["tb"]))
+    ).json()
+    assert other["pending"] == []
+
+
+async def test_decisions_are_published_signed_and_bound(
+    client: Any, world: Any, dash_settings: Settings
+) -> None:
+    ids, headers = world["ids"], bearer(dash_settings, world["ta"])
+
+    async def decide(call_id: str, body: Any, with_headers: dict[str, str] = headers) -> Any:
+        return await client.post(
+            f"/api/approvals/{call_id}/decision", json=body, headers=with_headers
+        )
+
+    assert (await decide(ids["old"], {"decision": "approve"})).status == 410
+    assert (await decide(ids["done"], {"decision": "approve"})).status == 404
+    other_tenant = bearer(dash_settings, world["tb"])
+    assert (await decide(ids["pend"], {"decision": "approve"}, other_tenant)).status == 404
+    assert (await decide(ids["pend"], {"decision": "maybe"})).status == 400
+    assert (await decide(ids["pend"], {"decision": "edit"})).status == 400  # no arguments
+    edited = {"payment_id": "pay_A1002", "amount_minor": 5, "reason": "partial"}
+    response = await decide(
+        ids["pend"], {"decision": "edit", "arguments": edited, "reason": "half"}
+    )
+    assert response.status == 202
+    assert (await response.json())["fingerprint"] == "a" * 64
+
+    def published(records: list[Any]) -> bool:
+        return any(json.loads(r.value)["call_id"] == ids["pend"] for r in records)
+
+    records = await read_until(dash_settings, [Topic.APPROVALS_DECIDED], published, timeout=20)
+    (decision,) = [
+        ApprovalDecision.model_validate_json(r.value)
+        for r in records
+        if json.loads(r.value)["call_id"] == ids["pend"]
+    ]
+    assert decision.decision.value == "edit"
+    assert decision.arguments == edited
+    assert decision.fingerprint == "a" * 64
+    assert decision.reason == "half"
+    assert decision.approver == headers["Authorization"].removeprefix("Bearer ")
+
+
+async def test_reads_cannot_write(settings: Settings) -> None:
+    pool = read_only_pool(settings.database_url)
+    await pool.open(wait=True, timeout=10)
+    try:
+        async with pool.connection() as conn:
+            with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+                await conn.execute(
+                    "INSERT INTO audit_log (tenant, call_id, kind) VALUES ('x', 'y', 'z')"
+                )
+    finally:
+        await pool.close()
