@@ -39,6 +39,7 @@ from schemas.errors import (
 from schemas.identity import ContextKeys, context_keys
 from schemas.settings import Settings
 from streams.inbox import approver_from, decision_for, publish_decision
+from telemetry.metrics import count_records, metrics_handler
 
 log = logging.getLogger("ratifier.dashboard")
 
@@ -185,6 +186,7 @@ async def decide(request: web.Request) -> web.Response:
         await publish_decision(request.app[_SETTINGS], decision)
     except KafkaError as exc:
         raise StorageUnavailable("Kafka is not reachable; nothing was published.") from exc
+    count_records("dashboard", f"decision_{verdict.value}")
     log.info(
         "dashboard: %s published for %s by %s@%s",
         verdict.value,
@@ -224,6 +226,7 @@ def create_app(settings: Settings, *, keys: ContextKeys | None = None) -> web.Ap
     app.router.add_get("/api/session", session)
     app.router.add_get("/api/approvals", approvals)
     app.router.add_post("/api/approvals/{call_id}/decision", decide)
+    app.router.add_get("/metrics", metrics_handler)
     return app
 
 

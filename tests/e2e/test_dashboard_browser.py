@@ -9,6 +9,7 @@ screenshot is written to test-artifacts/dashboard-approval.png.
 from __future__ import annotations
 
 import os
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -117,3 +118,7 @@ def test_approver_approves_a_refund_and_sees_it_succeed(dashboard: tuple[Pipelin
     assert [(o["status"], o["approval"]["approver"]) for o in outcome] == [("succeeded", "boss")]
     assert outcome[0]["result"]["amount_minor"] == REFUND["amount_minor"]
     assert SCREENSHOT.stat().st_size > 10_000
+    # The dashboard's own /metrics counts the decision it published.
+    with urllib.request.urlopen(url + "metrics", timeout=10) as response:
+        metrics = response.read().decode()
+    assert 'ratifier_records_total{stage="dashboard",status="decision_approve"} 1.0' in metrics
