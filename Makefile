@@ -61,10 +61,8 @@ test: up lint unit integration e2e ## everything CI runs
 dashboard: up ## serve the web dashboard on http://127.0.0.1:6070/ (Ctrl-C stops it)
 	$(BIN)/ratifier dashboard
 
-demo: install ## start services, run the pipeline on a short scenario, print outcomes, stop
-	@if deploy/local/status >/dev/null 2>&1; then was_up=1; else was_up=0; fi; \
-	deploy/local/up && $(BIN)/ratifier demo; code=$$?; \
-	if [ $$was_up = 0 ]; then deploy/local/down; fi; exit $$code
+demo: up ## run the pipeline on a short scenario, print outcomes, leave it and its dashboard running
+	$(BIN)/ratifier demo
 
 bench-validator: up ## validator benchmark (pure and through Kafka) → bench/RESULTS.md
 	$(BIN)/python -m bench.validator 20000

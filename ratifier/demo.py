@@ -1,11 +1,17 @@
-"""`ratifier demo`: run the pipeline on a short scenario and print outcomes as they arrive."""
+"""`ratifier demo`: run the whole pipeline on a short scenario, print outcomes as they arrive,
+and leave the pipeline and its dashboard running for a look around."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import time
+import urllib.error
+import urllib.request
 import uuid
+from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -14,14 +20,30 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from ratifier.migrate import migrate
-from ratifier.processes import WorkerProcess, start_worker
+from ratifier.processes import WorkerProcess, start_worker_args, wait_for_log
 from ratifier.topics import ensure_topics
-from schemas.envelopes import Outcome
+from schemas.envelopes import ApprovalDecision, ApprovalVerdict, Outcome
 from schemas.identity import context_keys, issue_context_token
 from schemas.names import Topic
 from schemas.settings import Settings
 
-LOG_DIR = Path.home() / ".cache" / "ratifier-local" / "logs"
+LOCAL_HOME = Path(os.environ.get("RATIFIER_LOCAL_HOME", Path.home() / ".cache" / "ratifier-local"))
+LOG_DIR = LOCAL_HOME / "logs"
+# `deploy/local/down` stops every process recorded here (demo-*.pid) before the services.
+RUN_DIR = LOCAL_HOME / "run"
+
+# name -> `ratifier` arguments and the log line that says it is ready (the dashboard is
+# checked over HTTP). The order is the start order.
+DEMO_PROCESSES: tuple[tuple[str, tuple[str, ...], str | None], ...] = (
+    ("provider", ("provider",), None),
+    ("streams", ("streams",), "Worker ready"),
+    ("executor", ("executor",), " started on "),
+    ("reconciler", ("reconciler",), None),
+    ("audit-sink", ("audit", "sink"), "audit sink started"),
+    ("dashboard", ("dashboard",), None),
+)
+
+AWAITING = "awaiting_approval"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -32,6 +54,9 @@ class Step:
     tenant: str
     expect_status: str
     expect_code: str | None
+    roles: tuple[str, ...] = ("support",)
+    # None: no approval involved; True: the demo's approver approves; False: left pending.
+    approve: bool | None = None
 
 
 SCENARIO = (
@@ -75,10 +100,33 @@ SCENARIO = (
         expect_status="denied",
         expect_code="policy_denied",
     ),
+    Step(
+        title="refund, human-approved",
+        tool="propose_refund",
+        arguments={"payment_id": "pay_A1002", "amount_minor": 5, "reason": "late delivery"},
+        tenant="tenant-a",
+        roles=("refund",),
+        expect_status="succeeded",
+        expect_code=None,
+        approve=True,
+    ),
+    Step(
+        title="refund, left for you",
+        tool="propose_refund",
+        arguments={"payment_id": "pay_A1002", "amount_minor": 5, "reason": "damaged item"},
+        tenant="tenant-a",
+        roles=("refund",),
+        expect_status=AWAITING,
+        expect_code="approval_required",
+        approve=False,
+    ),
 )
 
+DEMO_AGENT = "agent-7"
+DEMO_APPROVER = "demo-approver"
+
 COLUMNS = ("call", "scenario", "tool", "status", "code", "detail", "ok")
-WIDTHS = (22, 24, 22, 10, 18, 34, 3)
+WIDTHS = (22, 24, 22, 17, 18, 34, 3)
 
 
 def _row(values: tuple[str, ...]) -> str:
@@ -86,17 +134,38 @@ def _row(values: tuple[str, ...]) -> str:
 
 
 def _detail(outcome: Outcome) -> str:
+    if outcome.approval is not None:
+        return f"approved by {outcome.approval.approver}"
     if outcome.result:
         return json.dumps(outcome.result, separators=(",", ":"))
     if outcome.error and outcome.error.fields:
         return "; ".join(f"{f.path}: {f.problem}" for f in outcome.error.fields)
+    if outcome.status.value == AWAITING:
+        return "waiting in the approval inbox"
     return outcome.error.message if outcome.error else ""
 
 
-async def _run_scenario(settings: Settings, run_id: str, wait_seconds: float) -> bool:
+def _proposal(call_id: str, step: Step, token: str) -> bytes:
+    envelope = {
+        "v": 1,
+        "call_id": call_id,
+        "tool": step.tool,
+        "arguments": step.arguments,
+        "context": token,
+        "proposed_at": datetime.now(UTC).isoformat(),
+    }
+    return json.dumps(envelope).encode()
+
+
+async def _run_scenario(
+    settings: Settings, run_id: str, wait_seconds: float
+) -> tuple[bool, dict[str, tuple[Step, str]]]:
+    """Publish the scenario, approve what the demo approves, and print each outcome.
+    Returns whether every outcome was as expected, and call id -> (step, status seen)."""
     keys = context_keys(settings)
     consumer = AIOKafkaConsumer(
         settings.topic(Topic.OUTCOMES),
+        settings.topic(Topic.APPROVALS_REQUESTED),
         bootstrap_servers=settings.kafka_bootstrap,
         enable_auto_commit=False,
         group_id=None,
@@ -113,19 +182,11 @@ async def _run_scenario(settings: Settings, run_id: str, wait_seconds: float) ->
         for number, step in enumerate(SCENARIO, start=1):
             call_id = f"demo-{run_id}-{number}"
             expected[call_id] = step
-            token = issue_context_token(keys, sub="agent-7", tenant=step.tenant, roles=("support",))
-            envelope = {
-                "v": 1,
-                "call_id": call_id,
-                "tool": step.tool,
-                "arguments": step.arguments,
-                "context": token,
-                "proposed_at": datetime.now(UTC).isoformat(),
-            }
+            token = issue_context_token(keys, sub=DEMO_AGENT, tenant=step.tenant, roles=step.roles)
             await producer.send_and_wait(
                 settings.topic(Topic.PROPOSED),
                 key=call_id.encode(),
-                value=json.dumps(envelope).encode(),
+                value=_proposal(call_id, step, token),
             )
         print(
             f"published {len(expected)} calls; waiting for outcomes "
@@ -134,22 +195,35 @@ async def _run_scenario(settings: Settings, run_id: str, wait_seconds: float) ->
         )
         print(_row(COLUMNS))
         print(_row(tuple("-" * w for w in WIDTHS)))
-        seen: dict[str, bool] = {}
+        seen: dict[str, tuple[Step, str]] = {}
+        verdicts: dict[str, bool] = {}
+        approvals_topic = settings.topic(Topic.APPROVALS_REQUESTED)
         deadline = time.monotonic() + wait_seconds
-        while len(seen) < len(expected) and time.monotonic() < deadline:
+        while len(verdicts) < len(expected) and time.monotonic() < deadline:
             batches = await consumer.getmany(timeout_ms=500)
-            for records in batches.values():
+            for tp, records in batches.items():
                 for record in records:
-                    outcome = Outcome.model_validate_json(record.value or b"")
-                    step_or_none = expected.get(outcome.call_id)
-                    if step_or_none is None or not outcome.terminal:
+                    body = json.loads(record.value or b"{}")
+                    step_or_none = expected.get(str(body.get("call_id")))
+                    if step_or_none is None:
+                        continue
+                    if tp.topic == approvals_topic:
+                        if step_or_none.approve:
+                            await _approve(settings, producer, body)
+                        continue
+                    outcome = Outcome.model_validate(body)
+                    if outcome.call_id in verdicts:
+                        continue  # a redelivered stage repeats its outcome; one row is enough
+                    waiting = outcome.status.value == AWAITING
+                    if not outcome.terminal and not (waiting and step_or_none.approve is False):
                         continue
                     code = outcome.error.code.value if outcome.error else ""
                     ok = (
                         outcome.status.value == step_or_none.expect_status
                         and (code or None) == step_or_none.expect_code
                     )
-                    seen[outcome.call_id] = ok
+                    verdicts[outcome.call_id] = ok
+                    seen[outcome.call_id] = (step_or_none, outcome.status.value)
                     print(
                         _row(
                             (
@@ -164,37 +238,135 @@ async def _run_scenario(settings: Settings, run_id: str, wait_seconds: float) ->
                         ),
                         flush=True,
                     )
-        missing = [c for c in expected if c not in seen]
+        missing = [c for c in expected if c not in verdicts]
         for call_id in missing:
             print(
                 f"no outcome within {wait_seconds:.0f}s for {call_id} ({expected[call_id].title})"
             )
-        return not missing and all(seen.values())
+        return not missing and all(verdicts.values()), seen
     finally:
         await consumer.stop()
         await producer.stop()
 
 
+async def _approve(settings: Settings, producer: AIOKafkaProducer, request: dict[str, Any]) -> None:
+    """Approve as a human approver would: a signed decision bound to the request's fingerprint."""
+    token = issue_context_token(
+        context_keys(settings), sub=DEMO_APPROVER, tenant="tenant-a", roles=("approver",)
+    )
+    decision = ApprovalDecision(
+        call_id=str(request["call_id"]),
+        fingerprint=str(request["fingerprint"]),
+        decision=ApprovalVerdict.APPROVE,
+        approver=token,
+        reason="demo approver",
+        decided_at=datetime.now(UTC),
+    )
+    await producer.send_and_wait(
+        settings.topic(Topic.APPROVALS_DECIDED),
+        key=decision.call_id.encode(),
+        value=decision.to_bytes(),
+    )
+
+
+def _stop_previous_demo() -> None:
+    """A new demo replaces the processes a previous one left running."""
+    for pid_file in sorted(RUN_DIR.glob("demo-*.pid")):
+        try:
+            pid = int(pid_file.read_text(encoding="utf-8").split()[0])
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            pid_file.unlink(missing_ok=True)
+            continue
+        if b"ratifier.cli" in cmdline:
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + 20
+            while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if Path(f"/proc/{pid}").exists():
+                os.kill(pid, signal.SIGKILL)
+        pid_file.unlink(missing_ok=True)
+
+
+def _start_processes() -> list[WorkerProcess]:
+    RUN_DIR.mkdir(parents=True, exist_ok=True)
+    workers = []
+    for name, args, _ready in DEMO_PROCESSES:
+        worker = start_worker_args(list(args), name=f"demo-{name}", log_dir=LOG_DIR)
+        (RUN_DIR / f"demo-{name}.pid").write_text(f"{worker.process.pid}\n", encoding="utf-8")
+        workers.append(worker)
+    return workers
+
+
+def _wait_until_ready(url: str, workers: list[WorkerProcess], timeout: float) -> bool:
+    """Every worker has said it is ready and the dashboard answers. Publishing earlier works
+    too, but a worker still joining its group may process a record twice (at-least-once)."""
+    deadline = time.monotonic() + timeout
+    for (name, _args, needle), worker in zip(DEMO_PROCESSES, workers, strict=True):
+        if needle and not wait_for_log(worker, needle, max(deadline - time.monotonic(), 0.1)):
+            print(f"{name} did not become ready; last log lines:\n{worker.log_tail()}")
+            return False
+    while time.monotonic() < deadline:
+        if any(w.process.poll() is not None for w in workers):
+            return False
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 - loopback
+                if response.status == 200:
+                    return True
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.2)
+    return False
+
+
+def _summary(settings: Settings, seen: dict[str, tuple[Step, str]], url: str) -> None:
+    counts = Counter(status for _step, status in seen.values())
+    waiting = [c for c, (_step, status) in seen.items() if status == AWAITING]
+    approved = [c for c, (step, status) in seen.items() if step.approve and status == "succeeded"]
+    denied = [c for c, (step, _s) in seen.items() if step.expect_code == "not_found"]
+    ratifier = os.environ.get("RATIFIER_BIN", "ratifier")
+    print()
+    print("summary")
+    print(f"  calls:      {len(seen)} — " + ", ".join(f"{n} {s}" for s, n in counts.most_common()))
+    print(f"  dashboard:  {url}")
+    print(
+        "  sign in:    paste an approver token from "
+        f"`{ratifier} token --tenant tenant-a --sub you --role approver`"
+    )
+    for call_id in waiting:
+        print(f"  inbox:      {call_id} (a refund) waits for your decision in the dashboard")
+    for call_id in approved + denied:
+        print(f"  story:      {ratifier} audit show {call_id}")
+    print(
+        f"  running:    {', '.join(n for n, _a, _r in DEMO_PROCESSES)} on prefix "
+        f"'{settings.topic_prefix}' (logs in {LOG_DIR}); `make down` stops them and the services"
+    )
+
+
 def run_demo(settings: Settings, *, timeout: float = 120.0) -> int:
     migrate(settings.database_url)
     asyncio.run(ensure_topics(settings))
+    _stop_previous_demo()
     run_id = f"{datetime.now(UTC):%H%M%S}-{uuid.uuid4().hex[:4]}"
-    workers: list[WorkerProcess] = [
-        start_worker("streams", name="demo-streams", log_dir=LOG_DIR),
-        start_worker("executor", name="demo-executor", log_dir=LOG_DIR),
-    ]
-    print(
-        f"started streams worker (pid {workers[0].process.pid}) and executor "
-        f"(pid {workers[1].process.pid}); logs in {LOG_DIR}",
-        flush=True,
-    )
+    url = f"http://127.0.0.1:{settings.dashboard_port}/"
+    workers = _start_processes()
+    started = ", ".join(f"{w.name.removeprefix('demo-')} (pid {w.process.pid})" for w in workers)
+    print(f"started {started}; logs in {LOG_DIR}", flush=True)
+    ok = False
     try:
-        ok = asyncio.run(_run_scenario(settings, run_id, timeout))
+        if not _wait_until_ready(url, workers, timeout=90):
+            print(f"the pipeline or its dashboard ({url}) did not become ready")
+        else:
+            ok, seen = asyncio.run(_run_scenario(settings, run_id, timeout))
+            if ok:
+                _summary(settings, seen, url)
     finally:
-        for worker in workers:
-            code = worker.stop()
-            if code not in (0, -15):
-                print(f"{worker.name} exited with {code}; last log lines:\n{worker.log_tail()}")
-        print("stopped the workers")
+        if not ok:
+            for worker in workers:
+                code = worker.stop()
+                if code not in (0, -15):
+                    print(f"{worker.name} exited with {code}; last log lines:\n{worker.log_tail()}")
+            _stop_previous_demo()
+            print("stopped the demo's processes")
     print("demo: every outcome as expected" if ok else "demo: FAILED (see above)")
     return 0 if ok else 1
