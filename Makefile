@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 PYTEST := $(BIN)/pytest
 export RATIFIER_BIN := $(CURDIR)/$(BIN)/ratifier
 
-.PHONY: help install up down status lint format schemas unit integration e2e test demo bench-validator bench-authorizer bench-executor clean
+.PHONY: help install up down status lint format schemas unit integration e2e test demo bench bench-idle bench-validator bench-authorizer bench-executor clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -59,6 +59,12 @@ demo: install ## start services, run the pipeline on a short scenario, print out
 	@if deploy/local/status >/dev/null 2>&1; then was_up=1; else was_up=0; fi; \
 	deploy/local/up && $(BIN)/ratifier demo; code=$$?; \
 	if [ $$was_up = 0 ]; then deploy/local/down; fi; exit $$code
+
+bench: up ## every baseline and ratifier benchmark in one run (< 20 min) → bench/RESULTS.md
+	$(BIN)/python -m bench
+
+bench-idle: up ## T5 for real: 30 min idle, then one call → bench/idle-result.json (in RESULTS.md)
+	$(BIN)/python -m bench.idle 1800
 
 bench-validator: up ## validator benchmark (pure and through Kafka) → bench/RESULTS.md
 	$(BIN)/python -m bench.validator 20000
