@@ -31,7 +31,6 @@ from typing import Any
 
 import psycopg
 from aiokafka import AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from psycopg.types.json import Jsonb
 from redis.asyncio import Redis
 
@@ -42,10 +41,10 @@ from bench.common import (
     OutcomeWatcher,
     Proposer,
     agent_token,
-    count_until,
     cpu_seconds,
+    create_topics,
+    drain,
     percentile,
-    produce_all,
     read_envelopes,
     reset_payments,
     table,
@@ -102,41 +101,6 @@ def _short(v: Any) -> str:
 # --- topics for the raw baselines ------------------------------------------------------------
 
 
-async def create_topics(run: BenchRun, names: list[str]) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=run.settings.kafka_bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(n, run.settings.topic_partitions, 1) for n in names])
-    finally:
-        await admin.close()
-
-
-async def drain(
-    run: BenchRun,
-    start: Callable[[], list[Any]],
-    source: str,
-    target: str,
-    n: int,
-    values: list[bytes] | None,
-    timeout: float,
-) -> tuple[float, float]:
-    """Publish ``values`` to ``source`` (a backlog), start the processes, and time the
-    first to the n-th record on ``target``. Returns (records/s, CPU µs per record of the
-    started processes while draining)."""
-    if values is not None:
-        await produce_all(run.settings, source, values)
-    workers = start()
-    try:
-        first = await count_until(run.settings, target, 1, timeout=150)
-        cpu0 = sum(cpu_seconds(w.process.pid) for w in workers)
-        done = await count_until(run.settings, target, n, timeout=timeout)
-        cpu1 = sum(cpu_seconds(w.process.pid) for w in workers)
-        return (n - 1) / max(done - first, 1e-9), (cpu1 - cpu0) / max(n - 1, 1) * 1e6
-    finally:
-        for w in workers:
-            run.stop(w)
-
-
 # --- baselines ---------------------------------------------------------------------------------
 
 
@@ -173,6 +137,78 @@ async def baselines_kafka(n: int) -> dict[str, Any]:
         rate, cpu = await drain(run, identity, faust_src, faust_dst, n, envelopes, 300)
         out |= {"B3": rate, "B3_cpu_us": cpu}
         return out
+    finally:
+        await run.close()
+
+
+async def chain_latency(rate: float, seconds: float) -> dict[str, Any]:
+    """The latency floor of the design: a raw 4-hop aiokafka chain (same producer settings
+    as the pipeline) at a low constant rate; time from send to arrival after the last hop."""
+    from aiokafka import AIOKafkaConsumer
+
+    run = BenchRun.create("chainlat")
+    p = run.settings.topic_prefix
+    hops = [f"{p}lat{i}" for i in range(HOPS + 1)]
+    try:
+        await create_topics(run, hops)
+        for i in range(HOPS):
+            run.start_module("bench.relay", f"lat-relay{i}", hops[i], hops[i + 1], f"{p}lat-{i}")
+        consumer = AIOKafkaConsumer(
+            hops[HOPS],
+            bootstrap_servers=run.settings.kafka_bootstrap,
+            group_id=None,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+        )
+        producer = AIOKafkaProducer(
+            bootstrap_servers=run.settings.kafka_bootstrap, acks="all", linger_ms=2
+        )
+        await consumer.start()
+        await producer.start()
+        latencies: list[float] = []
+        warm = True
+        try:
+            padding = b"x" * 800
+            started = time.perf_counter()
+            sent = 0
+            # Warm-up until the relays' groups have joined and records flow.
+            while warm and time.perf_counter() - started < 120:
+                await producer.send_and_wait(hops[0], value=b"warm")
+                batches = await consumer.getmany(timeout_ms=1000)
+                warm = not any(batches.values())
+            began = time.perf_counter()
+            while time.perf_counter() - began < seconds:
+                due = int((time.perf_counter() - began) * rate) + 1
+                while sent < due:
+                    await producer.send(
+                        hops[0], value=f"{time.time():.6f}|".encode() + padding, key=b"%d" % sent
+                    )
+                    sent += 1
+                batches = await consumer.getmany(timeout_ms=5)
+                now = time.time()
+                for records in batches.values():
+                    for r in records:
+                        head = (r.value or b"").split(b"|", 1)[0]
+                        if head not in (b"warm", b""):
+                            latencies.append((now - float(head)) * 1000)
+            end = time.perf_counter() + 10
+            while len(latencies) < sent and time.perf_counter() < end:
+                batches = await consumer.getmany(timeout_ms=100)
+                now = time.time()
+                for records in batches.values():
+                    for r in records:
+                        head = (r.value or b"").split(b"|", 1)[0]
+                        if head not in (b"warm", b""):
+                            latencies.append((now - float(head)) * 1000)
+        finally:
+            await consumer.stop()
+            await producer.stop()
+        return {
+            "B2_lat_rate": rate,
+            "B2_lat_p50": percentile(latencies, 50),
+            "B2_lat_p99": percentile(latencies, 99),
+            "B2_lat_p999": percentile(latencies, 99.9),
+        }
     finally:
         await run.close()
 
@@ -965,6 +1001,12 @@ def render(report: Report, total_seconds: float) -> str:
             fmt(v.get("B3_cpu_us"), " µs CPU/rec", 1),
         ],
         [
+            "B2 lat",
+            f"raw {HOPS}-hop chain latency at {fmt(v.get('B2_lat_rate'))} records/s (send → after the last hop)",
+            f"p50 {fmt(v.get('B2_lat_p50'), ' ms', 1)}, p99 {fmt(v.get('B2_lat_p99'), ' ms', 1)}, p99.9 {fmt(v.get('B2_lat_p999'), ' ms', 1)}",
+            "",
+        ],
+        [
             "B4",
             "redis-py asyncio `SET NX`, one round trip at a time",
             fmt(v.get("B4_plain"), " ops/s"),
@@ -1266,6 +1308,9 @@ async def main_async() -> int:
     await asyncio.to_thread(seed_payments, url)
     await report.step("pure stage costs", 120, lambda: pure_costs(5000))
     await report.step("B1 relay, B2 chain, B3 faust identity", 300, lambda: baselines_kafka(n))
+    await report.step(
+        "B2 latency floor (raw 4-hop chain, 50 records/s)", 120, lambda: chain_latency(50, 15)
+    )
     await report.step("B4 Redis SET NX", 60, lambda: baseline_redis(5000))
     await report.step("B5 ledger transaction (psycopg)", 120, lambda: baseline_postgres(500))
     await report.step(

@@ -13,7 +13,7 @@ import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,6 +21,7 @@ from typing import Any
 
 import psycopg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from psycopg import sql
 
 from ratifier.migrate import migrate
@@ -49,16 +50,6 @@ def machine_facts() -> str:
         f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, commit {git or '?'}, {os.cpu_count()} "
         f"cores ({cpu}), Python {platform.python_version()}, Kafka {kafka} (one node, "
         f"KRaft, loopback), acks=all"
-    )
-
-
-def bench_settings() -> Settings:
-    return Settings(
-        topic_prefix=f"bench{uuid.uuid4().hex[:8]}.",
-        database_url=os.environ.get(
-            "RATIFIER_TEST_DATABASE_URL",
-            "postgresql://ratifier:ratifier@127.0.0.1:5432/ratifier_test",
-        ),
     )
 
 
@@ -150,18 +141,6 @@ def table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
 
 
 RESULTS = Path(__file__).parent / "RESULTS.md"
-
-
-def write_results(heading: str, section: str) -> None:
-    """Replace (or append) the section that starts with ``heading`` in bench/RESULTS.md."""
-    text = RESULTS.read_text(encoding="utf-8") if RESULTS.exists() else "# Benchmark results\n"
-    start = text.find(heading)
-    if start >= 0:
-        end = text.find("\n## ", start + len(heading))
-        text = text[:start] + section + (text[end:] if end >= 0 else "\n")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    RESULTS.write_text(text, encoding="utf-8")
 
 
 # --- worker processes, outcomes and CPU time: shared by every benchmark --------------------
@@ -448,3 +427,38 @@ def percentile(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
     return ordered[index]
+
+
+async def create_topics(run: BenchRun, names: list[str]) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=run.settings.kafka_bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(n, run.settings.topic_partitions, 1) for n in names])
+    finally:
+        await admin.close()
+
+
+async def drain(
+    run: BenchRun,
+    start: Callable[[], list[Any]],
+    source: str,
+    target: str,
+    n: int,
+    values: list[bytes] | None,
+    timeout: float,
+) -> tuple[float, float]:
+    """Publish ``values`` to ``source`` (a backlog), start the processes, and time the
+    first to the n-th record on ``target``. Returns (records/s, CPU µs per record of the
+    started processes while draining)."""
+    if values is not None:
+        await produce_all(run.settings, source, values)
+    workers = start()
+    try:
+        first = await count_until(run.settings, target, 1, timeout=150)
+        cpu0 = sum(cpu_seconds(w.process.pid) for w in workers)
+        done = await count_until(run.settings, target, n, timeout=timeout)
+        cpu1 = sum(cpu_seconds(w.process.pid) for w in workers)
+        return (n - 1) / max(done - first, 1e-9), (cpu1 - cpu0) / max(n - 1, 1) * 1e6
+    finally:
+        for w in workers:
+            run.stop(w)
