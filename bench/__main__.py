@@ -425,10 +425,12 @@ class Pipeline:
         return {name: cpu_seconds(w.process.pid) for name, w in self.workers.items()}
 
 
-async def start_pipeline(run: BenchRun, executors: int) -> Pipeline:
+async def start_pipeline(run: BenchRun, executors: int, streams: int = 1) -> Pipeline:
     await run.prepare()
     run.start_provider()
     workers = {"streams": run.start("streams", "streams")}
+    for i in range(1, streams):
+        workers[f"streams{i}"] = run.start("streams", f"streams{i}")
     for i in range(executors):
         workers[f"executor{i}"] = run.start("executor", f"executor{i}")
     watcher = OutcomeWatcher(run.settings)
@@ -476,7 +478,7 @@ async def closed_loop(pipe: Pipeline, window: int, seconds: float, warmup: float
     await pipe.watcher.wait(issued, timeout=60)  # let the tail drain before the next step
     return {
         "e2e_reads": rate,
-        "e2e_cpu_streams_us": cpu_us["streams"],
+        "e2e_cpu_streams_us": sum(v for k, v in cpu_us.items() if k.startswith("streams")),
         "e2e_cpu_executors_us": sum(v for k, v in cpu_us.items() if k.startswith("executor")),
         "e2e_window": window,
     }
