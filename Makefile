@@ -65,6 +65,7 @@ bench: up ## every baseline and ratifier benchmark in one run (< 20 min) → ben
 
 bench-idle: up ## T5 for real: 30 min idle, then one call → bench/idle-result.json (in RESULTS.md)
 	$(BIN)/python -m bench.idle 1800
+	@if [ -f bench/results.json ]; then $(BIN)/python -m bench --render; fi
 
 bench-validator: up ## validator benchmark alone (pure and through Kafka; prints its table)
 	$(BIN)/python -m bench.validator 20000

@@ -960,7 +960,9 @@ def render(report: Report, total_seconds: float) -> str:
         "PostgreSQL round trips) measured in the same run on the same broker and envelope "
         "size. The ratios are what carries over to other machines; the absolute numbers "
         "depend on the machine and on what else runs on it (see the load average). A dash "
-        "means the step failed or was skipped; its error is listed at the end.",
+        "means the step failed or was skipped; its error is listed at the end. The raw values "
+        "are in bench/results.json; `python -m bench --render` rewrites this file from them "
+        "(`make bench-idle` does, to add its result).",
         "",
         f"Command: `{COMMAND}` — took {total_seconds / 60:.1f} min.",
         "",
@@ -1254,28 +1256,36 @@ def _capacity_section(v: dict[str, Any]) -> list[str]:
     if not all(isinstance(x, int | float) for x in stages.values()):
         return [*lines, "Not computed: a stage measurement is missing.", ""]
     rows = []
+    partitions: dict[int, int] = {}
     for target in (10_000, 100_000):
         row = [f"{target:,} calls/s"]
-        for _s, us in stages.items():
+        most = 1
+        for us in stages.values():
             cores = target * float(us or 0) / 1e6
             # One worker process is one core (asyncio, one thread); plan at 60 % busy.
-            row.append(f"{cores:,.1f} cores → {max(1, int(-(-cores // 0.6)))} workers")
+            workers = max(1, math.ceil(cores / 0.6))
+            most = max(most, workers)
+            row.append(f"{cores:,.1f} cores → {workers} workers")
         rows.append(row)
+        # Room to double the largest group without repartitioning.
+        partitions[target] = 2 ** math.ceil(math.log2(most * 2))
     lines += [
         "CPU per call per stage measured above (each stage alone draining a backlog, process "
-        "CPU time / calls): "
+        "CPU time / calls, on this machine's cores): "
         + ", ".join(f"{s} {float(us or 0):,.0f} µs" for s, us in stages.items())
-        + ".",
+        + ". Workers = cores at 60 % busy; a server core is typically 2–3× faster than "
+        "these shared virtual cores, which divides the counts accordingly.",
         "",
         table(rows, ["load", *stages.keys()]),
         "",
     ]
     b5 = v.get("B5_grouped") or v.get("B5_plain")
     lines += [
-        "- Partitions: a worker process is one core; partitions bound the parallelism, so "
-        "give every topic at least the largest worker count above times 2 (room to scale "
-        "out without repartitioning): 10k calls/s → 48 partitions, 100k → 384 (or split "
-        "tenants over several prefixes/clusters).",
+        "- Partitions: a worker process is one core and a partition has one consumer, so every "
+        "topic needs at least the largest worker count above, doubled for headroom: "
+        f"10k calls/s → {partitions[10_000]} partitions, 100k → {partitions[100_000]} "
+        "(beyond a few thousand partitions per cluster, split tenants over several "
+        "prefixes or clusters).",
         f"- PostgreSQL: one ledger transaction per command costs one durable commit; the "
         f"single-connection figures here are {fmt(v.get('B5_plain'))} tx/s plain, "
         f"{fmt(v.get('B5_pipelined'))} tx/s pipelined and {fmt(b5)} commands/s grouped 50 per "
@@ -1330,6 +1340,19 @@ async def main_async() -> int:
     except Exception as exc:
         report.errors["whole pipeline"] = f"{type(exc).__name__}: {exc}"[:300]
     total = time.monotonic() - report.started
+    VALUES.write_text(
+        json.dumps(
+            {
+                "values": report.values,
+                "errors": report.errors,
+                "timings": report.timings,
+                "total_seconds": total,
+            },
+            indent=1,
+            default=str,
+        ),
+        encoding="utf-8",
+    )
     RESULTS.write_text(render(report, total), encoding="utf-8")
     print(
         f"bench: wrote {RESULTS} in {total / 60:.1f} min; {len(report.errors)} step(s) failed",
@@ -1338,7 +1361,22 @@ async def main_async() -> int:
     return 0 if not report.errors else 1
 
 
+VALUES = Path(__file__).parent / "results.json"
+
+
+def rerender() -> int:
+    """Write RESULTS.md again from the last run's bench/results.json (e.g. after
+    `make bench-idle` finished, to include its result)."""
+    saved = json.loads(VALUES.read_text(encoding="utf-8"))
+    report = Report(values=saved["values"], errors=saved["errors"], timings=saved["timings"])
+    RESULTS.write_text(render(report, saved["total_seconds"]), encoding="utf-8")
+    print(f"bench: wrote {RESULTS} from {VALUES}")
+    return 0
+
+
 def main() -> int:
+    if sys.argv[1:] == ["--render"]:
+        return rerender()
     return asyncio.run(main_async())
 
 
