@@ -41,10 +41,10 @@ def pure(n: int) -> tuple[float, float]:
     now = datetime.now(UTC)
     rounds = []
     for _ in range(5):
-        started = time.perf_counter()
+        started = time.process_time()
         for raw in envelopes:
             on_proposed(raw, source=source, catalog=catalog, limits=limits, now=now, trace_id=None)
-        rounds.append((time.perf_counter() - started) / n * 1e6)
+        rounds.append((time.process_time() - started) / n * 1e6)
     return statistics.median(rounds), statistics.mean(len(e) for e in envelopes)
 
 
