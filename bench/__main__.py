@@ -1094,7 +1094,8 @@ def render(report: Report, total_seconds: float) -> str:
         ],
         [
             "T3: same, Redis claim on (the default); drains in A-B-B-A order: "
-            f"{v.get('executor_drains', '—')}",
+            + ", ".join(f"{x:,.0f}" for x in v.get("executor_drains", []))
+            + " commands/s",
             fmt(v.get("executor_dedup"), " commands/s"),
             fmt(v.get("executor_dedup_cpu_us"), " µs CPU/call"),
         ],
