@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 PYTEST := $(BIN)/pytest
 export RATIFIER_BIN := $(CURDIR)/$(BIN)/ratifier
 
-.PHONY: help install up down status lint format schemas unit integration browser e2e test dashboard demo bench-validator bench-authorizer bench-executor clean
+.PHONY: help install up down status lint format schemas unit integration browser e2e test dashboard demo bench bench-idle bench-validator bench-authorizer bench-executor clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -64,7 +64,14 @@ dashboard: up ## serve the web dashboard on http://127.0.0.1:6070/ (Ctrl-C stops
 demo: up ## run the pipeline on a short scenario, print outcomes, leave it and its dashboard running
 	$(BIN)/ratifier demo
 
-bench-validator: up ## validator benchmark (pure and through Kafka) → bench/RESULTS.md
+bench: up ## every baseline and ratifier benchmark in one run (< 20 min) → bench/RESULTS.md
+	$(BIN)/python -m bench
+
+bench-idle: up ## T5 for real: 30 min idle, then one call → bench/idle-result.json (in RESULTS.md)
+	$(BIN)/python -m bench.idle 1800
+	@if [ -f bench/results.json ]; then $(BIN)/python -m bench --render; fi
+
+bench-validator: up ## validator benchmark alone (pure and through Kafka; prints its table)
 	$(BIN)/python -m bench.validator 20000
 
 bench-authorizer: up ## authorizer benchmark (single vs batched Cedar, stage through Kafka)

@@ -13,23 +13,12 @@ import sys
 import time
 import uuid
 from datetime import UTC, datetime
-from pathlib import Path
 
-from bench.common import (
-    bench_settings,
-    count_until,
-    machine_facts,
-    produce_all,
-    read_envelopes,
-    table,
-    write_results,
-)
+from bench.common import BenchRun, drain, machine_facts, read_envelopes, table
 from commands.catalog import Resource
 from commands.policy import AuthorizationRequest, PolicySet, authorize, authorize_batch
 from commands.reference import catalog
-from ratifier.migrate import migrate
-from ratifier.processes import start_worker
-from ratifier.topics import delete_topics, ensure_topics
+from ratifier.processes import WorkerProcess
 from schemas.envelopes import Actor, ValidatedCall
 from schemas.names import Topic
 
@@ -64,7 +53,7 @@ def pure(n: int, batch: int) -> tuple[float, float]:
     ]
     single, batched = [], []
     for _ in range(5):
-        started = time.perf_counter()
+        started = time.process_time()
         for r in requests:
             authorize(
                 actor=r.actor,
@@ -73,20 +62,20 @@ def pure(n: int, batch: int) -> tuple[float, float]:
                 arguments=r.arguments,
                 policies=policies,
             )
-        single.append(n / (time.perf_counter() - started))
-        started = time.perf_counter()
+        single.append(n / (time.process_time() - started))
+        started = time.process_time()
         for i in range(0, n, batch):
             authorize_batch(requests[i : i + batch], policies)
-        batched.append(n / (time.perf_counter() - started))
+        batched.append(n / (time.process_time() - started))
     return statistics.median(single), statistics.median(batched)
 
 
 async def through_kafka(n: int) -> float:
     """The authorizer stage alone (token check, tenant-scoped load, Cedar) draining ``n``
     validated calls."""
-    settings = bench_settings()
-    migrate(settings.database_url)
-    await ensure_topics(settings)
+    run = BenchRun.create("authorizer")
+    settings = run.settings
+    await run.prepare()
     run_id = uuid.uuid4().hex[:6]
     now = datetime.now(UTC)
     validated = []
@@ -103,28 +92,18 @@ async def through_kafka(n: int) -> float:
                 validated_at=now,
             ).to_bytes()
         )
+    t = run.settings.topic
+
+    def authorizer() -> list[WorkerProcess]:
+        return [run.start("streams", "authorizer", RATIFIER_STREAMS_STAGES="authorizer")]
+
     try:
-        await produce_all(settings, settings.topic(Topic.VALIDATED), validated)
-        env = {
-            "RATIFIER_TOPIC_PREFIX": settings.topic_prefix,
-            "RATIFIER_DATABASE_URL": settings.database_url,
-            "RATIFIER_LOG_LEVEL": "WARNING",
-            "RATIFIER_STREAMS_STAGES": "authorizer",
-        }
-        worker = start_worker(
-            "streams",
-            name="bench-authorizer",
-            log_dir=Path("test-artifacts") / "bench-logs",
-            env=env,
+        rate, _ = await drain(
+            run, authorizer, t(Topic.VALIDATED), t(Topic.AUTHORIZED), n, validated, 600
         )
-        try:
-            first = await count_until(settings, settings.topic(Topic.AUTHORIZED), 1, timeout=120)
-            done = await count_until(settings, settings.topic(Topic.AUTHORIZED), n, timeout=600)
-            return (n - 1) / max(done - first, 1e-9)
-        finally:
-            worker.stop()
+        return rate
     finally:
-        await delete_topics(settings)
+        await run.close()
 
 
 def main() -> int:
@@ -163,8 +142,7 @@ def main() -> int:
             "",
         ]
     )
-    write_results(SECTION, section)
-    print("wrote bench/RESULTS.md")
+    print(section)  # `make bench` writes bench/RESULTS.md
     return 0
 
 

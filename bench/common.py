@@ -2,20 +2,33 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import platform
+import socket
 import subprocess
+import sys
 import time
+import urllib.request
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import psycopg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from psycopg import sql
 
+from ratifier.migrate import migrate
+from ratifier.processes import WorkerProcess, start_worker_args
+from ratifier.topics import delete_topics, ensure_topics
 from schemas.identity import context_keys, issue_context_token
+from schemas.names import Topic
 from schemas.settings import Settings
 
 
@@ -40,14 +53,9 @@ def machine_facts() -> str:
     )
 
 
-def bench_settings() -> Settings:
-    return Settings(
-        topic_prefix=f"bench{uuid.uuid4().hex[:8]}.",
-        database_url=os.environ.get(
-            "RATIFIER_TEST_DATABASE_URL",
-            "postgresql://ratifier:ratifier@127.0.0.1:5432/ratifier_test",
-        ),
-    )
+# A session id of realistic length brings the envelopes to about 800 bytes, the size the
+# targets are stated for (the signed context token dominates an envelope).
+SESSION_ID = "sess-" + "0123456789abcdef" * 16
 
 
 def read_envelopes(settings: Settings, n: int, run_id: str) -> list[bytes]:
@@ -57,7 +65,7 @@ def read_envelopes(settings: Settings, n: int, run_id: str) -> list[bytes]:
         sub="bench-agent",
         tenant="tenant-a",
         roles=("support", "reader", "bench"),
-        sid="s" * 40,
+        sid=SESSION_ID,
     )
     now = datetime.now(UTC).isoformat()
     return [
@@ -135,13 +143,322 @@ def table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
 RESULTS = Path(__file__).parent / "RESULTS.md"
 
 
-def write_results(heading: str, section: str) -> None:
-    """Replace (or append) the section that starts with ``heading`` in bench/RESULTS.md."""
-    text = RESULTS.read_text(encoding="utf-8") if RESULTS.exists() else "# Benchmark results\n"
-    start = text.find(heading)
-    if start >= 0:
-        end = text.find("\n## ", start + len(heading))
-        text = text[:start] + section + (text[end:] if end >= 0 else "\n")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    RESULTS.write_text(text, encoding="utf-8")
+# --- worker processes, outcomes and CPU time: shared by every benchmark --------------------
+
+BENCH_DATABASE = "ratifier_bench"
+LOG_ROOT = Path("test-artifacts") / "bench-logs"
+
+
+def bench_database_url() -> str:
+    """The benchmarks' own database (created on first use): its payments can be reset and
+    its ledger grows without touching the shared test database."""
+    base = os.environ.get(
+        "RATIFIER_BENCH_DATABASE_URL",
+        f"postgresql://ratifier:ratifier@127.0.0.1:5432/{BENCH_DATABASE}",
+    )
+    name = base.rsplit("/", 1)[1].split("?", 1)[0]
+    admin_url = base.rsplit("/", 1)[0] + "/postgres"
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        found = conn.execute(
+            "SELECT 1 FROM pg_database WHERE datname = %(name)s", {"name": name}
+        ).fetchone()
+        if found is None:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    return base
+
+
+def reset_payments(database_url: str) -> None:
+    """Full refundable amounts again (the approved-write benchmark refunds 1 minor unit)."""
+    with psycopg.connect(database_url) as conn:
+        conn.execute("UPDATE payments SET refundable_minor = amount_minor")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of ``pid`` (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class BenchRun:
+    """One run's prefix (topics, groups), database, worker processes and logs."""
+
+    settings: Settings
+    log_dir: Path
+    workers: list[WorkerProcess] = field(default_factory=list)
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def create(cls, label: str, partitions: int = 12, **settings: Any) -> BenchRun:
+        prefix = f"bench{uuid.uuid4().hex[:8]}."
+        return cls(
+            settings=Settings(
+                topic_prefix=prefix,
+                database_url=bench_database_url(),
+                topic_partitions=partitions,
+                http_port=0,
+                **settings,
+            ),
+            log_dir=LOG_ROOT / f"{label}-{prefix.rstrip('.')}",
+        )
+
+    @property
+    def env(self) -> dict[str, str]:
+        s = self.settings
+        return {
+            "RATIFIER_TOPIC_PREFIX": s.topic_prefix,
+            "RATIFIER_DATABASE_URL": s.database_url,
+            "RATIFIER_TOPIC_PARTITIONS": str(s.topic_partitions),
+            "RATIFIER_KAFKA_BOOTSTRAP": s.kafka_bootstrap,
+            "RATIFIER_REDIS_URL": s.redis_url,
+            "RATIFIER_HTTP_PORT": "0",
+            "RATIFIER_LOG_LEVEL": "WARNING",
+            "RATIFIER_PROVIDER_URL": s.provider_url,
+            **self.extra_env,
+        }
+
+    async def prepare(self) -> None:
+        migrate(self.settings.database_url)
+        await ensure_topics(self.settings)
+
+    def start(self, command: str, name: str, *args: str, **env: str) -> WorkerProcess:
+        worker = start_worker_args(
+            [command, *args], name=name, log_dir=self.log_dir, env={**self.env, **env}
+        )
+        self.workers.append(worker)
+        return worker
+
+    def start_module(self, module: str, name: str, *args: str) -> WorkerProcess:
+        """A benchmark helper process (``python -m module args``), same env and logs."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self.log_dir / f"{name}.log"
+        log_file = log_path.open("wb")
+        process = subprocess.Popen(
+            [sys.executable, "-m", module, *args],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **self.env},
+            start_new_session=True,
+        )
+        worker = WorkerProcess(name=name, process=process, log_path=log_path, log_file=log_file)
+        self.workers.append(worker)
+        return worker
+
+    def start_provider(self) -> WorkerProcess:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = int(probe.getsockname()[1])
+        url = f"http://127.0.0.1:{port}"
+        self.settings = self.settings.model_copy(update={"provider_url": url})
+        worker = self.start("provider", "provider", "--port", str(port))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(url + "/_stats", timeout=2):
+                    return worker
+            except OSError:
+                if worker.process.poll() is not None:
+                    break
+                time.sleep(0.1)
+        raise RuntimeError(f"provider did not start:\n{worker.log_tail()}")
+
+    def stop(self, worker: WorkerProcess) -> None:
+        worker.stop(timeout=15)
+        if worker in self.workers:
+            self.workers.remove(worker)
+
+    async def close(self) -> None:
+        for worker in list(self.workers):
+            worker.stop(timeout=15)
+        self.workers.clear()
+        try:
+            await asyncio.wait_for(delete_topics(self.settings), timeout=60)
+        except Exception as exc:
+            print(f"  (could not delete topics {self.settings.topic_prefix}*: {exc})")
+
+
+def read_proposal(token: str, call_id: str, *, tool: str = "get_payment", **args: Any) -> bytes:
+    return json.dumps(
+        {
+            "v": 1,
+            "call_id": call_id,
+            "tool": tool,
+            "arguments": args or {"payment_id": "pay_A1001"},
+            "context": token,
+            "proposed_at": datetime.now(UTC).isoformat(),
+        }
+    ).encode()
+
+
+def agent_token(
+    settings: Settings, roles: tuple[str, ...] = ("support",), sub: str = "bench-agent"
+) -> str:
+    return issue_context_token(
+        context_keys(settings), sub=sub, tenant="tenant-a", roles=roles, sid=SESSION_ID
+    )
+
+
+@dataclass
+class Outcome:
+    call_id: str
+    status: str
+    at: float  # outcome timestamp (epoch seconds)
+    proposed_at: float  # epoch seconds, from the proposal we sent
+    seen: float  # when the bench read it (perf_counter)
+
+
+class OutcomeWatcher:
+    """Follows the run's outcomes topic from the start and keeps each call's terminal
+    outcome; ``wait`` returns when given calls ended (bounded)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self.proposed: dict[str, float] = {}
+        self.ended: dict[str, Outcome] = {}
+        self.terminal_counts: dict[str, int] = {}
+        self.awaiting: set[str] = set()
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+
+    async def start(self) -> None:
+        self._consumer = AIOKafkaConsumer(
+            self._settings.topic(Topic.OUTCOMES),
+            bootstrap_servers=self._settings.kafka_bootstrap,
+            group_id=None,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            max_poll_records=5000,
+        )
+        await self._consumer.start()
+        self._task = asyncio.create_task(self._follow())
+
+    async def _follow(self) -> None:
+        assert self._consumer is not None
+        while True:
+            batches = await self._consumer.getmany(timeout_ms=100, max_records=5000)
+            now = time.perf_counter()
+            for records in batches.values():
+                for r in records:
+                    try:
+                        body = json.loads(r.value or b"")
+                    except ValueError:
+                        continue
+                    call_id, status = body.get("call_id"), body.get("status")
+                    if status == "awaiting_approval":
+                        self.awaiting.add(call_id)
+                        continue
+                    self.terminal_counts[call_id] = self.terminal_counts.get(call_id, 0) + 1
+                    if call_id in self.ended:
+                        continue
+                    at = datetime.fromisoformat(body["at"]).timestamp()
+                    self.ended[call_id] = Outcome(
+                        call_id=call_id,
+                        status=status,
+                        at=at,
+                        proposed_at=self.proposed.get(call_id, at),
+                        seen=now,
+                    )
+            if batches:
+                self._changed.set()
+
+    async def wait(self, call_ids: Sequence[str], timeout: float) -> bool:
+        deadline = time.perf_counter() + timeout
+        while True:
+            if all(c in self.ended for c in call_ids):
+                return True
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                return False
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), timeout=min(left, 0.5))
+
+    async def changed(self, timeout: float) -> None:
+        self._changed.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), timeout=timeout)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        if self._consumer is not None:
+            await self._consumer.stop()
+
+
+class Proposer:
+    """Publishes proposals with acks=all and records when each was proposed."""
+
+    def __init__(self, settings: Settings, watcher: OutcomeWatcher, token: str) -> None:
+        self._settings = settings
+        self._watcher = watcher
+        self._token = token
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=settings.kafka_bootstrap, acks="all", linger_ms=2
+        )
+        self.sent = 0
+
+    async def start(self) -> None:
+        await self._producer.start()
+
+    async def propose(self, call_id: str, *, tool: str = "get_payment", **args: Any) -> Any:
+        value = read_proposal(self._token, call_id, tool=tool, **args)
+        self._watcher.proposed[call_id] = time.time()
+        self.sent += 1
+        return await self._producer.send(
+            self._settings.topic(Topic.PROPOSED), key=call_id.encode(), value=value
+        )
+
+    async def flush(self) -> None:
+        await self._producer.flush()
+
+    async def stop(self) -> None:
+        await self._producer.stop()
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+async def create_topics(run: BenchRun, names: list[str]) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=run.settings.kafka_bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(n, run.settings.topic_partitions, 1) for n in names])
+    finally:
+        await admin.close()
+
+
+async def drain(
+    run: BenchRun,
+    start: Callable[[], list[Any]],
+    source: str,
+    target: str,
+    n: int,
+    values: list[bytes] | None,
+    timeout: float,
+) -> tuple[float, float]:
+    """Publish ``values`` to ``source`` (a backlog), start the processes, and time the
+    first to the n-th record on ``target``. Returns (records/s, CPU µs per record of the
+    started processes while draining)."""
+    if values is not None:
+        await produce_all(run.settings, source, values)
+    workers = start()
+    try:
+        first = await count_until(run.settings, target, 1, timeout=150)
+        cpu0 = sum(cpu_seconds(w.process.pid) for w in workers)
+        done = await count_until(run.settings, target, n, timeout=timeout)
+        cpu1 = sum(cpu_seconds(w.process.pid) for w in workers)
+        return (n - 1) / max(done - first, 1e-9), (cpu1 - cpu0) / max(n - 1, 1) * 1e6
+    finally:
+        for w in workers:
+            run.stop(w)

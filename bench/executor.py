@@ -11,16 +11,13 @@ import sys
 import time
 import uuid
 from datetime import UTC, datetime
-from pathlib import Path
 
 from redis.asyncio import Redis
 
-from bench.common import bench_settings, count_until, machine_facts, table, write_results
+from bench.common import BenchRun, drain, machine_facts, table
 from commands.policy import PolicySet
 from executors.claims import ClaimStore
-from ratifier.migrate import migrate
-from ratifier.processes import start_worker
-from ratifier.topics import delete_topics, ensure_topics
+from ratifier.processes import WorkerProcess
 from schemas.envelopes import ActorRef, CommittedCommand, Effect
 from schemas.fingerprint import fingerprint
 from schemas.names import Topic
@@ -77,33 +74,28 @@ def read_commands(settings: Settings, n: int) -> list[bytes]:
     return out
 
 
-async def drain(n: int, *, fast_path: bool) -> float:
-    from bench.common import produce_all
+async def drain_commands(n: int, *, fast_path: bool) -> float:
+    run = BenchRun.create("executor-redis" if fast_path else "executor-ledger")
+    t = run.settings.topic
 
-    settings = bench_settings()
-    migrate(settings.database_url)
-    await ensure_topics(settings)
+    def executor() -> list[WorkerProcess]:
+        flag = "true" if fast_path else "false"
+        return [run.start("executor", "executor", RATIFIER_REDIS_FAST_PATH=flag)]
+
     try:
-        await produce_all(settings, settings.topic(Topic.COMMITTED), read_commands(settings, n))
-        worker = start_worker(
-            "executor",
-            name=f"bench-executor-{'redis' if fast_path else 'ledger'}",
-            log_dir=Path("test-artifacts") / "bench-logs",
-            env={
-                "RATIFIER_TOPIC_PREFIX": settings.topic_prefix,
-                "RATIFIER_DATABASE_URL": settings.database_url,
-                "RATIFIER_LOG_LEVEL": "WARNING",
-                "RATIFIER_REDIS_FAST_PATH": "true" if fast_path else "false",
-            },
+        await run.prepare()
+        rate, _ = await drain(
+            run,
+            executor,
+            t(Topic.COMMITTED),
+            t(Topic.OUTCOMES),
+            n,
+            read_commands(run.settings, n),
+            600,
         )
-        try:
-            first = await count_until(settings, settings.topic(Topic.OUTCOMES), 1, timeout=120)
-            done = await count_until(settings, settings.topic(Topic.OUTCOMES), n, timeout=600)
-            return (n - 1) / max(done - first, 1e-9)
-        finally:
-            worker.stop()
+        return rate
     finally:
-        await delete_topics(settings)
+        await run.close()
 
 
 def main() -> int:
@@ -111,8 +103,8 @@ def main() -> int:
     settings = Settings()
     claim_us, setnx_us = asyncio.run(claim_cost(settings, 5000))
     print(f"claim {claim_us:.0f} µs, SET NX {setnx_us:.0f} µs", flush=True)
-    without = asyncio.run(drain(n, fast_path=False))
-    with_dedup = asyncio.run(drain(n, fast_path=True))
+    without = asyncio.run(drain_commands(n, fast_path=False))
+    with_dedup = asyncio.run(drain_commands(n, fast_path=True))
     print(f"executor: ledger only {without:,.0f}/s, with Redis claims {with_dedup:,.0f}/s")
     section = "\n".join(
         [
@@ -153,8 +145,7 @@ def main() -> int:
             "",
         ]
     )
-    write_results(SECTION, section)
-    print("wrote bench/RESULTS.md")
+    print(section)  # `make bench` writes bench/RESULTS.md
     return 0
 
 

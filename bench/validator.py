@@ -12,24 +12,18 @@ import sys
 import time
 import uuid
 from datetime import UTC, datetime
-from pathlib import Path
-
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from bench.common import (
-    bench_settings,
-    count_until,
+    BenchRun,
+    create_topics,
+    drain,
     machine_facts,
-    produce_all,
     read_envelopes,
     table,
-    write_results,
 )
 from commands.reference import catalog
 from commands.validate import Limits
-from ratifier.migrate import migrate
-from ratifier.processes import start_worker
-from ratifier.topics import delete_topics, ensure_topics
+from ratifier.processes import WorkerProcess
 from schemas.envelopes import SourcePosition
 from schemas.names import Topic
 from schemas.settings import Settings
@@ -47,83 +41,37 @@ def pure(n: int) -> tuple[float, float]:
     now = datetime.now(UTC)
     rounds = []
     for _ in range(5):
-        started = time.perf_counter()
+        started = time.process_time()
         for raw in envelopes:
             on_proposed(raw, source=source, catalog=catalog, limits=limits, now=now, trace_id=None)
-        rounds.append((time.perf_counter() - started) / n * 1e6)
+        rounds.append((time.process_time() - started) / n * 1e6)
     return statistics.median(rounds), statistics.mean(len(e) for e in envelopes)
 
 
-async def relay(settings: Settings, src: str, dst: str, n: int) -> None:
-    """Baseline: getmany → send_batch with no work, until ``n`` records moved."""
-    consumer = AIOKafkaConsumer(
-        src,
-        bootstrap_servers=settings.kafka_bootstrap,
-        group_id=f"{settings.topic_prefix}relay",
-        auto_offset_reset="earliest",
-        max_poll_records=2000,
-    )
-    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all", linger_ms=5)
-    await consumer.start()
-    await producer.start()
-    moved = 0
-    try:
-        while moved < n:
-            batches = await consumer.getmany(timeout_ms=200, max_records=2000)
-            for tp, records in batches.items():
-                batch = producer.create_batch()
-                for r in records:
-                    if batch.append(key=r.key, value=r.value, timestamp=None) is None:
-                        await producer.send_batch(batch, dst, partition=tp.partition)
-                        batch = producer.create_batch()
-                        batch.append(key=r.key, value=r.value, timestamp=None)
-                await producer.send_batch(batch, dst, partition=tp.partition)
-                moved += len(records)
-            await consumer.commit()
-    finally:
-        await consumer.stop()
-        await producer.stop()
-
-
 async def through_kafka(n: int) -> dict[str, float]:
-    settings = bench_settings()
-    migrate(settings.database_url)
-    await ensure_topics(settings)
-    run_id = uuid.uuid4().hex[:6]
-    envelopes = read_envelopes(settings, n, run_id)
-    results: dict[str, float] = {}
+    """B1 (raw relay, one hop) and the validator stage alone, draining the same backlog."""
+    run = BenchRun.create("validator")
     try:
-        # Baseline first: a raw one-hop relay between two topics of the same shape.
-        src, dst = settings.topic(Topic.CANCELLED), settings.topic(Topic.UNKNOWN)
-        started = await produce_all(settings, src, envelopes)
-        relay_task = asyncio.create_task(relay(settings, src, dst, n))
-        start_relay = time.perf_counter()
-        done = await count_until(settings, dst, n, timeout=300)
-        await relay_task
-        results["relay_calls_per_s"] = n / (done - start_relay)
-        del started
+        await run.prepare()
+        envelopes = read_envelopes(run.settings, n, uuid.uuid4().hex[:6])
+        p = run.settings.topic_prefix
+        await create_topics(run, [f"{p}hop0", f"{p}hop1"])
 
-        # The validator inside the streams worker; backlog published first, then the worker
-        # drains it, so the figure is processing throughput, not producer speed.
-        await produce_all(settings, settings.topic(Topic.PROPOSED), envelopes)
-        env = {
-            "RATIFIER_TOPIC_PREFIX": settings.topic_prefix,
-            "RATIFIER_DATABASE_URL": settings.database_url,
-            "RATIFIER_LOG_LEVEL": "WARNING",
-            "RATIFIER_STREAMS_STAGES": "validator",
-        }
-        worker = start_worker(
-            "streams", name="bench-streams", log_dir=Path("test-artifacts") / "bench-logs", env=env
+        def relay() -> list[WorkerProcess]:
+            return [run.start_module("bench.relay", "relay", f"{p}hop0", f"{p}hop1", f"{p}b1")]
+
+        relay_rate, _ = await drain(run, relay, f"{p}hop0", f"{p}hop1", n, envelopes, 300)
+
+        def validator() -> list[WorkerProcess]:
+            return [run.start("streams", "validator", RATIFIER_STREAMS_STAGES="validator")]
+
+        t = run.settings.topic
+        rate, _ = await drain(
+            run, validator, t(Topic.PROPOSED), t(Topic.VALIDATED), n, envelopes, 600
         )
-        try:
-            first = await count_until(settings, settings.topic(Topic.VALIDATED), 1, timeout=120)
-            done = await count_until(settings, settings.topic(Topic.VALIDATED), n, timeout=600)
-            results["validator_calls_per_s"] = (n - 1) / max(done - first, 1e-9)
-        finally:
-            worker.stop()
+        return {"relay_calls_per_s": relay_rate, "validator_calls_per_s": rate}
     finally:
-        await delete_topics(settings)
-    return results
+        await run.close()
 
 
 def main() -> int:
@@ -165,8 +113,7 @@ def main() -> int:
             "",
         ]
     )
-    write_results(SECTION, section)
-    print("wrote bench/RESULTS.md")
+    print(section)  # `make bench` writes bench/RESULTS.md
     return 0
 
 

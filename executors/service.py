@@ -49,6 +49,7 @@ log = logging.getLogger("ratifier.executor")
 
 RETRY_DELAYS = (0.2, 0.5, 1.0, 2.0, 5.0)
 LAG_REFRESH_SECONDS = 5.0
+POOL_SIZE = 8
 
 
 def crash_hook(spec: str | None) -> Any:
@@ -76,6 +77,9 @@ class ExecutorService:
         self._crash = crash_hook(settings.executor_crash_at)
         self._tracer = tracer_from(settings, service="executor")
         self.processed = 0
+        self._pool: AsyncConnectionPool[Any] | None = None
+        # Commands in flight at once in this process (the pool has POOL_SIZE connections).
+        self._concurrency = asyncio.Semaphore(POOL_SIZE * 2)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -168,6 +172,12 @@ class ExecutorService:
             except StorageUnavailable:
                 # Nothing happened (the transaction rolled back): waiting is safe, skipping
                 # would lose the command.
+                if attempt == 0 and self._pool is not None:
+                    # Connections that died while idle are all suspect: drop them at once
+                    # and retry now, instead of one dead connection per backoff step.
+                    await self._pool.check()
+                    attempt += 1
+                    continue
                 delay = RETRY_DELAYS[min(attempt, len(RETRY_DELAYS) - 1)]
                 attempt += 1
                 log.warning(
@@ -200,7 +210,19 @@ class ExecutorService:
         producer: AIOKafkaProducer,
         records: list[ConsumerRecord[bytes, bytes]],
     ) -> None:
-        sent = [f for r in records for f in await self._handle(executor, producer, r)]
+        # Records of one key (operation id) run in order; different keys of the partition
+        # run concurrently, bounded by the connection pool. One at a time, a partition's
+        # throughput was one command per ledger round-trip chain (~10 round trips and a
+        # commit), whatever PostgreSQL could do in parallel.
+        by_key: dict[bytes | None, list[ConsumerRecord[bytes, bytes]]] = {}
+        for record in records:
+            by_key.setdefault(record.key, []).append(record)
+
+        async def in_order(same_key: list[ConsumerRecord[bytes, bytes]]) -> list[Any]:
+            async with self._concurrency:
+                return [f for r in same_key for f in await self._handle(executor, producer, r)]
+
+        sent = [f for fs in await asyncio.gather(*map(in_order, by_key.values())) for f in fs]
         await asyncio.gather(*sent)  # the broker acknowledged every outcome
 
     async def run(self) -> None:
@@ -227,7 +249,7 @@ class ExecutorService:
         pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
             settings.database_url,
             min_size=1,
-            max_size=8,
+            max_size=POOL_SIZE,
             open=False,
             kwargs={"row_factory": dict_row},
         )
@@ -251,6 +273,7 @@ class ExecutorService:
             wait_for_owner_seconds=settings.claim_lease_seconds,
         )
         await pool.open(wait=True, timeout=30)
+        self._pool = pool
         await self._catalog.start(settings)
         await producer.start()
         cancellations_ready = asyncio.Event()

@@ -75,6 +75,9 @@ def cmd_streams(settings: Settings, _args: argparse.Namespace) -> int:
     asyncio.run(feed.catch_up())  # start on the newest published policy set
     app = create_app(settings, catalog=load_catalog(settings.catalog), feed=feed)
     worker = faust.Worker(app, loglevel=settings.log_level.upper(), quiet=True)
+    # The terminal spinner sets the root logger to DEBUG so that every log call spins it:
+    # each produced and consumed record then builds a DEBUG LogRecord (~7 % of a stage's CPU).
+    worker.spinner = None
     worker.execute_from_commandline()  # runs until a signal stops it, then exits
 
 

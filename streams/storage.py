@@ -49,32 +49,53 @@ class StreamStorage:
         if tool.load is None:
             return None
         pool = await self._get_pool()
-        try:
-            async with pool.connection() as conn:
-                return await tool.load(conn, tenant, arguments, False)
-        except (psycopg.OperationalError, PoolTimeout) as exc:
-            raise StorageUnavailable() from exc
+        for attempt in (1, 2):
+            try:
+                async with pool.connection() as conn:
+                    return await tool.load(conn, tenant, arguments, False)
+            except psycopg.OperationalError as exc:
+                if attempt == 2:
+                    raise StorageUnavailable() from exc
+                await self._drop_dead_connections(pool)
+            except PoolTimeout as exc:
+                raise StorageUnavailable() from exc
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    async def _drop_dead_connections(pool: AsyncConnectionPool[Any]) -> None:
+        """A pooled connection died (idle reaper, NAT timeout, server restart): the others
+        idled as long and are suspect too. Check them all now; otherwise each retry
+        discards one dead connection and waits its backoff (tens of seconds for a full
+        pool)."""
+        await pool.check()
 
     async def audit(self, entries: Sequence[AuditEntry], *, event_key: str) -> None:
         """Append audit rows, once per source record (``event_key`` + position in it)."""
         if not entries:
             return
         pool = await self._get_pool()
-        try:
-            async with pool.connection() as conn, conn.cursor() as cur:
-                for n, entry in enumerate(entries):
-                    await cur.execute(
-                        named_query(_PKG, "insert_audit"),
-                        {
-                            "tenant": entry.tenant,
-                            "call_id": entry.call_id,
-                            "kind": entry.kind,
-                            "detail": Jsonb(entry.detail),
-                            "event_key": f"{event_key}#{n}:{entry.kind}",
-                        },
-                    )
-        except (psycopg.OperationalError, PoolTimeout) as exc:
-            raise StorageUnavailable() from exc
+        for attempt in (1, 2):
+            try:
+                async with pool.connection() as conn, conn.cursor() as cur:
+                    for n, entry in enumerate(entries):
+                        # Idempotent by event_key: a retried batch adds nothing twice.
+                        await cur.execute(
+                            named_query(_PKG, "insert_audit"),
+                            {
+                                "tenant": entry.tenant,
+                                "call_id": entry.call_id,
+                                "kind": entry.kind,
+                                "detail": Jsonb(entry.detail),
+                                "event_key": f"{event_key}#{n}:{entry.kind}",
+                            },
+                        )
+                return
+            except psycopg.OperationalError as exc:
+                if attempt == 2:
+                    raise StorageUnavailable() from exc
+                await self._drop_dead_connections(pool)
+            except PoolTimeout as exc:
+                raise StorageUnavailable() from exc
 
     async def close(self) -> None:
         if self._pool is not None:
