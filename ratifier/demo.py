@@ -334,7 +334,10 @@ def _summary(settings: Settings, seen: dict[str, tuple[Step, str]], url: str) ->
         f"`{ratifier} token --tenant tenant-a --sub you --role approver`"
     )
     for call_id in waiting:
-        print(f"  inbox:      {call_id} (a refund) waits for your decision in the dashboard")
+        print(
+            f"  inbox:      {call_id} (a refund) waits for your decision in the dashboard "
+            f"(it expires after {settings.approval_ttl_seconds // 60} min)"
+        )
     for call_id in approved + denied:
         print(f"  story:      {ratifier} audit show {call_id}")
     print(
