@@ -1414,9 +1414,21 @@ def _terminated(_signum: int, _frame: Any) -> None:
     raise KeyboardInterrupt
 
 
+USAGE = """usage: python -m bench [--render]
+
+  (no option)  run every baseline and ratifier benchmark (under 20 min; needs the local
+               services: `make up`) and write bench/RESULTS.md and bench/results.json
+  --render     rewrite bench/RESULTS.md from bench/results.json (and bench/idle-result.json)
+"""
+
+
 def main() -> int:
-    if sys.argv[1:] == ["--render"]:
+    args = sys.argv[1:]
+    if args == ["--render"]:
         return rerender()
+    if args:
+        print(USAGE, file=sys.stderr if args not in (["-h"], ["--help"]) else sys.stdout)
+        return 0 if args in (["-h"], ["--help"]) else 2
     signal.signal(signal.SIGTERM, _terminated)
     return asyncio.run(main_async())
 
