@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from schemas.envelopes import Outcome
-from schemas.names import REDIS_CLAIM_PREFIX
+from schemas.names import REDIS_CLAIM_PREFIX, REDIS_OWNER_PREFIX
 from telemetry.metrics import count_dedup
 
 # KEYS[1] claim hash, KEYS[2] fencing counter. ARGV: fingerprint, owner, now_ms, lease_ms, ttl_ms
@@ -36,7 +36,9 @@ if redis.call('HGET', KEYS[1], 'state') == 'done' then
           redis.call('HGET', KEYS[1], 'outcome')}
 end
 local owner = redis.call('HGET', KEYS[1], 'owner')
-if tonumber(redis.call('HGET', KEYS[1], 'lease')) > tonumber(ARGV[3]) and owner ~= ARGV[2] then
+-- ARGV[6]: an owner the caller found dead (its liveness mark expired): its lease counts as run out.
+if tonumber(redis.call('HGET', KEYS[1], 'lease')) > tonumber(ARGV[3]) and owner ~= ARGV[2]
+   and owner ~= ARGV[6] then
   return {'busy', tonumber(redis.call('HGET', KEYS[1], 'fence')), owner}
 end
 local fence = redis.call('INCR', KEYS[2])
@@ -92,6 +94,7 @@ class ClaimStore:
         owner: str,
         lease_ms: int = 30_000,
         ttl_ms: int = 24 * 3600 * 1000,
+        liveness_ms: int = 5_000,
     ) -> None:
         self._redis = redis
         self._prefix = f"{prefix}{REDIS_CLAIM_PREFIX}"
@@ -99,6 +102,8 @@ class ClaimStore:
         self.owner = owner
         self.lease_ms = lease_ms
         self._ttl_ms = ttl_ms
+        self._owners = f"{prefix}{REDIS_OWNER_PREFIX}"
+        self.liveness_ms = liveness_ms
         self._claim = redis.register_script(_CLAIM)
         self._finish = redis.register_script(_FINISH)
         self._release = redis.register_script(_RELEASE)
@@ -106,14 +111,39 @@ class ClaimStore:
     def _key(self, tenant: str, idempotency_key: str) -> str:
         return f"{self._prefix}{tenant}:{idempotency_key}"
 
+    async def heartbeat(self) -> None:
+        """Mark this owner alive for ``liveness_ms`` (call it well within that period)."""
+        try:
+            await self._redis.set(f"{self._owners}{self.owner}", b"1", px=self.liveness_ms)
+        except RedisError:
+            return  # others then wait for our leases, as without the mark
+
+    async def owner_alive(self, owner: str) -> bool:
+        """Whether ``owner`` marked itself alive lately. Unknown (Redis error) counts as
+        alive: waiting out the lease is the safe side."""
+        try:
+            return bool(await self._redis.exists(f"{self._owners}{owner}"))
+        except RedisError:
+            return True
+
     async def claim(
-        self, tenant: str, idempotency_key: str, fingerprint: str, now_ms: int
+        self,
+        tenant: str,
+        idempotency_key: str,
+        fingerprint: str,
+        now_ms: int,
+        *,
+        dead_owner: str | None = None,
     ) -> Claim:
+        """Claim the operation. ``dead_owner``: a holder found dead by :meth:`owner_alive`,
+        whose claim is taken over like an expired one (the ledger and the new fencing number
+        keep a holder that was only slow from doing harm)."""
         try:
             kind, fence, extra = await self._claim(
                 keys=[self._key(tenant, idempotency_key), self._fence_key],
-                args=[fingerprint, self.owner, now_ms, self.lease_ms, self._ttl_ms],
-            )
+                args=[fingerprint, self.owner, now_ms, self.lease_ms, self._ttl_ms,
+                      dead_owner or ""],
+            )  # fmt: skip
         except RedisError:
             count_dedup("redis", ClaimKind.UNAVAILABLE.value)
             return Claim(kind=ClaimKind.UNAVAILABLE)

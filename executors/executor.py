@@ -180,15 +180,22 @@ class CommandExecutor:
         if self._claims is None:
             return Claim(kind=ClaimKind.UNAVAILABLE)
         deadline = time.monotonic() + self._claims.lease_ms / 1000 + 1
+        dead_owner: str | None = None
         while True:
             claim = await self._claims.claim(
                 command.tenant,
                 command.idempotency_key,
                 command.fingerprint,
                 int(time.time() * 1000),
+                dead_owner=dead_owner,
             )
             if claim.kind is not ClaimKind.BUSY or time.monotonic() > deadline:
                 return claim
+            holder = claim.previous_owner
+            if holder and holder != dead_owner and not await self._claims.owner_alive(holder):
+                # A killed executor holds it: take it over now rather than after its lease.
+                dead_owner = holder
+                continue
             await asyncio.sleep(0.1)
 
     async def _in_ledger(

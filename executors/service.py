@@ -225,6 +225,13 @@ class ExecutorService:
         sent = [f for fs in await asyncio.gather(*map(in_order, by_key.values())) for f in fs]
         await asyncio.gather(*sent)  # the broker acknowledged every outcome
 
+    async def _keep_alive(self, claims: ClaimStore) -> None:
+        """Refresh this executor's liveness mark, so that when it dies its claims are taken
+        over within ``liveness_ms`` instead of after their lease."""
+        while not self._stopping.is_set():
+            await claims.heartbeat()
+            await asyncio.sleep(claims.liveness_ms / 5000)
+
     async def run(self) -> None:
         settings = self._settings
         consumer = AIOKafkaConsumer(
@@ -282,6 +289,8 @@ class ExecutorService:
             asyncio.create_task(cancelled.follow(cancellations_ready)),
         ]
         await asyncio.wait_for(cancellations_ready.wait(), timeout=60)
+        await claims.heartbeat()
+        followers.append(asyncio.create_task(self._keep_alive(claims)))
         await consumer.start()
         close_metrics = await serve_metrics(settings.metrics_host, settings.executor_metrics_port)
         group = settings.group(EXECUTOR_GROUP)
