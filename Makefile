@@ -26,7 +26,7 @@ install: $(STAMP) ## create .venv and install the project with dev tools
 up: install ## start Kafka, Redis, PostgreSQL on loopback (installs what is missing) and migrate
 	deploy/local/up
 
-down: ## stop what `up` started
+down: ## stop the demo's processes and what `up` started
 	deploy/local/down
 
 status: ## show the local services
