@@ -4,10 +4,11 @@ approval-join, and the audit log. The pool opens on first use."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import psycopg
+from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
@@ -18,6 +19,7 @@ from schemas.errors import StorageUnavailable
 from streams.approval import AuditEntry
 
 _PKG = "streams"
+T = TypeVar("T")
 
 
 class StreamStorage:
@@ -44,58 +46,52 @@ class StreamStorage:
                 self._pool = pool
             return self._pool
 
-    async def fetch(self, tool: Tool, tenant: str, arguments: ToolArguments) -> Resource | None:
-        """The tool's resource, loaded with the tenant in the WHERE (read-only)."""
-        if tool.load is None:
-            return None
+    async def _with_connection(self, work: Callable[[AsyncConnection[Any]], Awaitable[T]]) -> T:
+        """Run ``work`` on a pooled connection. A connection found dead (idle reaper, NAT
+        timeout, server restart) makes every pooled one suspect, since they idled as long:
+        the whole pool is checked at once and ``work`` retried once, instead of one dead
+        connection discarded per retry and its backoff (tens of seconds for a full pool)."""
         pool = await self._get_pool()
         for attempt in (1, 2):
             try:
                 async with pool.connection() as conn:
-                    return await tool.load(conn, tenant, arguments, False)
+                    return await work(conn)
             except psycopg.OperationalError as exc:
                 if attempt == 2:
                     raise StorageUnavailable() from exc
-                await self._drop_dead_connections(pool)
+                await pool.check()
             except PoolTimeout as exc:
                 raise StorageUnavailable() from exc
         raise AssertionError("unreachable")
 
-    @staticmethod
-    async def _drop_dead_connections(pool: AsyncConnectionPool[Any]) -> None:
-        """A pooled connection died (idle reaper, NAT timeout, server restart): the others
-        idled as long and are suspect too. Check them all now; otherwise each retry
-        discards one dead connection and waits its backoff (tens of seconds for a full
-        pool)."""
-        await pool.check()
+    async def fetch(self, tool: Tool, tenant: str, arguments: ToolArguments) -> Resource | None:
+        """The tool's resource, loaded with the tenant in the WHERE (read-only)."""
+        load = tool.load
+        if load is None:
+            return None
+        return await self._with_connection(lambda conn: load(conn, tenant, arguments, False))
 
     async def audit(self, entries: Sequence[AuditEntry], *, event_key: str) -> None:
-        """Append audit rows, once per source record (``event_key`` + position in it)."""
+        """Append audit rows, once per source record (``event_key`` + position in it);
+        idempotent by that key, so a retried batch adds nothing twice."""
         if not entries:
             return
-        pool = await self._get_pool()
-        for attempt in (1, 2):
-            try:
-                async with pool.connection() as conn, conn.cursor() as cur:
-                    for n, entry in enumerate(entries):
-                        # Idempotent by event_key: a retried batch adds nothing twice.
-                        await cur.execute(
-                            named_query(_PKG, "insert_audit"),
-                            {
-                                "tenant": entry.tenant,
-                                "call_id": entry.call_id,
-                                "kind": entry.kind,
-                                "detail": Jsonb(entry.detail),
-                                "event_key": f"{event_key}#{n}:{entry.kind}",
-                            },
-                        )
-                return
-            except psycopg.OperationalError as exc:
-                if attempt == 2:
-                    raise StorageUnavailable() from exc
-                await self._drop_dead_connections(pool)
-            except PoolTimeout as exc:
-                raise StorageUnavailable() from exc
+
+        async def append(conn: AsyncConnection[Any]) -> None:
+            async with conn.cursor() as cur:
+                for n, entry in enumerate(entries):
+                    await cur.execute(
+                        named_query(_PKG, "insert_audit"),
+                        {
+                            "tenant": entry.tenant,
+                            "call_id": entry.call_id,
+                            "kind": entry.kind,
+                            "detail": Jsonb(entry.detail),
+                            "event_key": f"{event_key}#{n}:{entry.kind}",
+                        },
+                    )
+
+        await self._with_connection(append)
 
     async def close(self) -> None:
         if self._pool is not None:
