@@ -12,24 +12,12 @@ from typing import Any
 import faust
 
 from schemas.settings import Settings
-from streams.app import BATCH_MAX, BATCH_WITHIN
+from streams.app import BATCH_MAX, BATCH_WITHIN, faust_settings
 
 
 def main(src: str, dst: str) -> None:
     settings = Settings()
-    app = faust.App(
-        settings.group("bench-identity"),
-        broker=f"kafka://{settings.kafka_bootstrap}",
-        store="memory://",
-        key_serializer="raw",
-        value_serializer="raw",
-        topic_partitions=settings.topic_partitions,
-        topic_replication_factor=1,
-        consumer_auto_offset_reset="earliest",
-        producer_acks=-1,
-        producer_linger=0.003,
-        web_enabled=False,
-    )
+    app = faust.App(settings.group("bench-identity"), **faust_settings(settings), web_enabled=False)
     source = app.topic(src, key_type=bytes, value_type=bytes, internal=False)
     target = app.topic(dst, key_type=bytes, value_type=bytes, internal=False)
 

@@ -78,6 +78,23 @@ async def with_storage_retry(
             await asyncio.sleep(delay)
 
 
+def faust_settings(settings: Settings) -> dict[str, Any]:
+    """The broker, serialization and producer settings of every faust app (the stages' and
+    the benchmark's faust baseline, which must match them)."""
+    return {
+        "broker": f"kafka://{settings.kafka_bootstrap}",
+        "store": "memory://",
+        "key_serializer": "raw",
+        "value_serializer": "raw",
+        "topic_partitions": settings.topic_partitions,
+        "topic_replication_factor": 1,
+        "consumer_auto_offset_reset": "earliest",
+        "producer_acks": -1,
+        # A few ms of linger lets the producer batch; without it every record is a request.
+        "producer_linger": 0.003,
+    }
+
+
 def create_app(
     settings: Settings, *, catalog: Catalog, feed: PolicyFeed, **faust_options: Any
 ) -> faust.App:
@@ -85,16 +102,7 @@ def create_app(
     install_rewind_fix()
     app = faust.App(
         settings.group(STREAMS_APP_ID),
-        broker=f"kafka://{settings.kafka_bootstrap}",
-        store="memory://",
-        key_serializer="raw",
-        value_serializer="raw",
-        topic_partitions=settings.topic_partitions,
-        topic_replication_factor=1,
-        consumer_auto_offset_reset="earliest",
-        producer_acks=-1,
-        # A few ms of linger lets the producer batch; without it every record is a request.
-        producer_linger=0.003,
+        **faust_settings(settings),
         # Approval state is recovered from the changelog by the partition's new owner; no
         # standby copies, so a worker's timer only ever sees partitions it owns.
         table_standby_replicas=0,
