@@ -11,6 +11,7 @@ and no offset moves.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import signal
@@ -54,9 +55,12 @@ def max_audited_bytes(settings: Settings) -> int:
 
 def token_verifier(settings: Settings) -> TokenVerifier:
     """Verifies context and approver tokens (signature, audience, issuer; not expiry: the
-    sink may read a record long after it was written)."""
+    sink may read a record long after it was written). Without the expiry check the answer
+    depends on the token alone, so it is cached: a call's proposed, validated and authorized
+    records carry the same token, and an agent reuses one token for many calls."""
     keys = context_keys(settings)
 
+    @functools.lru_cache(maxsize=4096)
     def verify(token: str) -> Actor | None:
         try:
             return verify_context_token(token, keys, check_expiry=False)
