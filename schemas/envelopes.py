@@ -216,7 +216,8 @@ class ErrorInfo(Part):
 
 
 class Outcome(Record):
-    """`outcomes`, key `call_id`: exactly one terminal outcome per call."""
+    """`outcomes`, key `call_id`: one terminal outcome per call. Stages are at-least-once, so a
+    redelivered record may repeat an identical outcome: deduplicate by `call_id`."""
 
     call_id: CallId
     tool: str

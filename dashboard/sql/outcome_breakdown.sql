@@ -1,6 +1,6 @@
--- Outcomes per tenant, tool, status and error code within the window (also the filter choices
--- when called without filters).
-SELECT coalesce(tenant, '') AS tenant, tool, status, error_code, count(*) AS n
+-- Calls per tenant, tool, status and error code within the window (also the filter choices
+-- when called without filters); counted by call, so a repeated outcome counts once.
+SELECT coalesce(tenant, '') AS tenant, tool, status, error_code, count(DISTINCT call_id) AS n
 FROM audit_records
 WHERE prefix = %(prefix)s AND stream = 'outcomes' AND record_at >= %(since)s
   AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
