@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
 from pydantic import ValidationError
 
 from commands.policy import DEFAULT_POLICY_DIR, PolicySet
+from commands.topic_reader import TopicReader
 from schemas.envelopes import PolicySetRecord
 from schemas.errors import ConfigurationError
 from schemas.fingerprint import canonical_json
@@ -70,7 +71,7 @@ class PolicyFeed:
         self._settings = settings
         self._current = initial
         self._on_change = on_change
-        self._positions: dict[TopicPartition, int] = {}
+        self._reader = TopicReader(settings, [Topic.POLICIES], lambda _t, raw: self.apply(raw))
         self.refusals: list[Refusal] = []
 
     @property
@@ -103,60 +104,15 @@ class PolicyFeed:
         self.refusals.append(Refusal(version=version, reason=reason, at=datetime.now(UTC)))
         log.error("REFUSED policy set %s: %s; keeping %s", version, reason, self._current.version)
 
-    def _consumer(self) -> AIOKafkaConsumer:
-        # Subscribing without a group assigns every partition of the topic at start().
-        return AIOKafkaConsumer(
-            self._settings.topic(Topic.POLICIES),
-            bootstrap_servers=self._settings.kafka_bootstrap,
-            group_id=None,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-        )
-
-    async def _assign(self, consumer: AIOKafkaConsumer) -> list[TopicPartition]:
-        tps = sorted(consumer.assignment())
-        for tp in tps:
-            if tp in self._positions:
-                consumer.seek(tp, self._positions[tp])
-            else:
-                await consumer.seek_to_beginning(tp)
-        return tps
-
     async def catch_up(self) -> None:
-        """Read the topic to its current end, so a starting process uses the newest set."""
-        consumer = self._consumer()
-        await consumer.start()
+        """Read the topic to its current end, so a starting process uses the newest set. The
+        consumer is closed afterwards (start-up may run in another event loop than the
+        process's); :meth:`follow` resumes where this stopped."""
         try:
-            tps = await self._assign(consumer)
-            ends = await consumer.end_offsets(tps) if tps else {}
-            while await self._behind(consumer, ends):
-                batches = await consumer.getmany(timeout_ms=500)
-                for records in batches.values():
-                    for record in records:
-                        self.apply(record.value)
-            for tp in tps:
-                self._positions[tp] = await consumer.position(tp)
+            await self._reader.catch_up()
         finally:
-            await consumer.stop()
-
-    @staticmethod
-    async def _behind(consumer: AIOKafkaConsumer, ends: dict[TopicPartition, int]) -> bool:
-        for tp, end in ends.items():
-            if await consumer.position(tp) < end:
-                return True
-        return False
+            await self._reader.close()
 
     async def follow(self, stop: asyncio.Event | None = None) -> None:
         """Apply every new record until cancelled (or ``stop`` is set)."""
-        consumer = self._consumer()
-        await consumer.start()
-        try:
-            await self._assign(consumer)
-            while stop is None or not stop.is_set():
-                batches = await consumer.getmany(timeout_ms=500)
-                for tp, records in batches.items():
-                    for record in records:
-                        self.apply(record.value)
-                    self._positions[tp] = records[-1].offset + 1
-        finally:
-            await consumer.stop()
+        await self._reader.follow(stop=stop)

@@ -7,9 +7,9 @@ import asyncio
 import logging
 from collections import OrderedDict
 
-from aiokafka import AIOKafkaConsumer
 from pydantic import ValidationError
 
+from commands.topic_reader import TopicReader
 from schemas.envelopes import CancelRequest
 from schemas.names import Topic
 from schemas.settings import Settings
@@ -40,29 +40,6 @@ class CancelledCalls:
             log.warning("ignoring an unreadable calls.cancelled record")
 
     async def follow(self, ready: asyncio.Event | None = None) -> None:
-        consumer = AIOKafkaConsumer(
-            self._settings.topic(Topic.CANCELLED),
-            bootstrap_servers=self._settings.kafka_bootstrap,
-            group_id=None,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-        )
-        await consumer.start()
-        try:
-            tps = sorted(consumer.assignment())
-            await consumer.seek_to_beginning(*tps)
-            ends = await consumer.end_offsets(tps)
-            while True:
-                batches = await consumer.getmany(timeout_ms=200, max_records=5000)
-                for records in batches.values():
-                    for record in records:
-                        self.apply(record.value)
-                if ready is not None and not ready.is_set():
-                    caught_up = True
-                    for tp in tps:
-                        if await consumer.position(tp) < ends[tp]:
-                            caught_up = False
-                    if caught_up:
-                        ready.set()
-        finally:
-            await consumer.stop()
+        """Read the topic from the beginning (then set ``ready``) and follow it."""
+        reader = TopicReader(self._settings, [Topic.CANCELLED], lambda _t, raw: self.apply(raw))
+        await reader.follow(ready)

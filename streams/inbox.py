@@ -6,14 +6,14 @@ across workers; the topics are the whole picture), and decisions published as si
 
 from __future__ import annotations
 
-import asyncio
 import json
 from datetime import UTC, datetime
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaProducer
 from pydantic import ValidationError
 
+from commands.topic_reader import TopicReader
 from schemas.envelopes import (
     TERMINAL_STATUSES,
     Actor,
@@ -47,8 +47,9 @@ class ApprovalInbox:
         self._settings = settings
         self._pending: dict[str, ApprovalRequest] = {}
         self._ended: set[str] = set()
-        self._consumer: AIOKafkaConsumer | None = None
-        self._lock = asyncio.Lock()
+        self._reader = TopicReader(
+            settings, [Topic.APPROVALS_REQUESTED, Topic.OUTCOMES], self.apply
+        )
 
     def apply(self, topic: str, value: bytes | None) -> None:
         try:
@@ -82,42 +83,13 @@ class ApprovalInbox:
             raise ResourceNotFound()
         return request
 
-    async def _started(self) -> AIOKafkaConsumer:
-        """One consumer for the inbox's lifetime: each catch-up reads only what is new."""
-        if self._consumer is None:
-            consumer = AIOKafkaConsumer(
-                self._settings.topic(Topic.APPROVALS_REQUESTED),
-                self._settings.topic(Topic.OUTCOMES),
-                bootstrap_servers=self._settings.kafka_bootstrap,
-                group_id=None,
-                enable_auto_commit=False,
-                auto_offset_reset="earliest",
-            )
-            await consumer.start()
-            await consumer.seek_to_beginning(*consumer.assignment())
-            self._consumer = consumer
-        return self._consumer
-
     async def catch_up(self) -> None:
-        """Read both topics up to their ends as of now (concurrent callers share one read)."""
-        async with self._lock:
-            consumer = await self._started()
-            tps = sorted(consumer.assignment())
-            ends = await consumer.end_offsets(tps)
-            remaining = {tp for tp in tps if await consumer.position(tp) < ends[tp]}
-            while remaining:
-                batches = await consumer.getmany(*remaining, timeout_ms=500, max_records=5000)
-                for tp, records in batches.items():
-                    for record in records:
-                        self.apply(tp.topic, record.value)
-                for tp in list(remaining):
-                    if await consumer.position(tp) >= ends[tp]:
-                        remaining.discard(tp)
+        """Read both topics up to their ends as of now (concurrent callers share one read;
+        one consumer for the inbox's lifetime, so each catch-up reads only what is new)."""
+        await self._reader.catch_up()
 
     async def close(self) -> None:
-        if self._consumer is not None:
-            await self._consumer.stop()
-            self._consumer = None
+        await self._reader.close()
 
 
 def decision_for(
