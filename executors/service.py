@@ -9,7 +9,6 @@ committed.
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 import os
 import random
@@ -145,10 +144,10 @@ class ExecutorService:
         try:
             command = CommittedCommand.model_validate_json(record.value or b"")
         except ValidationError:
-            letter = DeadLetter(
+            letter = DeadLetter.of_raw(
+                record.value,
                 call_id=None,
                 reason="executor: unreadable committed command",
-                raw_base64=base64.b64encode(record.value or b"").decode(),
                 source=SourcePosition(
                     topic=record.topic, partition=record.partition, offset=record.offset
                 ),

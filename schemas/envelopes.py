@@ -6,6 +6,8 @@ Kafka edge (`to_bytes`, `model_validate_json`).
 
 from __future__ import annotations
 
+import base64
+import hashlib
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal, Self
@@ -244,14 +246,50 @@ class SourcePosition(Part):
     offset: int
 
 
+# How much of an unreadable record a dead letter keeps. A dead letter must always fit where
+# its source fitted: the digest and size identify the original, the prefix shows what it was.
+DEAD_LETTER_PREFIX_BYTES = 4096
+
+
 class DeadLetter(Record):
-    """`calls.deadletter`, key `call_id` when one could be recovered: the raw record kept."""
+    """`calls.deadletter`, key `call_id` when one could be recovered: what identifies the raw
+    record (SHA-256 and size) and a bounded prefix of it, never the whole record (v1.1: before,
+    ``raw_base64`` held the whole record; such records read as a prefix that is complete)."""
 
     call_id: str | None
     reason: ShortText
-    raw_base64: str
+    raw_base64: str = Field(
+        max_length=4 * ((DEAD_LETTER_PREFIX_BYTES + 2) // 3),
+        description=f"base64 of the record's first {DEAD_LETTER_PREFIX_BYTES} bytes at most",
+    )
+    raw_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    raw_size: int | None = Field(default=None, ge=0)
+    raw_truncated: bool = False
     source: SourcePosition
     at: datetime
+
+    @classmethod
+    def of_raw(
+        cls,
+        raw: bytes | None,
+        *,
+        reason: str,
+        call_id: str | None,
+        source: SourcePosition,
+        at: datetime,
+    ) -> DeadLetter:
+        """A dead letter for ``raw`` of any size: digest, size and a bounded prefix."""
+        data = raw or b""
+        return cls(
+            call_id=call_id,
+            reason=reason[:512],
+            raw_base64=base64.b64encode(data[:DEAD_LETTER_PREFIX_BYTES]).decode(),
+            raw_sha256=hashlib.sha256(data).hexdigest(),
+            raw_size=len(data),
+            raw_truncated=len(data) > DEAD_LETTER_PREFIX_BYTES,
+            source=source,
+            at=at,
+        )
 
 
 class ApprovalRequest(Record):

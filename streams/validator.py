@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 from datetime import datetime
 
 from commands.catalog import Catalog
@@ -22,18 +21,12 @@ def dead_letter(
     at: datetime,
     key: str | None = None,
 ) -> Emit:
-    """A dead letter keeps the raw bytes; it is keyed like its source record (or by the
-    call id recovered from it)."""
+    """A dead letter keeps the raw bytes' digest, size and a bounded prefix; it is keyed like
+    its source record (or by the call id recovered from it)."""
     return Emit(
         topic=Topic.DEADLETTER,
         key=key if key is not None else call_id,
-        value=DeadLetter(
-            call_id=call_id,
-            reason=reason[:512],
-            raw_base64=base64.b64encode(raw or b"").decode(),
-            source=source,
-            at=at,
-        ),
+        value=DeadLetter.of_raw(raw, reason=reason, call_id=call_id, source=source, at=at),
     )
 
 

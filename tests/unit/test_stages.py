@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 from typing import Any
 
@@ -8,6 +9,7 @@ from commands.catalog import Catalog, Resource, Tool, ToolArguments
 from commands.policy import PolicySet
 from commands.validate import Limits
 from schemas.envelopes import (
+    DEAD_LETTER_PREFIX_BYTES,
     ApprovalRequest,
     AuthorizedCall,
     CommittedCommand,
@@ -186,3 +188,13 @@ async def test_auto_route_commits_keyed_by_operation(catalog: Catalog, policies:
     assert committed.key == "tenant-a:k-1"
     assert isinstance(committed.value, CommittedCommand)
     assert committed.value.idempotency_key == "k-1"
+
+
+def test_dead_letter_of_an_oversized_record_keeps_digest_size_and_a_bounded_prefix() -> None:
+    raw = b"x" * 900_000
+    letter = DeadLetter.of_raw(raw, reason="too large", call_id=None, source=SOURCE, at=NOW)
+    assert letter.raw_size == 900_000
+    assert letter.raw_truncated
+    assert letter.raw_sha256 == hashlib.sha256(raw).hexdigest()
+    assert base64.b64decode(letter.raw_base64) == raw[:DEAD_LETTER_PREFIX_BYTES]
+    assert len(letter.to_bytes()) < 2 * DEAD_LETTER_PREFIX_BYTES
