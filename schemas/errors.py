@@ -62,14 +62,6 @@ class RatifierError(Exception):
         super().__init__(self.safe_message)
 
 
-class MalformedRecord(RatifierError):
-    code = ErrorCode.MALFORMED
-
-
-class UnknownTool(RatifierError):
-    code = ErrorCode.UNKNOWN_TOOL
-
-
 class InvalidArguments(RatifierError):
     code = ErrorCode.INVALID_ARGUMENTS
 
@@ -86,16 +78,8 @@ class ResourceNotFound(RatifierError):
     code = ErrorCode.NOT_FOUND
 
 
-class ApprovalRejected(RatifierError):
-    code = ErrorCode.APPROVAL_REJECTED
-
-
 class ApprovalExpired(RatifierError):
     code = ErrorCode.APPROVAL_EXPIRED
-
-
-class IdempotencyConflict(RatifierError):
-    code = ErrorCode.CONFLICT
 
 
 class PreconditionFailed(RatifierError):
@@ -114,14 +98,6 @@ class TransientFailure(RatifierError):
 
 class PermanentFailure(RatifierError):
     code = ErrorCode.PERMANENT_ERROR
-
-
-class RetryExhausted(RatifierError):
-    code = ErrorCode.RETRY_EXHAUSTED
-
-
-class Cancelled(RatifierError):
-    code = ErrorCode.CANCELLED
 
 
 class StorageUnavailable(TransientFailure):

@@ -34,7 +34,6 @@ EXECUTOR_GROUP = "ratifier-executor"
 RECONCILER_GROUP = "ratifier-reconciler"
 AUDIT_SINK_GROUP = "ratifier-audit-sink"
 
-REDIS_OUTCOME_PREFIX = "ratifier:outcome:"
 REDIS_CLAIM_PREFIX = "ratifier:claim:"
 # An executor's liveness mark (refreshed while it runs), so that a claim held by a dead owner
 # is taken over at once instead of after its lease.

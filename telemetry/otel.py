@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace.export import (
 )
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 
-from telemetry.tracing import AttributeValue, TraceParent, Tracer
+from telemetry.spans import AttributeValue, TraceParent, Tracer
 
 
 class ChosenIds(RandomIdGenerator):

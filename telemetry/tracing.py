@@ -30,32 +30,19 @@ from __future__ import annotations
 import random  # trace and span ids need uniqueness, not secrecy; os.urandom is slow
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from schemas.names import TRACEPARENT_HEADER
 from schemas.settings import Settings
+from telemetry.spans import AttributeValue, TraceParent, Tracer, new_span_id
 
 _TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$")
 _ZERO_TRACE = "0" * 32
 _ZERO_SPAN = "0" * 16
 
-AttributeValue = str | int | float | bool | None
-
-
-@dataclass(frozen=True, slots=True)
-class TraceParent:
-    trace_id: str  # 32 lowercase hex digits, not all zero
-    span_id: str  # 16 lowercase hex digits, not all zero
-    sampled: bool = True
-
 
 def new_trace_id() -> str:
     return f"{random.getrandbits(128) or 1:032x}"
-
-
-def new_span_id() -> str:
-    return f"{random.getrandbits(64) or 1:016x}"
 
 
 def parse_traceparent(value: str | bytes | bytearray | None) -> TraceParent | None:
@@ -102,33 +89,6 @@ def trace_id_of(headers: Any) -> str:
     return parent.trace_id if parent is not None else new_trace_id()
 
 
-def kafka_headers(trace_id: str, span_id: str) -> list[tuple[str, bytes]]:
-    return [(TRACEPARENT_HEADER, format_traceparent(trace_id, span_id))]
-
-
-class Tracer:
-    """Records one span per stage per record. Without an exporter it only makes span ids."""
-
-    enabled = False
-
-    def record(
-        self,
-        *,
-        stage: str,
-        trace_id: str,
-        parent: TraceParent | None,
-        start_ns: int,
-        end_ns: int,
-        attributes: Mapping[str, AttributeValue],
-    ) -> str:
-        """Record a finished span of ``stage`` in ``trace_id``; return its span id (the
-        parent of the next hop)."""
-        return new_span_id()
-
-    def shutdown(self) -> None:
-        return None
-
-
 def tracer_from(settings: Settings, *, service: str) -> Tracer:
     """The tracer ``settings.otel_exporter`` asks for; OpenTelemetry is imported only when
     an exporter is configured."""
@@ -137,3 +97,17 @@ def tracer_from(settings: Settings, *, service: str) -> Tracer:
     from telemetry.otel import otel_tracer  # noqa: PLC0415 - no OpenTelemetry cost when off
 
     return otel_tracer(settings.otel_exporter, endpoint=settings.otel_endpoint, service=service)
+
+
+__all__ = [
+    "AttributeValue",
+    "TraceParent",
+    "Tracer",
+    "format_traceparent",
+    "new_span_id",
+    "new_trace_id",
+    "parse_traceparent",
+    "trace_id_of",
+    "traceparent_of",
+    "tracer_from",
+]
