@@ -65,11 +65,11 @@ def cmd_streams(settings: Settings, _args: argparse.Namespace) -> int:
 
     from commands.catalog import load_catalog
     from commands.policy_feed import PolicyFeed, local_policies
-    from ratifier.migrate import migrate
+    from ratifier.migrate import require_current_schema
     from ratifier.topics import ensure_topics
     from streams.app import create_app
 
-    migrate(settings.database_url)
+    require_current_schema(settings.database_url)
     asyncio.run(ensure_topics(settings))
     feed = PolicyFeed(settings, local_policies(settings))
     asyncio.run(feed.catch_up())  # start on the newest published policy set
@@ -85,11 +85,11 @@ def cmd_executor(settings: Settings, _args: argparse.Namespace) -> int:
     from commands.catalog import load_catalog
     from commands.policy_feed import PolicyFeed, local_policies
     from executors.service import run_executor
-    from ratifier.migrate import migrate
+    from ratifier.migrate import require_current_schema
     from ratifier.topics import ensure_topics
 
     _setup_logging(settings)
-    migrate(settings.database_url)
+    require_current_schema(settings.database_url)
     asyncio.run(ensure_topics(settings))
     feed = PolicyFeed(settings, local_policies(settings))
     run_executor(settings, catalog=load_catalog(settings.catalog), policies=feed)
@@ -187,10 +187,10 @@ def cmd_approvals(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_reconciler(settings: Settings, _args: argparse.Namespace) -> int:
     from commands.catalog import load_catalog
     from executors.reconciler import run_reconciler
-    from ratifier.migrate import migrate
+    from ratifier.migrate import require_current_schema
     from ratifier.topics import ensure_topics
 
-    migrate(settings.database_url)
+    require_current_schema(settings.database_url)
     asyncio.run(ensure_topics(settings))
     asyncio.run(run_reconciler(settings, load_catalog(settings.catalog)))
     return 0
@@ -226,10 +226,10 @@ def cmd_audit(settings: Settings, args: argparse.Namespace) -> int:
 
     if args.audit_command == "sink":
         from audit.sink import run_audit_sink
-        from ratifier.migrate import migrate
+        from ratifier.migrate import require_current_schema
         from ratifier.topics import ensure_topics
 
-        migrate(settings.database_url)
+        require_current_schema(settings.database_url)
         asyncio.run(ensure_topics(settings))
         run_audit_sink(settings, load_catalog(settings.catalog))
         return 0

@@ -8,7 +8,7 @@ from pathlib import Path
 import psycopg
 
 from commands.sql import named_query
-from schemas.errors import StorageUnavailable
+from schemas.errors import ConfigurationError, StorageUnavailable
 
 log = logging.getLogger("ratifier.migrate")
 
@@ -44,3 +44,33 @@ def migrate(database_url: str, directory: Path = MIGRATIONS_DIR) -> list[str]:
     except psycopg.OperationalError as exc:
         raise StorageUnavailable("PostgreSQL is not reachable for migrations.") from exc
     return applied
+
+
+def pending_migrations(database_url: str, directory: Path = MIGRATIONS_DIR) -> list[str]:
+    """The migrations under ``directory`` that the database has not applied yet."""
+    wanted = [path.stem for path in sorted(directory.glob("*.sql"))]
+    try:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            present = conn.execute(named_query(_PKG, "schema_migrations_present")).fetchone()
+            if present is None or not present[0]:
+                return wanted
+            done = {row[0] for row in conn.execute(named_query(_PKG, "applied_migrations"))}
+    except psycopg.OperationalError as exc:
+        raise StorageUnavailable("PostgreSQL is not reachable to check its schema.") from exc
+    ahead = sorted(done - set(wanted))
+    if ahead:
+        # A newer build migrated first (rolling upgrade): migrations only add, so this one
+        # keeps working, but say so.
+        log.warning("the database has migrations this build does not know: %s", ahead)
+    return [version for version in wanted if version not in done]
+
+
+def require_current_schema(database_url: str, directory: Path = MIGRATIONS_DIR) -> None:
+    """Refuse to start a worker on a database whose schema is behind this build: workers
+    never migrate (`ratifier migrate`, `make up` and the demo do, once)."""
+    pending = pending_migrations(database_url, directory)
+    if pending:
+        raise ConfigurationError(
+            f"the database schema is behind this build: {len(pending)} migration(s) not "
+            f"applied ({', '.join(pending)}); run `ratifier migrate` first"
+        )
