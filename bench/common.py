@@ -9,7 +9,6 @@ import os
 import platform
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 import uuid
@@ -233,17 +232,9 @@ class BenchRun:
 
     def start_module(self, module: str, name: str, *args: str) -> WorkerProcess:
         """A benchmark helper process (``python -m module args``), same env and logs."""
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        log_path = self.log_dir / f"{name}.log"
-        log_file = log_path.open("wb")
-        process = subprocess.Popen(
-            [sys.executable, "-m", module, *args],
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **self.env},
-            start_new_session=True,
+        worker = start_worker_args(
+            list(args), name=name, log_dir=self.log_dir, env=self.env, module=module
         )
-        worker = WorkerProcess(name=name, process=process, log_path=log_path, log_file=log_file)
         self.workers.append(worker)
         return worker
 
@@ -253,7 +244,7 @@ class BenchRun:
             port = int(probe.getsockname()[1])
         url = f"http://127.0.0.1:{port}"
         self.settings = self.settings.model_copy(update={"provider_url": url})
-        worker = self.start("provider", "provider", "--port", str(port))
+        worker = self.start_module("testsupport.provider", "provider", "--port", str(port))
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:

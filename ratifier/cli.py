@@ -257,13 +257,6 @@ def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
     return run_demo(settings, timeout=args.timeout)
 
 
-def cmd_provider(_settings: Settings, args: argparse.Namespace) -> int:
-    from commands.payments.provider import run_provider
-
-    run_provider(args.host, args.port)
-    return 0
-
-
 def cmd_schemas(_settings: Settings, args: argparse.Namespace) -> int:
     from schemas.export import main as export_main
 
@@ -335,12 +328,6 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "edit":
             one.add_argument("--arguments", required=True, help="the new arguments as JSON")
     approvals.set_defaults(func=cmd_approvals, reason=None)
-    provider = sub.add_parser(
-        "provider", help="run the fake payment provider (in memory; for tests and the demo)"
-    )
-    provider.add_argument("--host", default="127.0.0.1")
-    provider.add_argument("--port", type=int, default=8765)
-    provider.set_defaults(func=cmd_provider)
     sub.add_parser("reconciler", help="run a reconciler process").set_defaults(func=cmd_reconciler)
     ops = sub.add_parser("ops", help="operations with unknown outcomes")
     ops_sub = ops.add_subparsers(dest="ops_command", required=True)

@@ -20,7 +20,12 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from ratifier.migrate import migrate
-from ratifier.processes import WorkerProcess, start_worker_args, wait_for_log
+from ratifier.processes import (
+    FAKE_PROVIDER_MODULE,
+    WorkerProcess,
+    start_worker_args,
+    wait_for_log,
+)
 from ratifier.topics import ensure_topics
 from schemas.envelopes import ApprovalDecision, ApprovalVerdict, Outcome
 from schemas.identity import context_keys, issue_context_token
@@ -35,7 +40,7 @@ RUN_DIR = LOCAL_HOME / "run"
 # name -> `ratifier` arguments and the log line that says it is ready (the dashboard is
 # checked over HTTP). The order is the start order.
 DEMO_PROCESSES: tuple[tuple[str, tuple[str, ...], str | None], ...] = (
-    ("provider", ("provider",), None),
+    ("provider", (), None),
     ("streams", ("streams",), "Worker ready"),
     ("executor", ("executor",), " started on "),
     ("reconciler", ("reconciler",), None),
@@ -292,7 +297,9 @@ def _start_processes() -> list[WorkerProcess]:
     RUN_DIR.mkdir(parents=True, exist_ok=True)
     workers = []
     for name, args, _ready in DEMO_PROCESSES:
-        worker = start_worker_args(list(args), name=f"demo-{name}", log_dir=LOG_DIR)
+        # The fake provider is test support: its own module, started, never imported.
+        module = FAKE_PROVIDER_MODULE if name == "provider" else "ratifier.cli"
+        worker = start_worker_args(list(args), name=f"demo-{name}", log_dir=LOG_DIR, module=module)
         (RUN_DIR / f"demo-{name}.pid").write_text(f"{worker.process.pid}\n", encoding="utf-8")
         workers.append(worker)
     return workers

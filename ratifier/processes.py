@@ -56,15 +56,25 @@ def start_worker(
     return start_worker_args([command], name=name, log_dir=log_dir, env=env)
 
 
+# The fake payment provider runs as its own module (test support, never imported here).
+FAKE_PROVIDER_MODULE = "testsupport.provider"
+
+
 def start_worker_args(
-    args: list[str], *, name: str, log_dir: Path, env: Mapping[str, str] | None = None
+    args: list[str],
+    *,
+    name: str,
+    log_dir: Path,
+    env: Mapping[str, str] | None = None,
+    module: str = "ratifier.cli",
 ) -> WorkerProcess:
-    """Run ``ratifier <args…>`` in a child process, output to ``log_dir/<name>.log``."""
+    """Run ``python -m <module> <args…>`` (by default the ``ratifier`` command) in a child
+    process, output to ``log_dir/<name>.log``."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
     log_file = log_path.open("wb")
     process = subprocess.Popen(  # noqa: S603 - our own interpreter and module
-        [sys.executable, "-m", "ratifier.cli", *args],
+        [sys.executable, "-m", module, *args],
         stdout=log_file,
         stderr=subprocess.STDOUT,
         env={**os.environ, **(env or {})},

@@ -54,7 +54,8 @@ class Settings(BaseSettings):
     # `ratifier dashboard` serves the web dashboard here, on 127.0.0.1.
     dashboard_port: int = Field(default=6070, ge=1, le=65535)
     audit_salt: str = "ratifier-local-audit-salt"
-    # The payment provider the refund domain pays through (`ratifier provider` runs a fake one).
+    # The payment provider the refund domain pays through (`python -m testsupport.provider` runs a
+    # fake one).
     provider_url: str = "http://127.0.0.1:8765"
     # Which stream stages this worker runs (comma-separated), so that stages can be scaled
     # and deployed apart: validator, authorizer, approval-join.

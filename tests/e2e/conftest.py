@@ -16,7 +16,13 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from jwt.algorithms import OKPAlgorithm
 
 from ratifier.migrate import migrate
-from ratifier.processes import WorkerProcess, start_worker, start_worker_args, wait_for_log
+from ratifier.processes import (
+    FAKE_PROVIDER_MODULE,
+    WorkerProcess,
+    start_worker,
+    start_worker_args,
+    wait_for_log,
+)
 from ratifier.topics import delete_topics, ensure_topics
 from schemas.names import Topic
 from schemas.settings import Settings
@@ -184,10 +190,11 @@ def start_pipeline(
         provider_url=provider_url,
     )
     provider = start_worker_args(
-        ["provider", "--port", str(provider_port)],
+        ["--port", str(provider_port)],
         name="provider",
         log_dir=pipeline.log_dir,
         env=pipeline.env,
+        module=FAKE_PROVIDER_MODULE,
     )
     pipeline.workers.append(provider)
     try:

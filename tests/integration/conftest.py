@@ -51,7 +51,7 @@ def topics(settings: Settings) -> list[str]:
 @pytest.fixture
 async def provider_url() -> AsyncIterator[str]:
     """The fake payment provider, in this process, on a free loopback port."""
-    from commands.payments.provider import bound_port, serve
+    from testsupport.provider import bound_port, serve
 
     runner = await serve("127.0.0.1", 0)
     try:

@@ -13,9 +13,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from commands.payments.provider import bound_port, serve
 from commands.payments.provider_client import PaymentProvider
 from schemas.errors import OutcomeUnknown, PermanentFailure, TransientFailure
+from testsupport.provider import bound_port, serve
 
 pytestmark = pytest.mark.integration
 

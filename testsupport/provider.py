@@ -10,9 +10,12 @@ can assert that provider effects equal unique operations.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import secrets
 import signal
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Annotated, Any
@@ -247,6 +250,23 @@ async def _run(host: str, port: int) -> None:
 def run_provider(host: str, port: int) -> None:
     """Run the provider until SIGTERM or SIGINT, then shut it down gracefully."""
     asyncio.run(_run(host, port))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m testsupport.provider [--host H] [--port P]``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m testsupport.provider",
+        description="the fake payment provider (in memory; for tests, the demo, benchmarks)",
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8765)
+    args = parser.parse_args(argv)
+    run_provider(args.host, args.port)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
 
 
 __all__ = [
