@@ -341,26 +341,6 @@ def test_rendered_story_is_aligned_and_names_the_key_facts() -> None:
         assert fact in text, fact
 
 
-def test_audit_imports_only_schemas_commands_and_telemetry_of_ours() -> None:
-    import ast
-    from pathlib import Path
-
-    ours = {"schemas", "commands", "streams", "executors", "ratifier", "examples", "bench"}
-    # telemetry (metrics) sits below every service package and is allowed.
-    for path in (Path(__file__).resolve().parents[2] / "audit").glob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            names = (
-                [a.name for a in node.names]
-                if isinstance(node, ast.Import)
-                else [node.module or ""]
-                if isinstance(node, ast.ImportFrom)
-                else []
-            )
-            for name in names:
-                top = name.split(".")[0]
-                assert top not in ours - {"schemas", "commands"}, f"{path} imports {name}"
-
-
 def test_story_of_a_reconciled_call_names_checks_and_the_settled_outcome() -> None:
     records = [
         _record("commands.committed", 0.0, {"operation_id": "tenant-a:r"}, tenant="tenant-a"),
