@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 PYTEST := $(BIN)/pytest
 export RATIFIER_BIN := $(CURDIR)/$(BIN)/ratifier
 
-.PHONY: help install up down status lint format schemas unit integration browser e2e test dashboard demo bench bench-idle bench-validator bench-authorizer bench-executor clean
+.PHONY: help install up down status lint contract format schemas unit integration browser e2e test dashboard demo bench bench-idle bench-validator bench-authorizer bench-executor clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -38,11 +38,21 @@ lint: install ## ruff (lint + format check), mypy --strict, import-linter layeri
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
+ASYNCAPI_TOOL := tools/asyncapi
+$(ASYNCAPI_TOOL)/node_modules/.package-lock.json: $(ASYNCAPI_TOOL)/package-lock.json
+	@command -v npm >/dev/null || { echo "contract: installing nodejs and npm (Debian packages)…"; \
+		apt-get update -qq && apt-get install -y -qq nodejs npm >/dev/null; }
+	cd $(ASYNCAPI_TOOL) && npm ci --no-audit --no-fund --ignore-scripts --loglevel=error
+
+contract: install $(ASYNCAPI_TOOL)/node_modules/.package-lock.json ## the AsyncAPI document is fresh and valid (official parser)
+	$(BIN)/python -m schemas.export --check
+	node $(ASYNCAPI_TOOL)/validate.mjs schemas/json/asyncapi.json
+
 format: install ## apply ruff's formatting and safe fixes
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-schemas: install ## regenerate the JSON Schema files of the contract under schemas/json
+schemas: install ## regenerate the JSON Schema files and the AsyncAPI document under schemas/json
 	$(BIN)/python -m schemas.export
 
 unit: install ## pure tests, no I/O
@@ -57,7 +67,7 @@ browser: ## install Debian's chromium for the dashboard's browser test, when it 
 e2e: up browser ## the whole pipeline through Kafka with real worker processes
 	$(PYTEST) tests/e2e -m e2e
 
-test: up lint unit integration e2e ## everything CI runs
+test: up lint contract unit integration e2e ## everything CI runs
 
 dashboard: up ## serve the web dashboard on http://127.0.0.1:6070/ (Ctrl-C stops it)
 	$(BIN)/ratifier dashboard

@@ -1,4 +1,5 @@
-"""Write one JSON Schema file per contract record: ``python -m schemas.export [DIR]``."""
+"""Write one JSON Schema file per contract record and the AsyncAPI 3 document of every topic:
+``python -m schemas.export [DIR]``."""
 
 from __future__ import annotations
 
@@ -6,9 +7,11 @@ import json
 import sys
 from pathlib import Path
 
+from schemas import asyncapi
 from schemas.envelopes import CONTRACT_RECORDS
 
 DEFAULT_DIR = Path(__file__).parent / "json"
+ASYNCAPI_FILE = "asyncapi.json"
 
 
 def render() -> dict[str, str]:
@@ -20,6 +23,7 @@ def render() -> dict[str, str]:
         schema["$id"] = f"https://ratifier.dev/schemas/v1/{topic}.json"
         schema["x-topic"] = topic
         files[f"{topic}.json"] = json.dumps(schema, indent=2, sort_keys=True) + "\n"
+    files[ASYNCAPI_FILE] = json.dumps(asyncapi.render(), indent=2) + "\n"
     return files
 
 
@@ -33,8 +37,24 @@ def write(directory: Path) -> list[Path]:
     return written
 
 
+def stale(directory: Path) -> list[str]:
+    """The files under ``directory`` that differ from what the models render."""
+    return [
+        name
+        for name, text in render().items()
+        if not (directory / name).is_file()
+        or (directory / name).read_text(encoding="utf-8") != text
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["--check"]:
+        directory = Path(args[1]) if len(args) > 1 else DEFAULT_DIR
+        outdated = stale(directory)
+        for name in outdated:
+            print(f"stale: {directory / name} (run `make schemas`)", file=sys.stderr)
+        return 1 if outdated else 0
     directory = Path(args[0]) if args else DEFAULT_DIR
     for path in write(directory):
         print(path)

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
+from schemas.asyncapi import TOPIC_KEYS
 from schemas.envelopes import CONTRACT_RECORDS, ErrorInfo
 from schemas.errors import SAFE_MESSAGES, ErrorCode, RatifierError
-from schemas.export import DEFAULT_DIR, render
+from schemas.export import ASYNCAPI_FILE, DEFAULT_DIR, render
 from schemas.fingerprint import canonical_json, fingerprint
 from schemas.names import Topic
 
@@ -18,8 +20,29 @@ def test_json_schema_files_are_fresh() -> None:
 
 def test_every_record_topic_is_a_topic() -> None:
     assert set(CONTRACT_RECORDS) <= {t.value for t in Topic}
-    for name in render():
-        assert json.loads(render()[name])["properties"]["v"]["const"] == 1
+    for name, text in render().items():
+        if name != ASYNCAPI_FILE:
+            assert json.loads(text)["properties"]["v"]["const"] == 1
+
+
+def test_the_asyncapi_document_names_every_topic_with_its_key() -> None:
+    document = json.loads(render()[ASYNCAPI_FILE])
+    addresses = {c["address"] for c in document["channels"].values()}
+    assert addresses == {"{prefix}" + topic for topic in CONTRACT_RECORDS}
+    for topic, model in CONTRACT_RECORDS.items():
+        assert TOPIC_KEYS[topic] in model.model_fields, (topic, TOPIC_KEYS[topic])
+    schemas = document["components"]["schemas"]
+    for message in document["components"]["messages"].values():
+        name = message["payload"]["$ref"].rsplit("/", 1)[1]
+        assert schemas[name]["properties"]["v"]["const"] == 1
+    # Every reference resolves inside the document.
+    text = json.dumps(document)
+    for ref in re.findall(r'"\$ref": "#/([^"]+)"', text):
+        node: object = document
+        for part in ref.split("/"):
+            assert isinstance(node, dict)
+            assert part in node, ref
+            node = node[part]
 
 
 def test_fingerprint_is_canonical() -> None:

@@ -1,0 +1,146 @@
+"""The AsyncAPI 3 document of the wire contract, generated from the same models as the JSON
+Schema files (`make schemas` writes ``schemas/json/asyncapi.json``), so that agents in other
+languages can generate clients for every topic.
+
+Each topic is a channel whose address carries the deployment's topic prefix as a parameter;
+each record is a message with its Kafka key (``bindings.kafka.key``) and the W3C
+``traceparent`` header. Record schemas live once under ``components.schemas``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pydantic.json_schema import models_json_schema
+
+from schemas.envelopes import CONTRACT_RECORDS, Record
+from schemas.names import TRACEPARENT_HEADER
+
+ASYNCAPI_VERSION = "3.0.0"
+# The contract's version: major = the records' "v", minor = additive changes since.
+CONTRACT_VERSION = "1.1.0"
+KAFKA_BINDING_VERSION = "0.5.0"
+
+# What each topic's Kafka key is (the partition key): a field of the record.
+TOPIC_KEYS: dict[str, str] = {
+    "calls.proposed": "call_id",
+    "calls.validated": "call_id",
+    "calls.authorized": "call_id",
+    "calls.deadletter": "call_id",
+    "calls.cancelled": "call_id",
+    "approvals.requested": "call_id",
+    "approvals.decided": "call_id",
+    "commands.committed": "operation_id",
+    "commands.unknown": "operation_id",
+    "outcomes": "call_id",
+    "policies": "name",
+}
+
+# Who writes a topic from outside the pipeline (agents, approvers, operators): the operations
+# an external client performs. Every topic can be read (dashboards, audit).
+EXTERNAL_WRITERS: frozenset[str] = frozenset(
+    {"calls.proposed", "calls.cancelled", "approvals.decided", "policies"}
+)
+
+
+def _channel_id(topic: str) -> str:
+    head, *rest = re.split(r"[._]", topic)
+    return head + "".join(part.capitalize() for part in rest)
+
+
+def _summary(model: type[Record]) -> str:
+    doc = (model.__doc__ or "").strip()
+    return " ".join(doc.split("\n\n")[0].split())
+
+
+def render() -> dict[str, Any]:
+    """The AsyncAPI 3 document as a JSON-ready dict."""
+    models = sorted({model for model in CONTRACT_RECORDS.values()}, key=lambda m: m.__name__)
+    _, top = models_json_schema(
+        [(model, "validation") for model in models],
+        ref_template="#/components/schemas/{model}",
+    )
+    schemas: dict[str, Any] = dict(sorted(top.get("$defs", {}).items()))
+    messages: dict[str, Any] = {}
+    channels: dict[str, Any] = {}
+    operations: dict[str, Any] = {}
+    for topic, model in sorted(CONTRACT_RECORDS.items()):
+        channel_id = _channel_id(topic)
+        message_id = f"{channel_id}Record"
+        key_field = TOPIC_KEYS[topic]
+        messages[message_id] = {
+            "name": model.__name__,
+            "title": f"{model.__name__} on {topic}",
+            "summary": _summary(model),
+            "contentType": "application/json",
+            "payload": {"$ref": f"#/components/schemas/{model.__name__}"},
+            "headers": {
+                "type": "object",
+                "properties": {
+                    TRACEPARENT_HEADER: {
+                        "type": "string",
+                        "description": "W3C trace context of the hop that wrote the record",
+                    }
+                },
+            },
+            "bindings": {
+                "kafka": {
+                    "key": {
+                        "type": "string",
+                        "description": f"the record's `{key_field}` (the partition key)",
+                    },
+                    "bindingVersion": KAFKA_BINDING_VERSION,
+                }
+            },
+        }
+        channels[channel_id] = {
+            "address": "{prefix}" + topic,
+            "title": topic,
+            "messages": {message_id: {"$ref": f"#/components/messages/{message_id}"}},
+            "parameters": {"prefix": {"$ref": "#/components/parameters/prefix"}},
+        }
+        message_ref = {"$ref": f"#/channels/{channel_id}/messages/{message_id}"}
+        operations[f"read{channel_id[0].upper()}{channel_id[1:]}"] = {
+            "action": "receive",
+            "channel": {"$ref": f"#/channels/{channel_id}"},
+            "messages": [message_ref],
+        }
+        if topic in EXTERNAL_WRITERS:
+            operations[f"write{channel_id[0].upper()}{channel_id[1:]}"] = {
+                "action": "send",
+                "channel": {"$ref": f"#/channels/{channel_id}"},
+                "messages": [message_ref],
+            }
+    return {
+        "asyncapi": ASYNCAPI_VERSION,
+        "info": {
+            "title": "ratifier wire contract",
+            "version": CONTRACT_VERSION,
+            "description": (
+                "Kafka topics of ratifier: agents publish tool calls on calls.proposed and read "
+                "their terminal outcome on outcomes (deduplicate by call_id: stages are "
+                'at-least-once). Every record is UTF-8 JSON with "v": 1.'
+            ),
+        },
+        "defaultContentType": "application/json",
+        "servers": {
+            "local": {
+                "host": "127.0.0.1:9092",
+                "protocol": "kafka",
+                "description": "the local broker started by `make up`",
+            }
+        },
+        "channels": channels,
+        "operations": dict(sorted(operations.items())),
+        "components": {
+            "schemas": schemas,
+            "messages": messages,
+            "parameters": {
+                "prefix": {
+                    "description": "the deployment's topic prefix (RATIFIER_TOPIC_PREFIX)",
+                    "default": "ratifier.",
+                }
+            },
+        },
+    }
