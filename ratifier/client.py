@@ -1,0 +1,498 @@
+"""`ratifier.client`: how an agent runtime reaches ratifier without writing Kafka code.
+
+    async with RatifierClient.from_settings(Settings()) as client:
+        outcome = await client.call(
+            "get_payment", {"payment_id": "pay_A1001"}, context=token,
+            idempotency_key=idempotency_key_for(agent="support-bot", run=run_id, step=step_no),
+        )
+
+- ``call`` publishes one proposed call and returns its final outcome, or a `Pending` value
+  when the wait ends first (the call goes on; ``wait(call_id)`` awaits it again). A wait that
+  times out never reads as a failure. ``unknown`` is not final: the reconciler settles it and
+  publishes the settled outcome for the same call id, which the client waits for (a `Pending`
+  with status ``unknown`` says that is under way).
+- ``submit`` returns a `CallHandle` at once: ``await handle.approval()`` resolves when the call
+  is ``awaiting_approval`` (with the request's preview and expiry), ``await handle.result()``
+  with the final outcome. ``submit_many`` publishes a batch and awaits the broker's acks once.
+- Retries reuse the call's id and idempotency key: a broker error while publishing is retried
+  with the same record, so one logical call never mints a second key. Derive the key from the
+  agent's own step identity (`idempotency_key_for`) and a restarted agent re-proposing the same
+  step gets the stored outcome instead of a second effect.
+- Outcomes are read without a consumer group, from the client's *home* partitions of
+  ``outcomes`` only: the client mints call ids whose Kafka key hashes to those partitions (the
+  same murmur2 partitioner every stage's producer uses), so it never reads the whole topic.
+  Duplicate outcome records (at-least-once stages) are dropped by call id.
+- The client starts a W3C trace per call (or continues the caller's ``traceparent``); the
+  outcome's ``trace_id`` names it.
+
+`SyncRatifierClient` wraps it for synchronous agents (a private event loop thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import random
+import threading
+import uuid
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
+from concurrent.futures import Future as ThreadFuture
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import KafkaError
+from aiokafka.partitioner import murmur2
+from pydantic import ValidationError
+
+from schemas.envelopes import ApprovalRequest, Outcome, Status
+from schemas.names import TRACEPARENT_HEADER, Topic, topic_name
+from schemas.settings import Settings
+
+log = logging.getLogger("ratifier.client")
+
+T = TypeVar("T")
+
+PUBLISH_ATTEMPTS = 5
+PUBLISH_BACKOFF_SECONDS = (0.2, 0.5, 1.0, 2.0)
+DEFAULT_WAIT_SECONDS = 60.0  # how long `call` and `result` wait before answering Pending
+
+
+def idempotency_key_for(*, agent: str, run: str, step: str | int) -> str:
+    """A stable idempotency key for one logical step of one agent run: the same inputs give
+    the same key on every retry and after a restart, different steps different keys."""
+    digest = hashlib.sha256(f"{agent}\x00{run}\x00{step}".encode()).hexdigest()
+    return f"ik-{digest[:40]}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pending:
+    """The wait ended before the call's final outcome: the call goes on. ``status`` is the
+    last non-terminal status seen (``awaiting_approval``), or None when none was seen yet."""
+
+    call_id: str
+    status: Status | None = None
+    approval: ApprovalRequest | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class AwaitingApproval:
+    """The call waits for a human (or the end user): what they are shown and until when."""
+
+    call_id: str
+    outcome: Outcome
+    request: ApprovalRequest | None
+
+    @property
+    def preview(self) -> tuple[str, ...]:
+        return self.request.preview if self.request is not None else ()
+
+    @property
+    def expires_at(self) -> datetime | None:
+        return self.request.expires_at if self.request is not None else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProposedToolCall:
+    """One call for `RatifierClient.submit_many`."""
+
+    tool: str
+    arguments: Mapping[str, Any]
+    context: str
+    idempotency_key: str | None = None
+
+
+@dataclass(eq=False)
+class _Tracked:
+    terminal: asyncio.Future[Outcome]
+    awaiting: asyncio.Future[AwaitingApproval]
+    last_status: Status | None = None
+    request: ApprovalRequest | None = None
+    awaiting_outcome: Outcome | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class CallHandle:
+    """A published call: its ids and trace, and what it became."""
+
+    call_id: str
+    idempotency_key: str
+    trace_id: str
+    _client: RatifierClient = field(repr=False)
+
+    async def approval(self, within: float = DEFAULT_WAIT_SECONDS) -> AwaitingApproval | None:
+        """The approval this call waits for; None when it ended without one (or the wait
+        ended first: check `result`)."""
+        return await self._client.awaiting_approval(self.call_id, within=within)
+
+    async def result(self, within: float = DEFAULT_WAIT_SECONDS) -> Outcome | Pending:
+        return await self._client.wait(self.call_id, within=within)
+
+
+class RatifierClient:
+    """An agent runtime's connection to ratifier (asyncio). Use ``async with``."""
+
+    def __init__(
+        self,
+        *,
+        bootstrap: str,
+        topic_prefix: str = "ratifier.",
+        home_partitions: int = 1,
+        client_id: str | None = None,
+    ) -> None:
+        self._bootstrap = bootstrap
+        self._prefix = topic_prefix
+        self._home_count = max(1, home_partitions)
+        self._client_id = client_id or f"agent-client-{uuid.uuid4().hex[:8]}"
+        self._producer: AIOKafkaProducer | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+        self._home: tuple[int, ...] = ()
+        self._partitions = 0
+        self._calls: dict[str, _Tracked] = {}
+        self._reader: asyncio.Task[None] | None = None
+        self.records_fetched = 0  # outcome and approval records read (reply-routing figure)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, **options: Any) -> RatifierClient:
+        return cls(
+            bootstrap=settings.kafka_bootstrap, topic_prefix=settings.topic_prefix, **options
+        )
+
+    @property
+    def home_partitions(self) -> tuple[int, ...]:
+        return self._home
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        outcomes = topic_name(self._prefix, Topic.OUTCOMES)
+        requests = topic_name(self._prefix, Topic.APPROVALS_REQUESTED)
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=self._bootstrap,
+            client_id=self._client_id,
+            acks="all",
+            enable_idempotence=True,
+            linger_ms=2,
+        )
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=self._bootstrap,
+            client_id=self._client_id,
+            group_id=None,
+            enable_auto_commit=False,
+            auto_offset_reset="latest",
+            fetch_max_wait_ms=50,
+        )
+        await self._producer.start()
+        await self._consumer.start()
+        partitions = await self._partitions_of(outcomes)
+        self._partitions = len(partitions)
+        self._home = tuple(
+            sorted(random.sample(partitions, min(self._home_count, len(partitions))))
+        )
+        # Approval requests are keyed and partitioned like outcomes (by call id).
+        assigned = [TopicPartition(t, p) for t in (outcomes, requests) for p in self._home]
+        self._consumer.assign(assigned)
+        # Resolve every position before anything is published, so no outcome is missed.
+        for tp in assigned:
+            await self._consumer.position(tp)
+        self._reader = asyncio.create_task(self._read(), name="ratifier-client-reader")
+
+    async def _partitions_of(self, topic: str) -> list[int]:
+        assert self._producer is not None
+        return sorted(await self._producer.partitions_for(topic))
+
+    async def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            await asyncio.gather(self._reader, return_exceptions=True)
+            self._reader = None
+        for tracked in self._calls.values():
+            for future in (tracked.terminal, tracked.awaiting):
+                if not future.done():
+                    future.cancel()
+        if self._consumer is not None:
+            await self._consumer.stop()
+        if self._producer is not None:
+            await self._producer.stop()
+
+    # -- publishing ---------------------------------------------------------------------------
+
+    def new_call_id(self) -> str:
+        """A fresh call id whose Kafka key lands on one of this client's home partitions."""
+        while True:
+            call_id = f"call-{uuid.uuid4().hex}"
+            if self._partition_of(call_id) in self._home:
+                return call_id
+
+    def _partition_of(self, key: str) -> int:
+        hashed: int = murmur2(key.encode())
+        return (hashed & 0x7FFFFFFF) % self._partitions
+
+    def _envelope(
+        self, call_id: str, tool: str, arguments: Mapping[str, Any], context: str, key: str
+    ) -> bytes:
+        return json.dumps(
+            {
+                "v": 1,
+                "call_id": call_id,
+                "idempotency_key": key,
+                "tool": tool,
+                "arguments": dict(arguments),
+                "context": context,
+                "proposed_at": datetime.now(UTC).isoformat(),
+            },
+            separators=(",", ":"),
+        ).encode()
+
+    def _track(self, call_id: str) -> _Tracked:
+        tracked = self._calls.get(call_id)
+        if tracked is None:
+            loop = asyncio.get_running_loop()
+            tracked = _Tracked(terminal=loop.create_future(), awaiting=loop.create_future())
+            self._calls[call_id] = tracked
+        return tracked
+
+    async def _publish(self, records: Sequence[tuple[str, bytes, bytes]]) -> None:
+        """Send (call id, value, traceparent) records and await every ack; a broker error is
+        retried with the very same records (same call ids and idempotency keys)."""
+        assert self._producer is not None
+        topic = topic_name(self._prefix, Topic.PROPOSED)
+        for attempt in range(PUBLISH_ATTEMPTS):
+            try:
+                sent = [
+                    await self._producer.send(
+                        topic,
+                        key=call_id.encode(),
+                        value=value,
+                        headers=[(TRACEPARENT_HEADER, traceparent)],
+                    )
+                    for call_id, value, traceparent in records
+                ]
+                await asyncio.gather(*sent)
+                return
+            except KafkaError:
+                if attempt == PUBLISH_ATTEMPTS - 1:
+                    raise
+                delay = PUBLISH_BACKOFF_SECONDS[min(attempt, len(PUBLISH_BACKOFF_SECONDS) - 1)]
+                log.warning("publishing %d call(s) failed; retry in %.1fs", len(records), delay)
+                await asyncio.sleep(delay)
+
+    async def submit_many(
+        self, calls: Iterable[ProposedToolCall], *, traceparent: str | None = None
+    ) -> list[CallHandle]:
+        """Publish many calls at once (one wait for all acks) and return their handles."""
+        handles: list[CallHandle] = []
+        records: list[tuple[str, bytes, bytes]] = []
+        for call in calls:
+            call_id = self.new_call_id()
+            key = call.idempotency_key or call_id
+            trace_id, header = _trace(traceparent)
+            self._track(call_id)
+            records.append(
+                (
+                    call_id,
+                    self._envelope(call_id, call.tool, call.arguments, call.context, key),
+                    header,
+                )
+            )
+            handles.append(
+                CallHandle(call_id=call_id, idempotency_key=key, trace_id=trace_id, _client=self)
+            )
+        await self._publish(records)
+        return handles
+
+    async def submit(
+        self,
+        tool: str,
+        arguments: Mapping[str, Any],
+        *,
+        context: str,
+        idempotency_key: str | None = None,
+        traceparent: str | None = None,
+    ) -> CallHandle:
+        call = ProposedToolCall(
+            tool=tool, arguments=arguments, context=context, idempotency_key=idempotency_key
+        )
+        [handle] = await self.submit_many([call], traceparent=traceparent)
+        return handle
+
+    async def call(
+        self,
+        tool: str,
+        arguments: Mapping[str, Any],
+        *,
+        context: str,
+        idempotency_key: str | None = None,
+        traceparent: str | None = None,
+        within: float = DEFAULT_WAIT_SECONDS,
+    ) -> Outcome | Pending:
+        """Publish one call and wait for its final outcome (or `Pending`)."""
+        handle = await self.submit(
+            tool,
+            arguments,
+            context=context,
+            idempotency_key=idempotency_key,
+            traceparent=traceparent,
+        )
+        return await handle.result(within=within)
+
+    # -- waiting ------------------------------------------------------------------------------
+
+    async def wait(
+        self, call_id: str, *, within: float = DEFAULT_WAIT_SECONDS
+    ) -> Outcome | Pending:
+        """The call's final outcome, or `Pending` when ``within`` seconds pass first. Only calls
+        this client published (or is tracking) can be awaited."""
+        tracked = self._calls.get(call_id)
+        if tracked is None:
+            raise KeyError(f"{call_id} was not published by this client")
+        try:
+            return await asyncio.wait_for(asyncio.shield(tracked.terminal), within)
+        except TimeoutError:
+            return Pending(call_id=call_id, status=tracked.last_status, approval=tracked.request)
+
+    async def awaiting_approval(
+        self, call_id: str, *, within: float = DEFAULT_WAIT_SECONDS
+    ) -> AwaitingApproval | None:
+        tracked = self._calls.get(call_id)
+        if tracked is None:
+            raise KeyError(f"{call_id} was not published by this client")
+        waits: set[asyncio.Future[Any]] = {
+            asyncio.ensure_future(asyncio.shield(tracked.awaiting)),
+            asyncio.ensure_future(asyncio.shield(tracked.terminal)),
+        }
+        _done, pending = await asyncio.wait(waits, timeout=within, return_when="FIRST_COMPLETED")
+        for future in pending:
+            future.cancel()
+        return tracked.awaiting.result() if tracked.awaiting.done() else None
+
+    def forget(self, call_id: str) -> None:
+        """Stop tracking a call (its outcome was consumed)."""
+        self._calls.pop(call_id, None)
+
+    async def _read(self) -> None:
+        assert self._consumer is not None
+        requests = topic_name(self._prefix, Topic.APPROVALS_REQUESTED)
+        while True:
+            batches = await self._consumer.getmany(timeout_ms=500, max_records=1000)
+            for tp, records in batches.items():
+                self.records_fetched += len(records)
+                for record in records:
+                    key = record.key.decode(errors="replace") if record.key else None
+                    tracked = self._calls.get(key) if key else None
+                    if tracked is None:
+                        continue  # another agent's call on a shared partition
+                    if tp.topic == requests:
+                        self._on_request(tracked, record.value)
+                    else:
+                        self._on_outcome(tracked, record.value)
+
+    def _on_request(self, tracked: _Tracked, value: bytes | None) -> None:
+        try:
+            tracked.request = ApprovalRequest.model_validate_json(value or b"")
+        except ValidationError:
+            return
+        if tracked.awaiting_outcome is not None and not tracked.awaiting.done():
+            tracked.awaiting.set_result(
+                AwaitingApproval(
+                    call_id=tracked.awaiting_outcome.call_id,
+                    outcome=tracked.awaiting_outcome,
+                    request=tracked.request,
+                )
+            )
+
+    def _on_outcome(self, tracked: _Tracked, value: bytes | None) -> None:
+        try:
+            outcome = Outcome.model_validate_json(value or b"")
+        except ValidationError:
+            log.warning("unreadable outcome record ignored")
+            return
+        if tracked.terminal.done():
+            return  # a repeated outcome (at-least-once stages): the first one stands
+        tracked.last_status = outcome.status
+        if outcome.terminal and outcome.status is not Status.UNKNOWN:
+            tracked.terminal.set_result(outcome)
+        elif outcome.status is Status.AWAITING_APPROVAL:
+            tracked.awaiting_outcome = outcome
+            if tracked.request is not None and not tracked.awaiting.done():
+                tracked.awaiting.set_result(
+                    AwaitingApproval(
+                        call_id=outcome.call_id, outcome=outcome, request=tracked.request
+                    )
+                )
+
+
+def _trace(traceparent: str | None) -> tuple[str, bytes]:
+    """The trace id and the ``traceparent`` header of a new call: the caller's trace, or a
+    new one."""
+    if traceparent:
+        parts = traceparent.split("-")
+        if len(parts) >= 4 and len(parts[1]) == 32:
+            return parts[1], traceparent.encode()
+    trace_id = f"{random.getrandbits(128) or 1:032x}"
+    span_id = f"{random.getrandbits(64) or 1:016x}"
+    return trace_id, f"00-{trace_id}-{span_id}-01".encode()
+
+
+class SyncRatifierClient:
+    """`RatifierClient` for synchronous code: its own event loop in a daemon thread."""
+
+    def __init__(self, client: RatifierClient) -> None:
+        self._client = client
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self._run(client.start())
+
+    def _run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        future: ThreadFuture[T] = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        return future.result(timeout)
+
+    def call(
+        self,
+        tool: str,
+        arguments: Mapping[str, Any],
+        *,
+        context: str,
+        idempotency_key: str | None = None,
+        within: float = DEFAULT_WAIT_SECONDS,
+    ) -> Outcome | Pending:
+        return self._run(
+            self._client.call(
+                tool, arguments, context=context, idempotency_key=idempotency_key, within=within
+            )
+        )
+
+    def wait(self, call_id: str, *, within: float = DEFAULT_WAIT_SECONDS) -> Outcome | Pending:
+        return self._run(self._client.wait(call_id, within=within))
+
+    def close(self) -> None:
+        self._run(self._client.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        self._loop.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
