@@ -251,6 +251,35 @@ def cmd_dashboard(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_mcp(settings: Settings, args: argparse.Namespace) -> int:
+    from commands.catalog import load_catalog
+    from ratifier.client import RatifierClient
+    from ratifier.mcp_gateway import McpGateway, serve_http, serve_stdio
+    from schemas.identity import context_keys, verify_context_token
+
+    keys = context_keys(settings)
+    fixed: str | None = None
+    if args.transport == "stdio":
+        if not args.context_token_file:
+            print("ratifier mcp: stdio needs --context-token-file", file=sys.stderr)
+            return 2
+        fixed = Path(args.context_token_file).read_text(encoding="utf-8").strip()
+        verify_context_token(fixed, keys)  # refuse to start with a token the pipeline refuses
+
+    async def serve() -> None:
+        async with RatifierClient.from_settings(settings) as client:
+            catalog = load_catalog(settings.catalog)
+            gateway = McpGateway(catalog=catalog, client=client, keys=keys, fixed_context=fixed)
+            if args.transport == "stdio":
+                await serve_stdio(gateway)
+            else:
+                port = args.port or settings.mcp_port
+                await serve_http(gateway, host=args.host, port=port, issuer_url=args.issuer_url)
+
+    asyncio.run(serve())
+    return 0
+
+
 def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
     from ratifier.demo import run_demo
 
@@ -354,6 +383,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dashboard.add_argument("--port", type=int, help="default: RATIFIER_DASHBOARD_PORT (6070)")
     dashboard.set_defaults(func=cmd_dashboard)
+    mcp = sub.add_parser(
+        "mcp", help="serve the catalog over MCP (streamable HTTP on /mcp, or stdio)"
+    )
+    mcp.add_argument("--transport", choices=("http", "stdio"), default="http")
+    mcp.add_argument("--host", default="127.0.0.1")
+    mcp.add_argument("--port", type=int, help="default: RATIFIER_MCP_PORT (6071)")
+    mcp.add_argument(
+        "--issuer-url", help="authorization server named in the resource metadata (default: self)"
+    )
+    mcp.add_argument(
+        "--context-token-file", help="stdio: the local user's signed context token, in a file"
+    )
+    mcp.set_defaults(func=cmd_mcp)
     schemas = sub.add_parser("schemas", help="write JSON Schema files of the contract")
     schemas.add_argument("dir", nargs="?")
     schemas.set_defaults(func=cmd_schemas)

@@ -53,6 +53,8 @@ class Settings(BaseSettings):
     http_port: int = Field(default=6066, ge=0, le=65535)  # 0: no HTTP endpoint
     # `ratifier dashboard` serves the web dashboard here, on 127.0.0.1.
     dashboard_port: int = Field(default=6070, ge=1, le=65535)
+    # `ratifier mcp` serves the catalog over MCP (streamable HTTP) here, on /mcp.
+    mcp_port: int = Field(default=6071, ge=1, le=65535)
     audit_salt: str = "ratifier-local-audit-salt"
     # The payment provider the refund domain pays through (`python -m testsupport.provider` runs a
     # fake one).

@@ -1,0 +1,239 @@
+"""`ratifier mcp`: the catalog served over MCP, every call through the pipeline.
+
+- ``tools/list`` is the catalog (the same definitions as ``ratifier export --format mcp``),
+  plus ``ratifier_call_status`` to ask again about a call that is still pending.
+- ``tools/call`` publishes the call to ``calls.proposed`` with the MCP client's bearer token as
+  its signed context: the token is verified here as an OAuth resource server would (signature,
+  audience, issuer, expiry; `schemas.identity`) and again by the authorizer. Identity never
+  comes from ``_meta`` or the arguments. The answer is the call's final outcome rendered as a
+  ``CallToolResult`` (`schemas.providers`): refusals are ``isError`` with the code and the
+  message that is safe to show the model.
+- A call that waits for approval answers at once with a pending result naming the call id;
+  ``ratifier_call_status`` answers with the final outcome once there is one.
+
+Over streamable HTTP the bearer token is required on every request (401 without it). Over
+stdio (a local client that starts this process) the token comes from ``--context-token-file``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import mcp_types as types
+from mcp.server.auth.middleware.auth_context import get_access_token
+from mcp.server.auth.provider import AccessToken
+from mcp.server.auth.settings import AuthSettings
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel import Server
+from starlette.applications import Starlette
+
+from commands.catalog import Catalog
+from commands.export import ExportFormat, export_catalog
+from ratifier.client import Pending, RatifierClient
+from schemas.envelopes import Outcome, Status
+from schemas.errors import Unauthenticated
+from schemas.identity import ContextKeys, verify_context_token
+from schemas.providers import to_mcp_call_tool_result
+
+log = logging.getLogger("ratifier.mcp")
+
+STATUS_TOOL = "ratifier_call_status"
+SERVER_NAME = "ratifier"
+
+
+class ContextTokenVerifier:
+    """The MCP SDK's token verifier: a bearer token is accepted when it is a valid signed
+    context token (the agent runtime's), and names its subject and tenant."""
+
+    def __init__(self, keys: ContextKeys) -> None:
+        self._keys = keys
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        try:
+            actor = verify_context_token(token, self._keys)
+        except Unauthenticated:
+            return None
+        return AccessToken(
+            token=token,
+            client_id=actor.sub,
+            scopes=[],
+            subject=actor.sub,
+            claims={"tenant": actor.tenant, "roles": list(actor.roles)},
+        )
+
+
+@dataclass
+class McpGateway:
+    """The MCP handlers over one `RatifierClient`."""
+
+    catalog: Catalog
+    client: RatifierClient
+    keys: ContextKeys
+    wait_seconds: float = 30.0
+    # For stdio: the context token of the local user, read at start.
+    fixed_context: str | None = None
+    # Calls this gateway published, by id, with the principal (tenant/subject) that may ask
+    # about them.
+    _owners: dict[str, str] = field(default_factory=dict)
+
+    def tools(self) -> list[types.Tool]:
+        listed = export_catalog(self.catalog, ExportFormat.MCP)
+        assert isinstance(listed, list)
+        tools = [
+            types.Tool(
+                name=entry["name"],
+                description=entry["description"],
+                input_schema=entry["inputSchema"],
+                annotations=types.ToolAnnotations(
+                    read_only_hint=entry["annotations"].get("readOnlyHint"),
+                    destructive_hint=entry["annotations"].get("destructiveHint"),
+                ),
+            )
+            for entry in listed
+        ]
+        tools.append(
+            types.Tool(
+                name=STATUS_TOOL,
+                description=(
+                    "The outcome of a call that was still pending (for example waiting for "
+                    "approval): pass the call_id the pending answer named."
+                ),
+                input_schema={
+                    "type": "object",
+                    "properties": {"call_id": {"type": "string"}},
+                    "required": ["call_id"],
+                    "additionalProperties": False,
+                },
+                annotations=types.ToolAnnotations(read_only_hint=True),
+            )
+        )
+        return tools
+
+    def _principal(self) -> tuple[str, str] | None:
+        """The verified context token of this request and its principal, or None."""
+        access = get_access_token()
+        token = access.token if access is not None else self.fixed_context
+        if token is None:
+            return None
+        try:
+            actor = verify_context_token(token, self.keys)
+        except Unauthenticated:
+            return None
+        return token, f"{actor.tenant}/{actor.sub}"
+
+    async def list_tools(
+        self, _ctx: ServerRequestContext[Any], _params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=self.tools())
+
+    async def call_tool(
+        self, _ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        principal = self._principal()
+        if principal is None:
+            return _error("unauthenticated", "No verified context token came with this call.")
+        context, owner = principal
+        arguments: Mapping[str, Any] = params.arguments or {}
+        if params.name == STATUS_TOOL:
+            return await self._status(str(arguments.get("call_id", "")), owner)
+        handle = await self.client.submit(params.name, arguments, context=context)
+        self._owners[handle.call_id] = owner
+        return await self._answer(handle.call_id)
+
+    async def _status(self, call_id: str, owner: str) -> types.CallToolResult:
+        if self._owners.get(call_id) != owner:
+            # Same answer for a call of someone else and a call that never existed.
+            return _error("not_found", "No call with this id is pending for you.")
+        return await self._answer(call_id)
+
+    async def _answer(self, call_id: str) -> types.CallToolResult:
+        # Answer as soon as the call is final or waits for a human, whichever comes first.
+        await self.client.awaiting_approval(call_id, within=self.wait_seconds)
+        outcome = await self.client.wait(call_id, within=0.05)
+        if isinstance(outcome, Pending):
+            return _pending(outcome)
+        self.client.forget(call_id)
+        self._owners.pop(call_id, None)
+        return _rendered(outcome)
+
+    def server(self) -> Server[Any]:
+        return Server(
+            SERVER_NAME,
+            version="1",
+            instructions=(
+                "Tool calls are checked by ratifier: schema, policy and, for risky effects, "
+                "human approval. A refusal says why; a pending call names its call_id: ask "
+                f"{STATUS_TOOL} later."
+            ),
+            on_list_tools=self.list_tools,
+            on_call_tool=self.call_tool,
+        )
+
+    def http_app(self, *, resource_url: str, issuer_url: str) -> Starlette:
+        """The streamable-HTTP app at ``/mcp``; every request needs a bearer context token."""
+        return self.server().streamable_http_app(
+            streamable_http_path="/mcp",
+            auth=AuthSettings(issuer_url=issuer_url, resource_server_url=resource_url),
+            token_verifier=ContextTokenVerifier(self.keys),
+        )
+
+
+def _rendered(outcome: Outcome) -> types.CallToolResult:
+    result = to_mcp_call_tool_result(outcome)
+    return types.CallToolResult.model_validate(result)
+
+
+def _pending(pending: Pending) -> types.CallToolResult:
+    waiting = pending.status is Status.AWAITING_APPROVAL
+    body: dict[str, Any] = {
+        "status": pending.status.value if pending.status else "pending",
+        "call_id": pending.call_id,
+        "ask_again_with": STATUS_TOOL,
+    }
+    if pending.approval is not None:
+        body["preview"] = list(pending.approval.preview)
+        body["expires_at"] = pending.approval.expires_at.isoformat()
+    text = (
+        f"Waiting for approval; call {pending.call_id}. Ask {STATUS_TOOL} later."
+        if waiting
+        else f"Still in progress; call {pending.call_id}. Ask {STATUS_TOOL} later."
+    )
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=text + "\n" + json.dumps(body))],
+        structured_content=body,
+        is_error=False,
+    )
+
+
+def _error(code: str, message: str) -> types.CallToolResult:
+    body = {"error": {"code": code, "message": message}}
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=json.dumps(body))],
+        structured_content=body,
+        is_error=True,
+    )
+
+
+async def serve_http(gateway: McpGateway, *, host: str, port: int, issuer_url: str | None) -> None:
+    """Serve streamable HTTP on ``host:port`` until cancelled (SIGINT/SIGTERM)."""
+    import uvicorn  # noqa: PLC0415 - only the HTTP transport needs it
+
+    resource_url = f"http://{host}:{port}/mcp"
+    app = gateway.http_app(resource_url=resource_url, issuer_url=issuer_url or resource_url)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
+    server = uvicorn.Server(config)
+    log.info("mcp gateway listening on %s", resource_url)
+    await server.serve()
+
+
+async def serve_stdio(gateway: McpGateway) -> None:
+    """Serve one local client over stdin/stdout."""
+    from mcp.server.stdio import stdio_server  # noqa: PLC0415 - only the stdio transport
+
+    server = gateway.server()
+    async with stdio_server() as (read_stream, write_stream):
+        await server.run(read_stream, write_stream, server.create_initialization_options())
