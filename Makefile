@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 PYTEST := $(BIN)/pytest
 export RATIFIER_BIN := $(CURDIR)/$(BIN)/ratifier
 
-.PHONY: help install up down status lint contract format schemas unit integration browser e2e test dashboard demo bench bench-idle bench-validator bench-authorizer bench-executor clean
+.PHONY: help install up down status lint contract format schemas unit fuzz integration browser e2e test dashboard demo bench bench-idle bench-validator bench-authorizer bench-executor clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -55,8 +55,8 @@ format: install ## apply ruff's formatting and safe fixes
 schemas: install ## regenerate the JSON Schema files and the AsyncAPI document under schemas/json
 	$(BIN)/python -m schemas.export
 
-unit: install ## pure tests, no I/O
-	$(PYTEST) tests/unit
+unit: install ## pure tests, no I/O (with a short fuzz run of the pure stages)
+	$(PYTEST) tests/unit tests/fuzz
 
 integration: up ## tests against real Kafka, Redis and PostgreSQL
 	$(PYTEST) tests/integration -m integration
@@ -74,6 +74,10 @@ dashboard: up ## serve the web dashboard on http://127.0.0.1:6070/ (Ctrl-C stops
 
 demo: up ## run the pipeline on a short scenario, print outcomes, leave it and its dashboard running
 	$(BIN)/ratifier demo
+
+fuzz: up ## ≥100k fuzzed inputs through the pure stages, 10k records through the real pipeline
+	RATIFIER_FUZZ_EXAMPLES=40000 $(PYTEST) tests/fuzz -q -p no:cacheprovider
+	RATIFIER_FUZZ_KAFKA_RECORDS=10000 $(PYTEST) tests/e2e/test_fuzz_through_kafka.py -m e2e -q -s
 
 bench: up ## every baseline and ratifier benchmark in one run (< 20 min) → bench/RESULTS.md
 	$(BIN)/python -m bench
