@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import time
@@ -19,6 +20,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
+from ratifier.client import RatifierClient
 from ratifier.migrate import migrate
 from ratifier.processes import (
     FAKE_PROVIDER_MODULE,
@@ -46,6 +48,7 @@ DEMO_PROCESSES: tuple[tuple[str, tuple[str, ...], str | None], ...] = (
     ("reconciler", ("reconciler",), None),
     ("audit-sink", ("audit", "sink"), "audit sink started"),
     ("dashboard", ("dashboard",), None),
+    ("mcp", ("mcp",), "mcp gateway listening"),
 )
 
 AWAITING = "awaiting_approval"
@@ -150,6 +153,47 @@ def _detail(outcome: Outcome) -> str:
     return outcome.error.message if outcome.error else ""
 
 
+async def _agent_paths(settings: Settings) -> list[tuple[str, ...]]:
+    """The read an agent makes, once through the client library and once through the MCP
+    gateway: one table row each (the same columns as the scenario's)."""
+    from mcp.client import Client  # noqa: PLC0415 - the demo's MCP client only
+    from mcp.client.streamable_http import streamable_http_client  # noqa: PLC0415
+    from mcp.shared._httpx_utils import create_mcp_http_client  # noqa: PLC0415
+
+    logging.getLogger("httpx2").setLevel(logging.WARNING)  # one line per MCP request
+    token = issue_context_token(
+        context_keys(settings), sub=DEMO_AGENT, tenant="tenant-a", roles=("support",)
+    )
+    arguments = {"payment_id": "pay_A1001"}
+    rows: list[tuple[str, ...]] = []
+    async with RatifierClient.from_settings(settings) as client:
+        handle = await client.submit("get_payment", arguments, context=token)
+        answer = await handle.result(within=60)
+    if isinstance(answer, Outcome):
+        ok = answer.status.value == "succeeded"
+        rows.append(
+            (handle.call_id, "own payment, via client", "get_payment", answer.status.value,
+             "-", _detail(answer), "yes" if ok else "NO")
+        )  # fmt: skip
+    else:
+        rows.append((handle.call_id, "own payment, via client", "get_payment", "pending",
+                     "-", "no outcome in time", "NO"))  # fmt: skip
+    url = f"http://127.0.0.1:{settings.mcp_port}/mcp"
+    async with (
+        create_mcp_http_client(headers={"Authorization": f"Bearer {token}"}) as http,
+        Client(streamable_http_client(url, http_client=http)) as mcp,
+    ):
+        result = await mcp.call_tool("get_payment", arguments)
+    body = dict(result.structured_content or {})
+    status = str(body.get("status", "?"))
+    ok = status == "succeeded" and not result.is_error
+    rows.append(
+        (str(body.get("call_id", "-")), "own payment, via MCP", "get_payment", status, "-",
+         json.dumps(body.get("result"), separators=(",", ":")), "yes" if ok else "NO")
+    )  # fmt: skip
+    return rows
+
+
 def _proposal(call_id: str, step: Step, token: str) -> bytes:
     envelope = {
         "v": 1,
@@ -243,12 +287,16 @@ async def _run_scenario(
                         ),
                         flush=True,
                     )
+        agent_rows = await _agent_paths(settings)
+        for row in agent_rows:
+            print(_row(row), flush=True)
+        agents_ok = all(row[-1] == "yes" for row in agent_rows)
         missing = [c for c in expected if c not in verdicts]
         for call_id in missing:
             print(
                 f"no outcome within {wait_seconds:.0f}s for {call_id} ({expected[call_id].title})"
             )
-        return not missing and all(verdicts.values()), seen
+        return not missing and all(verdicts.values()) and agents_ok, seen
     finally:
         await consumer.stop()
         await producer.stop()
@@ -283,7 +331,7 @@ def _stop_previous_demo() -> None:
         except (OSError, ValueError, IndexError):
             pid_file.unlink(missing_ok=True)
             continue
-        if b"ratifier.cli" in cmdline:
+        if b"ratifier.cli" in cmdline or FAKE_PROVIDER_MODULE.encode() in cmdline:
             os.kill(pid, signal.SIGTERM)
             deadline = time.monotonic() + 20
             while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
