@@ -127,10 +127,7 @@ def test_a_write_waiting_for_approval_is_pending_then_answered_by_the_status_too
     call_id = body["call_id"]
     assert body["preview"]
 
-    request = {
-        "call_id": call_id,
-        "fingerprint": _fingerprint_of(pipeline, call_id),
-    }
+    request = _request_of(pipeline, call_id)
     decide(pipeline, request, token(settings, "boss"))
 
     async def status(client: Client) -> tuple[types.CallToolResult, types.CallToolResult]:
@@ -146,7 +143,7 @@ def test_a_write_waiting_for_approval_is_pending_then_answered_by_the_status_too
     assert "succeeded" in answered.content[0].text
 
 
-def _fingerprint_of(pipeline: Pipeline, call_id: str) -> str:
+def _request_of(pipeline: Pipeline, call_id: str) -> dict[str, Any]:
     import json
 
     from schemas.names import Topic
@@ -161,4 +158,4 @@ def _fingerprint_of(pipeline: Pipeline, call_id: str) -> str:
         )
     )
     found = [json.loads(r.value) for r in records if json.loads(r.value)["call_id"] == call_id]
-    return str(found[0]["fingerprint"])
+    return dict(found[0])
