@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 PYTEST := $(BIN)/pytest
 export RATIFIER_BIN := $(CURDIR)/$(BIN)/ratifier
 
-.PHONY: help install up down status lint contract format schemas unit fuzz integration browser e2e test dashboard demo bench bench-idle bench-validator bench-authorizer bench-executor clean
+.PHONY: help install up down status lint contract format schemas unit fuzz soak integration browser e2e test dashboard demo bench bench-idle bench-validator bench-authorizer bench-executor clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -78,6 +78,9 @@ demo: up ## run the pipeline on a short scenario, print outcomes, leave it and i
 fuzz: up ## ≥100k fuzzed inputs through the pure stages, 10k records through the real pipeline
 	RATIFIER_FUZZ_EXAMPLES=40000 $(PYTEST) tests/fuzz -q -p no:cacheprovider
 	RATIFIER_FUZZ_KAFKA_RECORDS=10000 $(PYTEST) tests/e2e/test_fuzz_through_kafka.py -m e2e -q -s
+
+soak: up ## 10 min at half capacity, duplicates, approvals, invalid calls, restarts → test-artifacts/soak.json
+	$(PYTEST) tests/soak -m soak -q -s
 
 bench: up ## every baseline and ratifier benchmark in one run (< 20 min) → bench/RESULTS.md
 	$(BIN)/python -m bench

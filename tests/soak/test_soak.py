@@ -1,0 +1,308 @@
+"""`make soak`: the pipeline at half its measured capacity for ten minutes, with duplicate
+idempotency keys, approvals and invalid calls, while an executor and a streams worker are
+killed and restarted every two minutes.
+
+Checked at the end: every call has exactly one final outcome (repeats of the same outcome are
+allowed, two different ones are not), every read and duplicate succeeded, every invalid call
+was rejected, every approved refund succeeded; the provider's effects equal the ledger's
+succeeded operations, none applied twice; the resident memory of every process that was not
+restarted grew less than 10 % after warm-up. The figures go to test-artifacts/soak.json and
+are printed for docs/reliability.md. RATIFIER_SOAK_SECONDS shortens the run (default 600).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from schemas.names import Topic
+from tests.e2e.approvals_kit import decide, token
+from tests.e2e.conftest import ARTIFACTS, Pipeline, SigningKeys, start_pipeline
+from tests.e2e.executor_kit import PAYMENTS, provider_stats, seed_payments
+from tests.services import context_token
+
+pytestmark = pytest.mark.soak
+
+SOAK_SECONDS = int(os.environ.get("RATIFIER_SOAK_SECONDS", "600"))
+RESTART_EVERY = min(120, max(20, SOAK_SECONDS // 5))
+WARMUP_SECONDS = min(120, SOAK_SECONDS // 5)
+SETTLE_SECONDS = 240
+FINAL = {"succeeded", "failed", "rejected", "denied", "conflict", "expired", "cancelled"}
+
+
+@dataclass
+class Call:
+    kind: str  # read, duplicate, invalid, refund
+    key: str
+    expect: str
+
+
+@dataclass
+class Ledger:
+    """What the soak sent and what came back, by call id."""
+
+    calls: dict[str, Call] = field(default_factory=dict)
+    finals: dict[str, set[str]] = field(default_factory=dict)
+    decided: set[str] = field(default_factory=set)
+    reads: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+
+    def open_calls(self) -> list[str]:
+        return [c for c in self.calls if not self.finals.get(c)]
+
+
+def _rss_kib(pid: int) -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _envelope(call_id: str, tool: str, arguments: dict[str, Any], key: str, ctx: str) -> bytes:
+    return json.dumps(
+        {
+            "v": 1,
+            "call_id": call_id,
+            "idempotency_key": key,
+            "tool": tool,
+            "arguments": arguments,
+            "context": ctx,
+            "proposed_at": datetime.now(UTC).isoformat(),
+        }
+    ).encode()
+
+
+class Soak:
+    def __init__(self, pipeline: Pipeline, run_id: str) -> None:
+        self.pipeline = pipeline
+        self.settings = pipeline.settings
+        self.run_id = run_id
+        self.ledger = Ledger()
+        self.rng = random.Random(run_id)
+        self.reader_ctx = context_token(self.settings)
+        self.refund_ctx = token(self.settings, "agent-1", roles=("refund",))
+        self.approver = token(self.settings, "soak-approver")
+        self.rss: dict[str, list[tuple[float, int]]] = {}
+        self.restarts: Counter[str] = Counter()
+        self.stop_reading = asyncio.Event()
+
+    def next_call(self, n: int) -> tuple[str, bytes]:
+        call_id = f"soak-{self.run_id}-{n}"
+        roll = self.rng.random()
+        if roll < 0.1 and self.ledger.reads:  # a retry: same key, same arguments
+            key, arguments = self.rng.choice(self.ledger.reads)
+            self.ledger.calls[call_id] = Call(kind="duplicate", key=key, expect="succeeded")
+            return call_id, _envelope(call_id, "get_payment", arguments, key, self.reader_ctx)
+        if roll < 0.2:
+            arguments = {"payment_id": "pay_A1001", "tenant_id": "tenant-b"}
+            self.ledger.calls[call_id] = Call(kind="invalid", key=call_id, expect="rejected")
+            return call_id, _envelope(call_id, "get_payment", arguments, call_id, self.reader_ctx)
+        if roll < 0.3:
+            key = f"soak-{self.run_id}-refund-{n}"
+            arguments = {
+                "payment_id": self.rng.choice(PAYMENTS),
+                "amount_minor": 1,
+                "reason": "soak",
+            }
+            self.ledger.calls[call_id] = Call(kind="refund", key=key, expect="succeeded")
+            return call_id, _envelope(call_id, "propose_refund", arguments, key, self.refund_ctx)
+        arguments = {"payment_id": "pay_A1001"}
+        self.ledger.reads.append((call_id, arguments))
+        self.ledger.calls[call_id] = Call(kind="read", key=call_id, expect="succeeded")
+        return call_id, _envelope(call_id, "get_payment", arguments, call_id, self.reader_ctx)
+
+    async def read_answers(self) -> None:
+        consumer = AIOKafkaConsumer(
+            self.settings.topic(Topic.OUTCOMES),
+            self.settings.topic(Topic.APPROVALS_REQUESTED),
+            bootstrap_servers=self.settings.kafka_bootstrap,
+            group_id=None,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+        )
+        await consumer.start()
+        requests = self.settings.topic(Topic.APPROVALS_REQUESTED)
+        try:
+            while not self.stop_reading.is_set():
+                batches = await consumer.getmany(timeout_ms=300, max_records=2000)
+                for tp, records in batches.items():
+                    for record in records:
+                        body = json.loads(record.value)
+                        call_id = body.get("call_id")
+                        if call_id not in self.ledger.calls:
+                            continue
+                        if tp.topic == requests:
+                            if call_id not in self.ledger.decided:
+                                self.ledger.decided.add(call_id)
+                                await asyncio.to_thread(decide, self.pipeline, body, self.approver)
+                        elif body["status"] in FINAL:
+                            self.ledger.finals.setdefault(call_id, set()).add(body["status"])
+        finally:
+            await consumer.stop()
+
+    async def sample_rss(self) -> None:
+        start = time.monotonic()
+        while not self.stop_reading.is_set():
+            for worker in self.pipeline.workers:
+                rss = _rss_kib(worker.process.pid)
+                if rss is not None:
+                    self.rss.setdefault(worker.name, []).append((time.monotonic() - start, rss))
+            await asyncio.sleep(5)
+
+    async def restart(self, name: str, command: str, **env: str) -> None:
+        worker = self.pipeline.worker(name)
+        await asyncio.to_thread(worker.kill)
+        self.pipeline.workers.remove(worker)
+        self.rss.pop(name, None)  # a new process: its memory is measured from its start
+        self.pipeline.start(command, name, **env)
+        self.restarts[name] += 1
+
+    async def measure_capacity(self, producer: AIOKafkaProducer, n: int = 1000) -> float:
+        started = time.monotonic()
+        ids = []
+        for i in range(n):
+            call_id, value = self.next_call(-1 - i)
+            ids.append(call_id)
+            await producer.send(
+                self.settings.topic(Topic.PROPOSED), key=call_id.encode(), value=value
+            )
+        await producer.flush()
+
+        def unanswered() -> list[str]:
+            return [
+                c
+                for c in ids
+                if self.ledger.calls[c].kind != "refund" and not self.ledger.finals.get(c)
+            ]
+
+        while unanswered():
+            await asyncio.sleep(0.2)
+            if time.monotonic() - started > 120:
+                missing = unanswered()
+                raise AssertionError(
+                    f"capacity probe: {len(missing)} of {n} calls got no final outcome in 120 s, "
+                    f"e.g. {missing[:5]}"
+                )
+        return n / (time.monotonic() - started)
+
+    async def run(self) -> dict[str, Any]:
+        producer = AIOKafkaProducer(
+            bootstrap_servers=self.settings.kafka_bootstrap, acks="all", linger_ms=5
+        )
+        await producer.start()
+        reader = asyncio.create_task(self.read_answers())
+        sampler = asyncio.create_task(self.sample_rss())
+        try:
+            capacity = await self.measure_capacity(producer)
+            rate = capacity / 2
+            started = time.monotonic()
+            next_restart, restart_streams, n = started + RESTART_EVERY, False, 0
+            while (now := time.monotonic()) - started < SOAK_SECONDS:
+                due = int((now - started) * rate) - n
+                for _ in range(max(due, 0)):
+                    call_id, value = self.next_call(n)
+                    n += 1
+                    await producer.send(
+                        self.settings.topic(Topic.PROPOSED), key=call_id.encode(), value=value
+                    )
+                if now >= next_restart:
+                    if restart_streams:
+                        await self.restart("streams", "streams", RATIFIER_HTTP_PORT="0")
+                    else:
+                        await self.restart("executor", "executor")
+                    restart_streams = not restart_streams
+                    next_restart += RESTART_EVERY
+                await asyncio.sleep(0.05)
+            await producer.flush()
+            sent_seconds = time.monotonic() - started
+            deadline = time.monotonic() + SETTLE_SECONDS
+            while self.ledger.open_calls() and time.monotonic() < deadline:  # noqa: ASYNC110
+                await asyncio.sleep(0.5)
+            return {
+                "capacity_calls_per_s": round(capacity, 1),
+                "rate_calls_per_s": round(rate, 1),
+                "calls": n,
+                "seconds": round(sent_seconds, 1),
+            }
+        finally:
+            self.stop_reading.set()
+            await asyncio.gather(reader, sampler, return_exceptions=True)
+            await producer.stop()
+
+
+def _succeeded_operations(pipeline: Pipeline, run_id: str) -> set[str]:
+    with psycopg.connect(pipeline.settings.database_url) as conn:
+        rows = conn.execute(
+            "SELECT operation_id FROM command_ledger "
+            "WHERE tenant = 'tenant-a' AND idempotency_key LIKE %s AND status = 'succeeded'",
+            (f"soak-{run_id}-refund-%",),
+        ).fetchall()
+    return {row[0] for row in rows}
+
+
+@pytest.mark.timeout(SOAK_SECONDS + SETTLE_SECONDS + 900)
+def test_soak(signing_keys: SigningKeys) -> None:
+    run_id = uuid.uuid4().hex[:6]
+    pipeline = start_pipeline(signing_keys, "soak", executors=2, approval_ttl=300)
+    try:
+        seed_payments(pipeline.settings)
+        pipeline.start("streams", "streams-2", RATIFIER_HTTP_PORT="0")
+        soak = Soak(pipeline, run_id)
+        figures = asyncio.run(soak.run())
+        ledger = soak.ledger
+        lost = ledger.open_calls()
+        twice = {c: s for c, s in ledger.finals.items() if len(s) > 1}
+        wrong = {
+            c: (call.kind, sorted(ledger.finals.get(c, set())))
+            for c, call in ledger.calls.items()
+            if ledger.finals.get(c) and ledger.finals[c] != {call.expect}
+        }
+        stats = provider_stats(pipeline.provider_url)
+        mine = {k: v for k, v in stats["by_key"].items() if f"soak-{run_id}-refund-" in k}
+        applied_twice = {k: v for k, v in mine.items() if v > 1}
+        ledger_succeeded = _succeeded_operations(pipeline, run_id)
+        growth = {}
+        for name, samples in soak.rss.items():
+            after = [rss for t, rss in samples if t >= WARMUP_SECONDS]
+            if len(after) >= 2:
+                growth[name] = round(100 * (after[-1] - after[0]) / after[0], 1)
+        figures.update(
+            kinds=dict(Counter(c.kind for c in ledger.calls.values())),
+            lost=len(lost),
+            two_final_outcomes=len(twice),
+            unexpected=len(wrong),
+            provider_effects=sum(mine.values()),
+            ledger_succeeded=len(ledger_succeeded),
+            applied_twice=len(applied_twice),
+            restarts=dict(soak.restarts),
+            rss_growth_percent=growth,
+            rss_last_mib={n: round(s[-1][1] / 1024) for n, s in soak.rss.items() if s},
+        )
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        (ARTIFACTS / "soak.json").write_text(json.dumps(figures, indent=2) + "\n")
+        print("soak:", json.dumps(figures))
+        assert not lost, f"{len(lost)} calls without a final outcome, e.g. {lost[:5]}"
+        assert not twice, f"two different final outcomes: {list(twice.items())[:5]}"
+        assert not wrong, f"unexpected outcomes: {list(wrong.items())[:5]}"
+        assert not applied_twice, f"applied twice at the provider: {applied_twice}"
+        assert set(mine) == ledger_succeeded, "provider effects differ from the ledger"
+        steady = {n: g for n, g in growth.items() if not soak.restarts.get(n)}
+        assert all(g < 10 for g in steady.values()), f"memory grew: {steady}"
+        assert pipeline.alive()
+    finally:
+        pipeline.stop()
