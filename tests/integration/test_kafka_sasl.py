@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import ssl
+import subprocess
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -17,7 +18,7 @@ from aiokafka.conn import create_conn
 from aiokafka.errors import KafkaConnectionError, SaslAuthenticationFailed
 from aiokafka.helpers import create_ssl_context
 
-from tests.kafka_instances import KafkaInstance
+from tests.kafka_instances import REPO, KafkaInstance
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster, pytest.mark.timeout(240)]
 
@@ -122,3 +123,24 @@ async def test_untrusted_certificate_and_plaintext_are_refused(sasl_broker: Kafk
     with pytest.raises(KafkaConnectionError):
         await producer.start()
     await producer.stop()
+
+
+def test_status_lists_the_private_instance_next_to_the_shared_services(
+    sasl_broker: KafkaInstance,
+) -> None:
+    """`deploy/local/status` under the instance's state directory: the shared services are
+    reported as reused (never owned), and the instance's node as up, on its own port."""
+    done = subprocess.run(
+        [REPO / "deploy" / "local" / "status"],
+        env=sasl_broker.env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = {line.split()[0]: line for line in done.stdout.splitlines() if line.strip()}
+    assert "not started by up" in lines["kafka"]  # the shared broker, not this home's
+    node = lines["kafka-1"]
+    assert " up " in node and f"127.0.0.1:{sasl_broker.port(1)}" in node and "SASL_SSL" in node
+    assert f"pid {sasl_broker.pid(1)}" in node
