@@ -116,6 +116,7 @@ def _routed(pending: _Pending, decision: Decision, now: datetime) -> Emit:
             at=now,
             policy_version=decision.policy_version,
             trace_id=call.trace_id,
+            error=decision.error_info(),
         )
     return Emit(
         topic=Topic.AUTHORIZED,
