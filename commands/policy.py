@@ -21,7 +21,8 @@ from typing import Any, Protocol
 
 import cedarpy
 
-from commands.catalog import Resource, Tool
+from commands.catalog import Catalog, Resource, Tool
+from commands.cedar_schema import entity_type, generate_schema
 from schemas.envelopes import Actor, Effect, ErrorInfo, Route
 from schemas.errors import ConfigurationError, ErrorCode, RefusalReason
 from telemetry.metrics import count_policy_evaluation_error
@@ -201,11 +202,6 @@ class AuthorizationRequest:
     tool: Tool
     resource: Resource | None
     arguments: dict[str, Any]
-
-
-def entity_type(kind: str) -> str:
-    """Cedar entity type of a resource kind: ``refund_policy`` → ``RefundPolicy``."""
-    return "".join(part.capitalize() for part in kind.split("_"))
 
 
 def _uid(kind: str, ident: str) -> str:
@@ -445,3 +441,167 @@ def _consistent_groups(
             groups.append([(i, call)])
             seen.append(dict(keyed))
     return groups
+
+
+# -- checking a policy directory (`ratifier policy check`) ------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class PolicyProblem:
+    """One thing wrong with a policy set, where it is: ``file:line: message``."""
+
+    file: str
+    line: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: {self.message}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Statement:
+    text: str
+    line: int  # where the statement starts (its first annotation or keyword)
+
+
+def statements(text: str) -> list[Statement]:
+    """Split Cedar source into its policies (top-level ``;``), skipping comments and strings,
+    so that each can be parsed and validated on its own and reported with its line."""
+    found: list[Statement] = []
+    start: int | None = None
+    i, n, line, start_line = 0, len(text), 1, 1
+    while i < n:
+        char = text[i]
+        if char == "\n":
+            line += 1
+        elif text.startswith("//", i):
+            end = text.find("\n", i)
+            i = n if end == -1 else end
+            continue
+        elif char == '"':
+            i += 1
+            while i < n and text[i] != '"':
+                if text[i] == "\\":
+                    i += 1
+                elif text[i] == "\n":
+                    line += 1
+                i += 1
+        elif char == ";" and start is not None:
+            found.append(Statement(text=text[start : i + 1], line=start_line))
+            start = None
+        elif not char.isspace() and start is None:
+            start, start_line = i, line
+        i += 1
+    if start is not None and text[start:].strip():
+        found.append(Statement(text=text[start:], line=start_line))
+    return found
+
+
+def _cedar_message(exc: Exception | str) -> str:
+    return " ".join(re.sub(r"^\[policy\d+\] (for policy `policy\d+`, )?", "", str(exc)).split())
+
+
+def check_policy_directory(directory: Path, catalog: Catalog) -> list[PolicyProblem]:
+    """Everything wrong with the policy set in ``directory`` for ``catalog``: the catalog's
+    declarations the Cedar schema cannot express (file and line of the declaration), a
+    schema file that differs from the generated one, and each policy that does not parse or
+    does not match the generated schema (file and line of the policy)."""
+    problems: list[PolicyProblem] = []
+    generated = generate_schema(catalog)
+    for p in generated.problems:
+        source_file, _, source_line = p.source.rpartition(":")
+        problems.append(
+            PolicyProblem(
+                file=source_file or "<catalog>",
+                line=int(source_line) if source_line.isdigit() else 0,
+                message=f"tool {p.tool}: {p.where}: {p.problem}",
+            )
+        )
+    schema = cedarpy.Schema.from_json_str(generated.text())
+    for schema_file in sorted(directory.glob(f"*{SCHEMA_SUFFIX}")):
+        try:
+            on_disk = json.loads(schema_file.read_text(encoding="utf-8"))
+        except ValueError as exc:
+            problems.append(
+                PolicyProblem(file=str(schema_file), line=1, message=f"not JSON: {exc}")
+            )
+            continue
+        if on_disk != generated.schema:
+            problems.append(
+                PolicyProblem(
+                    file=str(schema_file),
+                    line=1,
+                    message=(
+                        "differs from the schema generated from the catalog "
+                        "(regenerate it: ratifier policy schema > " + schema_file.name + ")"
+                    ),
+                )
+            )
+    policy_files = sorted(directory.glob("*.cedar"))
+    if not policy_files:
+        problems.append(PolicyProblem(file=str(directory), line=0, message="no *.cedar files"))
+    ids: dict[str, str] = {}
+    for policy_file in policy_files:
+        for statement in statements(policy_file.read_text(encoding="utf-8")):
+            file, line = str(policy_file), statement.line
+            try:
+                parsed = json.loads(cedarpy.policies_to_json_str(statement.text))
+            except ValueError as exc:  # cedarpy raises bare ValueErrors
+                problems.append(
+                    PolicyProblem(file=file, line=line, message=f"does not parse: {exc}")
+                )
+                continue
+            for policy in parsed.get("staticPolicies", {}).values():
+                policy_id = (policy.get("annotations") or {}).get(ID_ANNOTATION)
+                if policy_id and policy_id in ids:
+                    problems.append(
+                        PolicyProblem(
+                            file=file,
+                            line=line,
+                            message=f"@id {policy_id!r} also at {ids[policy_id]}",
+                        )
+                    )
+                elif policy_id:
+                    ids[policy_id] = f"{policy_file}:{statement.line}"
+            result = cedarpy.validate_policies(statement.text, schema)
+            problems += [
+                PolicyProblem(file=file, line=line, message=_cedar_message(e.error))
+                for e in result.errors
+            ]
+    return problems
+
+
+def catalog_mismatches(policies: PolicySet, catalog: Catalog) -> list[str]:
+    """Loader attributes the policy set's schema does not declare, or declares otherwise: such
+    a set would deny every call of the tool with an evaluation error, so start-up refuses it.
+    Names the tool and the attribute."""
+    generated = generate_schema(catalog).schema[""]["entityTypes"]
+    declared = json.loads(policies.schema).get("", {}).get("entityTypes", {})
+    problems = []
+    for tool in sorted(catalog, key=lambda t: t.name):
+        if tool.resource is None:
+            continue
+        kind = entity_type(tool.resource.kind)
+        ours = generated.get(kind, {}).get("shape", {}).get("attributes", {})
+        theirs = declared.get(kind, {}).get("shape", {}).get("attributes")
+        if theirs is None:
+            problems.append(f"tool {tool.name}: the Cedar schema has no entity type {kind}")
+            continue
+        for name, cedar in ours.items():
+            if name not in theirs:
+                problems.append(
+                    f"tool {tool.name}: loader attribute {name!r} is not declared on {kind} "
+                    "in the Cedar schema"
+                )
+            elif theirs[name] != cedar:
+                problems.append(
+                    f"tool {tool.name}: loader attribute {name!r} is {cedar} but the Cedar "
+                    f"schema declares {theirs[name]}"
+                )
+        problems += [
+            f"tool {tool.name}: the Cedar schema declares {kind}.{name}, which the loader "
+            "does not return"
+            for name, cedar in theirs.items()
+            if name not in ours and cedar.get("required", True)
+        ]
+    return problems

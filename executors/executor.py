@@ -313,7 +313,7 @@ class CommandExecutor:
             ), None
         actor = Actor(sub=command.actor.sub, tenant=command.tenant, roles=command.actor.roles)
         # Commit-time re-check on fresh, locked state with the tenant in the WHERE.
-        resource = await tool.load(conn, command.tenant, arguments, True) if tool.load else None
+        resource = await tool.load(conn, actor, arguments, True) if tool.load else None
         if tool.load is not None and resource is None:
             return Execution(outcome=self._failed(command, ErrorCode.NOT_FOUND, trace_id)), None
         decision = authorize(
