@@ -45,7 +45,7 @@ schemas: install ## regenerate the JSON Schema files of the contract under schem
 	$(BIN)/python -m schemas.export
 
 unit: install ## pure tests, no I/O
-	$(PYTEST) tests/unit
+	$(PYTEST) tests/unit examples
 
 integration: up ## tests against real Kafka, Redis and PostgreSQL
 	$(PYTEST) tests/integration -m integration

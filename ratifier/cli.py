@@ -334,6 +334,26 @@ def cmd_catalog_export(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check_call(settings: Settings, args: argparse.Namespace) -> int:
+    from ratifier.testing.check_call import check_call
+
+    run = asyncio.run(check_call(settings, Path(args.file)))
+    print(run.explain())
+    return 0 if run.permitted else 1
+
+
+def cmd_catalog_import(_settings: Settings, args: argparse.Namespace) -> int:
+    from ratifier.testing.scaffold import scaffold_catalog
+
+    source = scaffold_catalog(Path(args.file))
+    if args.output is None:
+        sys.stdout.write(source)
+        return 0
+    Path(args.output).write_text(source, encoding="utf-8")
+    print(f"catalog import: argument models written to {args.output}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ratifier", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -440,6 +460,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     export.add_argument("--output", metavar="FILE", help="write here instead of stdout")
     export.set_defaults(func=cmd_catalog_export)
+    importer = catalog_sub.add_parser(
+        "import", help="scaffold pydantic argument models and Tool stubs from tool JSON"
+    )
+    source = importer.add_mutually_exclusive_group(required=True)
+    for name in ("openai", "anthropic", "mcp"):
+        source.add_argument(
+            f"--{name}",
+            dest="file",
+            metavar="TOOLS.json",
+            help=f"{name} tool definitions (the shape is recognised per tool)",
+        )
+    importer.add_argument("--output", metavar="FILE.py", help="write here instead of stdout")
+    importer.set_defaults(func=cmd_catalog_import)
+    check_call = sub.add_parser(
+        "check-call", help="dry-run one proposed call offline; print the decision and reasons"
+    )
+    check_call.add_argument("file", metavar="FILE.json")
+    check_call.set_defaults(func=cmd_check_call)
     return parser
 
 
