@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, ClassVar
 
 from psycopg import AsyncConnection
@@ -171,6 +173,7 @@ def _mask(value: Any, salt: str | None) -> str:
 
 
 Lifecycle = Callable[[Settings], Awaitable[None]]
+_CATALOG_NAME = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
 
 
 class Catalog:
@@ -183,9 +186,17 @@ class Catalog:
         *,
         start: Lifecycle | None = None,
         stop: Callable[[], Awaitable[None]] | None = None,
+        name: str | None = None,
+        migrations: Path | None = None,
     ) -> None:
         self._start = start
         self._stop = stop
+        # The catalog's own tables: plain-SQL files applied by `ratifier migrate` after ours,
+        # in file-name order, recorded as ``<name>/<file stem>``.
+        if migrations is not None and not (name and _CATALOG_NAME.match(name)):
+            raise ConfigurationError("a catalog with migrations needs a name like 'helpdesk'")
+        self.name = name
+        self.migrations = migrations
         by_name: dict[str, Tool] = {}
         for tool in tools:
             if tool.name in by_name:

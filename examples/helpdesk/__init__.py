@@ -1,15 +1,18 @@
-"""A complete example catalog that lives outside ratifier: one read tool and one write tool,
-its Cedar policies (``policies/``) and a test written with `ratifier.testing`
-(``test_helpdesk.py``).
+"""A complete example catalog that lives outside ratifier (a plugin): one read tool and one
+write tool, its own table (``migrations/``), its Cedar policies (``policies/``) and a test
+written with `ratifier.testing` (``test_helpdesk.py``).
 
 Run ratifier with it::
 
-    RATIFIER_CATALOG=examples.helpdesk:catalog \
-    RATIFIER_POLICY_DIR=examples/helpdesk/policies ratifier streams
+    export RATIFIER_CATALOG=examples.helpdesk:catalog
+    export RATIFIER_POLICY_DIR=examples/helpdesk/policies
+    ratifier migrate      # ours, then helpdesk/0001_tickets
+    ratifier streams & ratifier executor &
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import StringConstraints
@@ -25,6 +28,7 @@ from commands.catalog import (
     Tool,
     ToolArguments,
 )
+from commands.sql import named_query
 from schemas.envelopes import Actor, Effect
 
 TicketId = Annotated[str, StringConstraints(pattern=r"^tkt_[0-9A-Za-z]+$", max_length=40)]
@@ -51,41 +55,46 @@ class TicketFacts(ResourceFacts):
     opened_by_caller: bool
 
 
+def visible_ticket(row: dict[str, Any] | None, actor: Actor) -> Resource | None:
+    """The ticket as policies see it, or None when ``actor`` may not know it exists: support
+    agents see their tenant's tickets, customers only the ones they opened. Another
+    customer's ticket answers exactly like a missing one (`not_found`), so ids cannot be
+    probed. Pure, so tests (and `ratifier.testing` loader fixtures) reuse it."""
+    if row is None or row["tenant"] != actor.tenant:
+        return None
+    if "support" not in actor.roles and row["requester"] != actor.sub:
+        return None
+    return TicketFacts.resource(
+        id=row["ticket_id"],
+        tenant=row["tenant"],
+        subject=row["subject"],
+        status=row["status"],
+        requester=row["requester"],
+        opened_by_caller=row["requester"] == actor.sub,
+    )
+
+
 async def load_ticket(
     conn: Connection, actor: Actor, args: Any, for_update: bool
 ) -> Resource | None:
-    # A real catalog runs a named .sql file with the tenant in its WHERE; this example keeps
-    # its tickets in memory so that it runs without a schema of its own.
-    ticket = TICKETS.get((actor.tenant, args.ticket_id))
-    if ticket is None:
-        return None
-    if "support" not in actor.roles and ticket["requester"] != actor.sub:
-        # Ownership decided at load time: another customer's ticket answers exactly like a
-        # missing one (not_found), so ticket ids cannot be probed.
-        return None
-    return TicketFacts.resource(
-        id=args.ticket_id,
-        tenant=actor.tenant,
-        **ticket,
-        opened_by_caller=ticket["requester"] == actor.sub,
-    )
+    async with conn.cursor() as cur:
+        await cur.execute(
+            named_query(__name__, "ticket_by_id"),
+            {"tenant": actor.tenant, "ticket_id": args.ticket_id},
+        )
+        row = await cur.fetchone()
+    return visible_ticket(dict(row) if row is not None else None, actor)
 
 
 async def get_ticket(ctx: ExecutionContext) -> HandlerResult:
     assert ctx.resource is not None
-    return HandlerResult(
-        result={"id": ctx.resource.id, **ctx.resource.attributes}, resource_id=ctx.resource.id
-    )
+    facts = {k: v for k, v in ctx.resource.attributes.items() if k != "opened_by_caller"}
+    return HandlerResult(result={"id": ctx.resource.id, **facts}, resource_id=ctx.resource.id)
 
 
 async def reset_password(ctx: ExecutionContext) -> HandlerResult:
     return HandlerResult(result={"reset": True}, resource_id=None)
 
-
-TICKETS: dict[tuple[str, str], dict[str, Any]] = {
-    ("tenant-a", "tkt_1"): {"subject": "Refund please", "status": "open", "requester": "carol"},
-    ("tenant-a", "tkt_2"): {"subject": "Login broken", "status": "open", "requester": "dave"},
-}
 
 catalog = Catalog(
     [
@@ -105,5 +114,7 @@ catalog = Catalog(
             effect=Effect.EXTERNAL_WRITE,
             handler=reset_password,
         ),
-    ]
+    ],
+    name="helpdesk",
+    migrations=Path(__file__).parent / "migrations",
 )

@@ -29,8 +29,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from commands.catalog import Catalog, Connection, Resource, Tool, load_catalog
 from commands.policy import (
     Decision,
@@ -295,6 +293,7 @@ def kit_fixture(
 ) -> Any:
     """A pytest fixture (module scope) giving a `Kit`; assign it to a module-level name:
     ``kit = kit_fixture("my_plugin:catalog", "my_plugin/policies")``."""
+    import pytest  # noqa: PLC0415 - a test dependency; check-call uses the kit without it
 
     @pytest.fixture(scope="module", name=name)
     def _kit() -> Kit:
