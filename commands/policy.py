@@ -498,7 +498,7 @@ def statements(text: str) -> list[Statement]:
 
 
 def _cedar_message(exc: Exception | str) -> str:
-    return " ".join(re.sub(r"^\[policy\d+\] (for policy `policy\d+`, )?", "", str(exc)).split())
+    return " ".join(re.sub(r"^(\[policy\d+\] )?(for policy `policy\d+`, )?", "", str(exc)).split())
 
 
 def check_policy_directory(directory: Path, catalog: Catalog) -> list[PolicyProblem]:

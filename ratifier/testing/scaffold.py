@@ -172,7 +172,7 @@ def scaffold_catalog(path: Path) -> str:
         "ToolArguments\n"
         "from schemas.envelopes import Effect\n"
         "from schemas.errors import PermanentFailure\n\n"
-        f"{notes}\n\n"
+        + (f"{notes}\n\n" if notes else "\n")
         + "\n\n\n".join(writer.classes)
         + "\n\n\nasync def not_implemented(ctx: ExecutionContext) -> HandlerResult:\n"
         '    raise PermanentFailure("not implemented yet", for_model="This tool is not '
