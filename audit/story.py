@@ -200,6 +200,21 @@ _MEANINGS = {
 }
 
 
+# A refusal's reason (`ErrorInfo.reason`) says more than its code.
+_REASON_MEANINGS = {
+    "forbid": "a Cedar forbid policy matched; nothing was executed",
+    "no_permit": "no Cedar policy permits this; nothing was executed",
+    "evaluation_error": "a Cedar policy could not be evaluated, so the call was denied (fail "
+    "closed); Cedar's diagnostics are in the service log",
+    "handler": "the tool's handler refused the call",
+    "approver": "a human approver rejected the call",
+}
+
+
+def _meaning(error: Mapping[str, Any]) -> str | None:
+    return _REASON_MEANINGS.get(str(error.get("reason"))) or _MEANINGS.get(str(error.get("code")))
+
+
 # Ties: an awaiting outcome follows its approval request; an unknown one precedes its hand-over
 # to reconciliation; every other outcome ends its step.
 _OUTCOME_RANKS = {Status.AWAITING_APPROVAL.value: 35, Status.UNKNOWN.value: 62}
@@ -220,7 +235,8 @@ def _outcome(r: Mapping[str, Any]) -> tuple[str, str, Facts, int]:
         f"outcome: {status}" + (f" ({error.get('code')})" if error.get("code") else ""),
         _facts(
             message=error.get("message"),
-            meaning=_MEANINGS.get(str(error.get("code"))),
+            meaning=_meaning(error),
+            policies=", ".join(error.get("policies") or ()) or None,
             fields=error.get("fields"),
             resource_id=r.get("resource_id"),
             result=r.get("result"),

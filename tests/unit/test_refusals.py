@@ -391,3 +391,28 @@ async def test_the_authorizer_puts_reason_policies_and_message_on_the_outcome(
     assert emit.value.error.reason is RefusalReason.FORBID
     assert emit.value.error.policies == ("destructive-denied",)
     assert emit.value.error.message == "Destructive actions are not allowed."
+
+
+def test_the_audit_story_tells_forbid_no_permit_and_evaluation_errors_apart() -> None:
+    from datetime import timedelta
+
+    from audit.story import record_event
+
+    def event(error: dict[str, Any]) -> dict[str, str]:
+        row = {
+            "stream": "outcomes",
+            "kafka_partition": 0,
+            "kafka_offset": 1,
+            "record_at": NOW + timedelta(seconds=1),
+            "record": {"status": "denied", "stage": "authorize", "error": error},
+        }
+        return dict(record_event(row).facts)
+
+    forbid = event(
+        {"code": "policy_denied", "reason": "forbid", "policies": ["destructive-denied"]}
+    )
+    assert "forbid policy matched" in forbid["meaning"]
+    assert forbid["policies"] == "destructive-denied"
+    broken = event({"code": "policy_denied", "reason": "evaluation_error", "policies": ["p"]})
+    assert "could not be evaluated" in broken["meaning"]
+    assert "no Cedar policy permits" in event({"code": "policy_denied"})["meaning"]
