@@ -318,25 +318,54 @@ def _floats(value: Any, path: str) -> list[str]:
     return []
 
 
+def _undeclared(request: AuthorizationRequest) -> list[str]:
+    """What the loaded resource has that its tool's `ResourceFacts` does not declare (or
+    lacks that it does): named here, since Cedar's own words do not name the tool."""
+    facts, resource = request.tool.resource, request.resource
+    if facts is None or resource is None:
+        return []
+    tool = request.tool.name
+    problems = []
+    if resource.kind != facts.kind:
+        problems.append(
+            f"tool {tool}: the loader returned kind {resource.kind!r}, not {facts.kind!r}"
+        )
+    declared = facts.model_fields
+    problems += [
+        f"tool {tool}: the loader returned attribute {name!r}, "
+        f"which {facts.__name__} does not declare"
+        for name in sorted(set(resource.attributes) - set(declared))
+    ]
+    problems += [
+        f"tool {tool}: the loader did not return attribute {name!r}, declared by {facts.__name__}"
+        for name, field_info in declared.items()
+        if field_info.is_required() and name not in resource.attributes
+    ]
+    return problems
+
+
 def _unrepresentable(request: AuthorizationRequest, policies: PolicySet) -> Decision | None:
-    """Cedar has no floating-point numbers (its own error for one says nothing useful): a
-    float among the loaded attributes or the arguments is an evaluation error, named."""
+    """Cedar has no floating-point numbers (its own error for one says nothing useful), and
+    its entity errors do not name the tool: a float among the loaded attributes or the
+    arguments, or an attribute the tool's `ResourceFacts` does not declare, is an evaluation
+    error named here."""
     where = []
     if request.resource is not None:
         where += _floats(request.resource.attributes, entity_type(request.resource.kind))
     where += _floats(request.arguments, "context.arguments")
-    if not where:
+    errors = [
+        f"attribute `{w}` of tool {request.tool.name} is a float; Cedar has no floats "
+        "(use an integer, e.g. money in minor units)"
+        for w in where
+    ] + _undeclared(request)
+    if not errors:
         return None
     return Decision(
         verdict=Verdict.DENY,
         route=None,
         policy_version=policies.version,
         code=ErrorCode.POLICY_DENIED,
-        errors=tuple(
-            f"attribute `{w}` of tool {request.tool.name} is a float; Cedar has no floats "
-            "(use an integer, e.g. money in minor units)"
-            for w in where
-        ),
+        errors=tuple(errors),
         refusal=RefusalReason.EVALUATION_ERROR,
         policy_ids=tuple(policies.policy_id(c) for c in policies.policies_for(request.tool.name)),
     )

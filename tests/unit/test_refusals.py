@@ -416,3 +416,48 @@ def test_the_audit_story_tells_forbid_no_permit_and_evaluation_errors_apart() ->
     broken = event({"code": "policy_denied", "reason": "evaluation_error", "policies": ["p"]})
     assert "could not be evaluated" in broken["meaning"]
     assert "no Cedar policy permits" in event({"code": "policy_denied"})["meaning"]
+
+
+def test_a_loader_returning_undeclared_or_missing_facts_is_named_with_its_tool(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from commands.catalog import ResourceFacts
+    from commands.cedar_schema import generate_schema
+
+    class OrderFacts(ResourceFacts):
+        kind = "order"
+        status: str
+        total_minor: int
+
+    tool = Tool(
+        name="get_order",
+        description="d",
+        arguments=OrderArguments,
+        effect=Effect.READ,
+        handler=_handler,
+        load=_load,
+        resource=OrderFacts,
+    )
+    policies = PolicySet.from_sources(
+        '@id("order-read") permit (principal, action, resource);',
+        generate_schema(Catalog([tool])).text(),
+    )
+    loaded = Resource(
+        kind="order",
+        id="o-1",
+        tenant="tenant-a",
+        attributes={"status": "open", "note": "x"},
+    )
+    with caplog.at_level(logging.ERROR, logger="ratifier.policies"):
+        decision = authorize(
+            actor=ACTOR,
+            tool=tool,
+            resource=loaded,
+            arguments={"order_id": "o-1"},
+            policies=policies,
+        )
+    assert decision.refusal is RefusalReason.EVALUATION_ERROR
+    assert decision.policy_ids == ("order-read",)
+    assert any("tool get_order: the loader returned attribute 'note'" in e for e in decision.errors)
+    assert any("did not return attribute 'total_minor'" in e for e in decision.errors)
+    assert "tool get_order: the loader returned attribute 'note'" in caplog.text
