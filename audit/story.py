@@ -126,6 +126,7 @@ def _authorized(r: Mapping[str, Any]) -> tuple[str, str, Facts, int]:
         _facts(
             actor=f"{actor.get('sub')} @ {r.get('tenant')} (roles: {roles})",
             policy_version=r.get("policy_version"),
+            policies=", ".join(r.get("policies") or ()) or None,
             effect=r.get("effect"),
             route=route,
             operation_id=r.get("operation_id"),

@@ -24,6 +24,7 @@ IdempotencyKey = Annotated[str, StringConstraints(pattern=CALL_ID_PATTERN)]
 ToolName = Annotated[str, StringConstraints(min_length=1, max_length=128)]
 Tenant = Annotated[str, StringConstraints(pattern=TENANT_PATTERN)]
 ShortText = Annotated[str, StringConstraints(max_length=512)]
+PolicyId = Annotated[str, StringConstraints(max_length=128)]
 JsonObject = dict[str, Any]
 
 
@@ -162,6 +163,8 @@ class AuthorizedCall(Record):
     proposed_at: datetime
     authorized_at: datetime
     trace_id: str | None = None
+    # The `@id` of the permit policies that allowed the call (v1.2, additive).
+    policies: tuple[PolicyId, ...] = Field(default=(), max_length=16)
 
 
 class ApprovalReceipt(Part):
@@ -198,7 +201,6 @@ class FieldProblem(Part):
 
 # Longest specific message an outcome carries (a policy's, a handler's or an approver's).
 MAX_REASON_MESSAGE = 300
-PolicyId = Annotated[str, StringConstraints(max_length=128)]
 
 
 class ErrorInfo(Part):

@@ -141,6 +141,7 @@ def _routed(pending: _Pending, decision: Decision, now: datetime) -> Emit:
             proposed_at=call.proposed_at,
             authorized_at=now,
             trace_id=call.trace_id,
+            policies=tuple(p[:128] for p in decision.policy_ids[:16]),
         ),
     )
 

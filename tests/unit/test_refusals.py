@@ -461,3 +461,31 @@ def test_a_loader_returning_undeclared_or_missing_facts_is_named_with_its_tool(
     assert any("tool get_order: the loader returned attribute 'note'" in e for e in decision.errors)
     assert any("did not return attribute 'total_minor'" in e for e in decision.errors)
     assert "tool get_order: the loader returned attribute 'note'" in caplog.text
+
+
+async def test_an_authorized_call_names_the_permits_that_allowed_it(
+    catalog: Catalog, policies: PolicySet
+) -> None:
+    from schemas.envelopes import AuthorizedCall, ValidatedCall
+    from streams.authorizer import on_validated
+    from tests.unit.conftest import KEYS, PAYMENT_ATTRS, token
+
+    payment = Resource(kind="payment", id="pay_A1001", tenant="tenant-a", attributes=PAYMENT_ATTRS)
+
+    async def fetch(_tool: Tool, _who: Any, _args: ToolArguments) -> Resource | None:
+        return payment
+
+    call = ValidatedCall(
+        call_id="c-2",
+        idempotency_key="k-2",
+        tool="get_payment",
+        arguments={"payment_id": "pay_A1001"},
+        context=token(),
+        proposed_at=NOW,
+        validated_at=NOW,
+    )
+    (emit,) = await on_validated(
+        call, catalog=catalog, keys=KEYS, policies=policies, fetch=fetch, now=NOW
+    )
+    assert isinstance(emit.value, AuthorizedCall)
+    assert emit.value.policies == ("read-own-tenant",)
