@@ -56,7 +56,7 @@ schemas: install ## regenerate the JSON Schema files and the AsyncAPI document u
 	$(BIN)/python -m schemas.export
 
 unit: install ## pure tests, no I/O (with a short fuzz run of the pure stages)
-	$(PYTEST) tests/unit tests/fuzz
+	$(PYTEST) tests/unit tests/fuzz examples
 
 integration: up ## tests against real Kafka, Redis and PostgreSQL
 	$(PYTEST) tests/integration -m integration

@@ -126,6 +126,7 @@ def _authorized(r: Mapping[str, Any]) -> tuple[str, str, Facts, int]:
         _facts(
             actor=f"{actor.get('sub')} @ {r.get('tenant')} (roles: {roles})",
             policy_version=r.get("policy_version"),
+            policies=", ".join(r.get("policies") or ()) or None,
             effect=r.get("effect"),
             route=route,
             operation_id=r.get("operation_id"),
@@ -200,6 +201,21 @@ _MEANINGS = {
 }
 
 
+# A refusal's reason (`ErrorInfo.reason`) says more than its code.
+_REASON_MEANINGS = {
+    "forbid": "a Cedar forbid policy matched; nothing was executed",
+    "no_permit": "no Cedar policy permits this; nothing was executed",
+    "evaluation_error": "a Cedar policy could not be evaluated, so the call was denied (fail "
+    "closed); Cedar's diagnostics are in the service log",
+    "handler": "the tool's handler refused the call",
+    "approver": "a human approver rejected the call",
+}
+
+
+def _meaning(error: Mapping[str, Any]) -> str | None:
+    return _REASON_MEANINGS.get(str(error.get("reason"))) or _MEANINGS.get(str(error.get("code")))
+
+
 # Ties: an awaiting outcome follows its approval request; an unknown one precedes its hand-over
 # to reconciliation; every other outcome ends its step.
 _OUTCOME_RANKS = {Status.AWAITING_APPROVAL.value: 35, Status.UNKNOWN.value: 62}
@@ -220,7 +236,8 @@ def _outcome(r: Mapping[str, Any]) -> tuple[str, str, Facts, int]:
         f"outcome: {status}" + (f" ({error.get('code')})" if error.get("code") else ""),
         _facts(
             message=error.get("message"),
-            meaning=_MEANINGS.get(str(error.get("code"))),
+            meaning=_meaning(error),
+            policies=", ".join(error.get("policies") or ()) or None,
             fields=error.get("fields"),
             resource_id=r.get("resource_id"),
             result=r.get("result"),

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar
 
 from psycopg import AsyncConnection
 from psycopg.rows import DictRow
@@ -35,6 +37,28 @@ class ToolArguments(BaseModel):
     forbidden, immutable. Subclasses add explicit bounds, patterns and lengths."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+
+class ResourceFacts(BaseModel):
+    """Declares what a tool's loader hands to the policies: the resource ``kind`` (its Cedar
+    entity type is the kind in CamelCase) and the attributes, as typed fields. The Cedar
+    schema is generated from these declarations (`commands.cedar_schema`), so policies are
+    checked against what loaders really return. ``tenant`` is always added; do not declare
+    it. Attributes may be stored columns or facts the loader computes from the arguments, the
+    rows and the actor (``owned_by_caller``, ``days_since_purchase``, ...): the executor's
+    commit-time re-check calls the loader again, so computed facts are re-evaluated on the
+    locked, current state."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    kind: ClassVar[str]
+
+    @classmethod
+    def resource(cls, *, id: str, tenant: str, **attributes: Any) -> Resource:
+        """A `Resource` of this kind whose attributes are checked against the declaration
+        (an undeclared, missing or mistyped attribute raises ``ValidationError``)."""
+        facts = cls.model_validate(attributes)
+        return Resource(kind=cls.kind, id=id, tenant=tenant, attributes=facts.model_dump())
 
 
 class Resource(BaseModel):
@@ -66,7 +90,10 @@ class ExecutionContext:
     resource: Resource | None
 
 
-ResourceLoader = Callable[[Connection, str, Any, bool], Awaitable[Resource | None]]
+# ``(conn, actor, arguments, for_update)``: the actor (tenant, user, roles, all verified) lets
+# a loader decide ownership at load time, so that another user's row answers `not_found`
+# exactly like a missing one. Every query still carries ``actor.tenant`` in its WHERE.
+ResourceLoader = Callable[[Connection, Actor, Any, bool], Awaitable[Resource | None]]
 Handler = Callable[[ExecutionContext], Awaitable[HandlerResult]]
 
 
@@ -106,6 +133,8 @@ class Tool:
     effect: Effect
     handler: Handler
     load: ResourceLoader | None = None
+    # What ``load`` returns (kind and attributes); required for a generated Cedar schema.
+    resource: type[ResourceFacts] | None = None
     external: ExternalEffect | None = None
     secret_fields: frozenset[str] = field(default_factory=frozenset)
     # How long an approval request waits (None: the RATIFIER_APPROVAL_TTL_SECONDS default),
@@ -144,6 +173,7 @@ def _mask(value: Any, salt: str | None) -> str:
 
 
 Lifecycle = Callable[[Settings], Awaitable[None]]
+_CATALOG_NAME = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
 
 
 class Catalog:
@@ -156,9 +186,17 @@ class Catalog:
         *,
         start: Lifecycle | None = None,
         stop: Callable[[], Awaitable[None]] | None = None,
+        name: str | None = None,
+        migrations: Path | None = None,
     ) -> None:
         self._start = start
         self._stop = stop
+        # The catalog's own tables: plain-SQL files applied by `ratifier migrate` after ours,
+        # in file-name order, recorded as ``<name>/<file stem>``.
+        if migrations is not None and not (name and _CATALOG_NAME.match(name)):
+            raise ConfigurationError("a catalog with migrations needs a name like 'helpdesk'")
+        self.name = name
+        self.migrations = migrations
         by_name: dict[str, Tool] = {}
         for tool in tools:
             if tool.name in by_name:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -19,9 +21,13 @@ from typing import Any, Protocol
 
 import cedarpy
 
-from commands.catalog import Resource, Tool
-from schemas.envelopes import Actor, Effect, Route
-from schemas.errors import ConfigurationError, ErrorCode
+from commands.catalog import Catalog, Resource, Tool
+from commands.cedar_schema import entity_type, generate_schema
+from schemas.envelopes import Actor, Effect, ErrorInfo, Route
+from schemas.errors import ConfigurationError, ErrorCode, RefusalReason
+from telemetry.metrics import count_policy_evaluation_error
+
+log = logging.getLogger("ratifier.policies")
 
 DEFAULT_POLICY_DIR = Path(__file__).parent / "policies"
 SCHEMA_SUFFIX = ".cedarschema.json"
@@ -32,6 +38,11 @@ APPROVAL_EFFECTS: frozenset[Effect] = frozenset(
     {Effect.REVERSIBLE_WRITE, Effect.EXTERNAL_WRITE, Effect.DESTRUCTIVE}
 )
 APPROVAL_ANNOTATION = "approval"
+# `@id("…")` names a policy in reasons, outcomes, logs and metrics (else Cedar's `policyN`);
+# `@message("…")` on a `forbid` is shown to the model when that forbid refuses a call: write
+# it as a fixed sentence, it is never filled in with data.
+ID_ANNOTATION = "id"
+MESSAGE_ANNOTATION = "message"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,6 +54,8 @@ class PolicySet:
     version: str
     # Annotations of each policy, by the id Cedar reports in a decision's reasons.
     annotations: dict[str, dict[str, str]] = field(default_factory=dict)
+    # The tool names each policy's action scope covers, by Cedar id (None: every action).
+    action_scopes: dict[str, frozenset[str] | None] = field(default_factory=dict)
     # Parsed once: parsing dominates the cost of an evaluation.
     parsed: Any = field(default=None, repr=False, compare=False)
     parsed_schema: Any = field(default=None, repr=False, compare=False)
@@ -62,10 +75,9 @@ class PolicySet:
         if not result.validation_passed:
             problems = "; ".join(str(e) for e in result.errors)
             raise ConfigurationError(f"policies do not match the Cedar schema: {problems}")
-        annotations = {
-            pid: dict(policy.get("annotations") or {})
-            for pid, policy in parsed.get("staticPolicies", {}).items()
-        }
+        static = parsed.get("staticPolicies", {})
+        annotations = {pid: dict(policy.get("annotations") or {}) for pid, policy in static.items()}
+        action_scopes = {pid: _action_scope(policy.get("action")) for pid, policy in static.items()}
         try:
             # Canonical schema JSON: the same set hashes the same from a file or the topic.
             schema_canonical = json.dumps(json.loads(schema), sort_keys=True, separators=(",", ":"))
@@ -77,6 +89,7 @@ class PolicySet:
             schema=schema,
             version=f"sha256:{digest}",
             annotations=annotations,
+            action_scopes=action_scopes,
             parsed=cedarpy.PolicySet.from_str(text),
             parsed_schema=parsed_schema,
         )
@@ -97,6 +110,25 @@ class PolicySet:
         """A fixed set is its own source (see `PolicySource`)."""
         return self
 
+    def policy_id(self, cedar_id: str) -> str:
+        """The ``@id`` of a policy, or Cedar's own id when it has none."""
+        return self.annotations.get(cedar_id, {}).get(ID_ANNOTATION) or cedar_id
+
+    def message_of(self, cedar_ids: Sequence[str]) -> str | None:
+        """The first ``@message`` among ``cedar_ids`` (by ``@id``, so the choice is stable)."""
+        messages = sorted(
+            (self.policy_id(c), m)
+            for c in cedar_ids
+            if (m := self.annotations.get(c, {}).get(MESSAGE_ANNOTATION))
+        )
+        return messages[0][1] if messages else None
+
+    def policies_for(self, tool: str) -> tuple[str, ...]:
+        """Cedar ids of the policies whose action scope covers ``tool``."""
+        return tuple(
+            pid for pid, scope in self.action_scopes.items() if scope is None or tool in scope
+        )
+
     def route_for(self, effect: Effect, reasons: Sequence[str]) -> Route:
         """Approval by effect class, overridden by `@approval("auto"|"required")` on the
         policies that permitted the call ("required" wins)."""
@@ -116,6 +148,17 @@ class PolicySource(Protocol):
     def current(self) -> PolicySet: ...
 
 
+def _action_scope(scope: Any) -> frozenset[str] | None:
+    """Tool names an action scope (`policies_to_json_str` form) covers; None: all."""
+    if not isinstance(scope, dict) or scope.get("op") == "All":
+        return None
+    entities = scope.get("entities") or ([scope["entity"]] if "entity" in scope else [])
+    names = [e.get("id") for e in entities if isinstance(e, dict)]
+    if scope.get("op") not in ("==", "in") or not all(isinstance(n, str) for n in names):
+        return None  # action groups and the like: assume it may apply
+    return frozenset(n for n in names if isinstance(n, str))
+
+
 class Verdict(StrEnum):
     PERMIT = "permit"
     DENY = "deny"
@@ -127,12 +170,30 @@ class Decision:
     route: Route | None
     policy_version: str
     code: ErrorCode | None = None
+    # Cedar's ids of the policies that decided (permits when permitted, forbids otherwise).
     reasons: tuple[str, ...] = ()
+    # Cedar's diagnostics (for logs and the operator, never for a model: they quote entities).
     errors: tuple[str, ...] = ()
+    # Why a call was refused, and the `@id`s of the policies concerned.
+    refusal: RefusalReason | None = None
+    policy_ids: tuple[str, ...] = ()
+    # A forbid's `@message`, safe to show the model.
+    message: str | None = None
 
     @property
     def permitted(self) -> bool:
         return self.verdict is Verdict.PERMIT
+
+    def error_info(self) -> ErrorInfo | None:
+        """The outcome's error for a refusal (None when permitted)."""
+        if self.permitted:
+            return None
+        return ErrorInfo.of(
+            self.code or ErrorCode.POLICY_DENIED,
+            self.message,
+            reason=self.refusal,
+            policies=self.policy_ids,
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -141,11 +202,6 @@ class AuthorizationRequest:
     tool: Tool
     resource: Resource | None
     arguments: dict[str, Any]
-
-
-def entity_type(kind: str) -> str:
-    """Cedar entity type of a resource kind: ``refund_policy`` → ``RefundPolicy``."""
-    return "".join(part.capitalize() for part in kind.split("_"))
 
 
 def _uid(kind: str, ident: str) -> str:
@@ -204,10 +260,24 @@ def cedar_request(request: AuthorizationRequest) -> tuple[dict[str, Any], list[d
     return cedar, entities
 
 
+# Cedar's entity-parsing errors quote the whole entity list (other calls' data in a batch):
+# only the sentence after it is kept.
+_ENTITY_LIST = re.compile(r"(?s)^failed to parse entities from:.*?\]: (?=[a-z])")
+_POLICY_IN_ERROR = re.compile(r"error while evaluating policy `([^`]+)`")
+
+
+def clean_error(error: str) -> str:
+    """A Cedar diagnostic without the entity list it may quote, on one line, bounded."""
+    return " ".join(_ENTITY_LIST.sub("", error).split())[:500]
+
+
 def _decide(request: AuthorizationRequest, policies: PolicySet, result: Any) -> Decision:
     reasons = tuple(result.diagnostics.reasons)
-    errors = tuple(str(e) for e in result.diagnostics.errors)
-    if not result.allowed:
+    errors = tuple(clean_error(str(e)) for e in result.diagnostics.errors)
+    if errors:
+        # Fail closed: a policy that could not be evaluated might have been a forbid.
+        named = tuple(dict.fromkeys(m for e in errors for m in _POLICY_IN_ERROR.findall(e)))
+        cedar_ids = named or policies.policies_for(request.tool.name)
         return Decision(
             verdict=Verdict.DENY,
             route=None,
@@ -215,13 +285,106 @@ def _decide(request: AuthorizationRequest, policies: PolicySet, result: Any) -> 
             code=ErrorCode.POLICY_DENIED,
             reasons=reasons,
             errors=errors,
+            refusal=RefusalReason.EVALUATION_ERROR,
+            policy_ids=tuple(policies.policy_id(c) for c in cedar_ids),
+        )
+    if not result.allowed:
+        return Decision(
+            verdict=Verdict.DENY,
+            route=None,
+            policy_version=policies.version,
+            code=ErrorCode.POLICY_DENIED,
+            reasons=reasons,
+            refusal=RefusalReason.FORBID if reasons else RefusalReason.NO_PERMIT,
+            policy_ids=tuple(policies.policy_id(r) for r in reasons),
+            message=policies.message_of(reasons),
         )
     return Decision(
         verdict=Verdict.PERMIT,
         route=policies.route_for(request.tool.effect, reasons),
         policy_version=policies.version,
         reasons=reasons,
-        errors=errors,
+        policy_ids=tuple(policies.policy_id(r) for r in reasons),
+    )
+
+
+def _floats(value: Any, path: str) -> list[str]:
+    if isinstance(value, float):
+        return [path]
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in _floats(v, f"{path}.{k}")]
+    if isinstance(value, list | tuple):
+        return [p for v in value for p in _floats(v, f"{path}[]")]
+    return []
+
+
+def _undeclared(request: AuthorizationRequest) -> list[str]:
+    """What the loaded resource has that its tool's `ResourceFacts` does not declare (or
+    lacks that it does): named here, since Cedar's own words do not name the tool."""
+    facts, resource = request.tool.resource, request.resource
+    if facts is None or resource is None:
+        return []
+    tool = request.tool.name
+    problems = []
+    if resource.kind != facts.kind:
+        problems.append(
+            f"tool {tool}: the loader returned kind {resource.kind!r}, not {facts.kind!r}"
+        )
+    declared = facts.model_fields
+    problems += [
+        f"tool {tool}: the loader returned attribute {name!r}, "
+        f"which {facts.__name__} does not declare"
+        for name in sorted(set(resource.attributes) - set(declared))
+    ]
+    problems += [
+        f"tool {tool}: the loader did not return attribute {name!r}, declared by {facts.__name__}"
+        for name, field_info in declared.items()
+        if field_info.is_required() and name not in resource.attributes
+    ]
+    return problems
+
+
+def _unrepresentable(request: AuthorizationRequest, policies: PolicySet) -> Decision | None:
+    """Cedar has no floating-point numbers (its own error for one says nothing useful), and
+    its entity errors do not name the tool: a float among the loaded attributes or the
+    arguments, or an attribute the tool's `ResourceFacts` does not declare, is an evaluation
+    error named here."""
+    where = []
+    if request.resource is not None:
+        where += _floats(request.resource.attributes, entity_type(request.resource.kind))
+    where += _floats(request.arguments, "context.arguments")
+    errors = [
+        f"attribute `{w}` of tool {request.tool.name} is a float; Cedar has no floats "
+        "(use an integer, e.g. money in minor units)"
+        for w in where
+    ] + _undeclared(request)
+    if not errors:
+        return None
+    return Decision(
+        verdict=Verdict.DENY,
+        route=None,
+        policy_version=policies.version,
+        code=ErrorCode.POLICY_DENIED,
+        errors=tuple(errors),
+        refusal=RefusalReason.EVALUATION_ERROR,
+        policy_ids=tuple(policies.policy_id(c) for c in policies.policies_for(request.tool.name)),
+    )
+
+
+def _report(request: AuthorizationRequest, decision: Decision) -> None:
+    """Evaluation errors are never silent: logged with Cedar's words and counted per policy
+    (the outcome, which the audit log records, names the policies and the reason)."""
+    if decision.refusal is not RefusalReason.EVALUATION_ERROR:
+        return
+    for policy_id in decision.policy_ids or ("-",):
+        count_policy_evaluation_error(policy_id)
+    log.error(
+        "policy evaluation error, call denied: tool=%s tenant=%s policies=%s version=%s: %s",
+        request.tool.name,
+        request.actor.tenant,
+        ",".join(decision.policy_ids) or "-",
+        decision.policy_version,
+        " | ".join(decision.errors),
     )
 
 
@@ -254,21 +417,34 @@ def authorize_batch(
     requests: Sequence[AuthorizationRequest], policies: PolicySet
 ) -> list[Decision]:
     """`authorize` for many calls at once: one Cedar evaluation per batch (backlogs)."""
-    decisions: list[Decision | None] = [_foreign(r, policies) for r in requests]
+    decisions: list[Decision | None] = [
+        _foreign(r, policies) or _unrepresentable(r, policies) for r in requests
+    ]
+    for request, early in zip(requests, decisions, strict=True):
+        if early is not None:
+            _report(request, early)
     for group in _consistent_groups([i for i, d in enumerate(decisions) if d is None], requests):
         indexes = [i for i, _ in group]
         entities: dict[tuple[str, str], dict[str, Any]] = {}
         for _, (_, request_entities) in group:
             entities.update({(e["uid"]["type"], e["uid"]["id"]): e for e in request_entities})
-        results = cedarpy.is_authorized_batch(
-            [cedar for _, (cedar, _) in group],
-            policies.parsed,
-            list(entities.values()),
-            policies.parsed_schema,
-        )
+        results = _evaluate([cedar for _, (cedar, _) in group], list(entities.values()), policies)
+        if len(group) > 1 and any(r.diagnostics.errors for r in results):
+            # An entity Cedar refuses fails its whole batch: decide each call on its own, so
+            # that one bad resource never decides the others.
+            results = [_evaluate([cedar], ents, policies)[0] for _, (cedar, ents) in group]
         for i, result in zip(indexes, results, strict=True):
-            decisions[i] = _decide(requests[i], policies, result)
+            decision = decisions[i] = _decide(requests[i], policies, result)
+            _report(requests[i], decision)
     return [d for d in decisions if d is not None]
+
+
+def _evaluate(
+    cedar: list[dict[str, Any]], entities: list[dict[str, Any]], policies: PolicySet
+) -> list[Any]:
+    return list(
+        cedarpy.is_authorized_batch(cedar, policies.parsed, entities, policies.parsed_schema)
+    )
 
 
 CedarCall = tuple[dict[str, Any], list[dict[str, Any]]]
@@ -294,3 +470,167 @@ def _consistent_groups(
             groups.append([(i, call)])
             seen.append(dict(keyed))
     return groups
+
+
+# -- checking a policy directory (`ratifier policy check`) ------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class PolicyProblem:
+    """One thing wrong with a policy set, where it is: ``file:line: message``."""
+
+    file: str
+    line: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: {self.message}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Statement:
+    text: str
+    line: int  # where the statement starts (its first annotation or keyword)
+
+
+def statements(text: str) -> list[Statement]:
+    """Split Cedar source into its policies (top-level ``;``), skipping comments and strings,
+    so that each can be parsed and validated on its own and reported with its line."""
+    found: list[Statement] = []
+    start: int | None = None
+    i, n, line, start_line = 0, len(text), 1, 1
+    while i < n:
+        char = text[i]
+        if char == "\n":
+            line += 1
+        elif text.startswith("//", i):
+            end = text.find("\n", i)
+            i = n if end == -1 else end
+            continue
+        elif char == '"':
+            i += 1
+            while i < n and text[i] != '"':
+                if text[i] == "\\":
+                    i += 1
+                elif text[i] == "\n":
+                    line += 1
+                i += 1
+        elif char == ";" and start is not None:
+            found.append(Statement(text=text[start : i + 1], line=start_line))
+            start = None
+        elif not char.isspace() and start is None:
+            start, start_line = i, line
+        i += 1
+    if start is not None and text[start:].strip():
+        found.append(Statement(text=text[start:], line=start_line))
+    return found
+
+
+def _cedar_message(exc: Exception | str) -> str:
+    return " ".join(re.sub(r"^(\[policy\d+\] )?(for policy `policy\d+`, )?", "", str(exc)).split())
+
+
+def check_policy_directory(directory: Path, catalog: Catalog) -> list[PolicyProblem]:
+    """Everything wrong with the policy set in ``directory`` for ``catalog``: the catalog's
+    declarations the Cedar schema cannot express (file and line of the declaration), a
+    schema file that differs from the generated one, and each policy that does not parse or
+    does not match the generated schema (file and line of the policy)."""
+    problems: list[PolicyProblem] = []
+    generated = generate_schema(catalog)
+    for p in generated.problems:
+        source_file, _, source_line = p.source.rpartition(":")
+        problems.append(
+            PolicyProblem(
+                file=source_file or "<catalog>",
+                line=int(source_line) if source_line.isdigit() else 0,
+                message=f"tool {p.tool}: {p.where}: {p.problem}",
+            )
+        )
+    schema = cedarpy.Schema.from_json_str(generated.text())
+    for schema_file in sorted(directory.glob(f"*{SCHEMA_SUFFIX}")):
+        try:
+            on_disk = json.loads(schema_file.read_text(encoding="utf-8"))
+        except ValueError as exc:
+            problems.append(
+                PolicyProblem(file=str(schema_file), line=1, message=f"not JSON: {exc}")
+            )
+            continue
+        if on_disk != generated.schema:
+            problems.append(
+                PolicyProblem(
+                    file=str(schema_file),
+                    line=1,
+                    message=(
+                        "differs from the schema generated from the catalog "
+                        "(regenerate it: ratifier policy schema > " + schema_file.name + ")"
+                    ),
+                )
+            )
+    policy_files = sorted(directory.glob("*.cedar"))
+    if not policy_files:
+        problems.append(PolicyProblem(file=str(directory), line=0, message="no *.cedar files"))
+    ids: dict[str, str] = {}
+    for policy_file in policy_files:
+        for statement in statements(policy_file.read_text(encoding="utf-8")):
+            file, line = str(policy_file), statement.line
+            try:
+                parsed = json.loads(cedarpy.policies_to_json_str(statement.text))
+            except ValueError as exc:  # cedarpy raises bare ValueErrors
+                problems.append(
+                    PolicyProblem(file=file, line=line, message=f"does not parse: {exc}")
+                )
+                continue
+            for policy in parsed.get("staticPolicies", {}).values():
+                policy_id = (policy.get("annotations") or {}).get(ID_ANNOTATION)
+                if policy_id and policy_id in ids:
+                    problems.append(
+                        PolicyProblem(
+                            file=file,
+                            line=line,
+                            message=f"@id {policy_id!r} also at {ids[policy_id]}",
+                        )
+                    )
+                elif policy_id:
+                    ids[policy_id] = f"{policy_file}:{statement.line}"
+            result = cedarpy.validate_policies(statement.text, schema)
+            problems += [
+                PolicyProblem(file=file, line=line, message=_cedar_message(e.error))
+                for e in result.errors
+            ]
+    return problems
+
+
+def catalog_mismatches(policies: PolicySet, catalog: Catalog) -> list[str]:
+    """Loader attributes the policy set's schema does not declare, or declares otherwise: such
+    a set would deny every call of the tool with an evaluation error, so start-up refuses it.
+    Names the tool and the attribute."""
+    generated = generate_schema(catalog).schema[""]["entityTypes"]
+    declared = json.loads(policies.schema).get("", {}).get("entityTypes", {})
+    problems = []
+    for tool in sorted(catalog, key=lambda t: t.name):
+        if tool.resource is None:
+            continue
+        kind = entity_type(tool.resource.kind)
+        ours = generated.get(kind, {}).get("shape", {}).get("attributes", {})
+        theirs = declared.get(kind, {}).get("shape", {}).get("attributes")
+        if theirs is None:
+            problems.append(f"tool {tool.name}: the Cedar schema has no entity type {kind}")
+            continue
+        for name, cedar in ours.items():
+            if name not in theirs:
+                problems.append(
+                    f"tool {tool.name}: loader attribute {name!r} is not declared on {kind} "
+                    "in the Cedar schema"
+                )
+            elif theirs[name] != cedar:
+                problems.append(
+                    f"tool {tool.name}: loader attribute {name!r} is {cedar} but the Cedar "
+                    f"schema declares {theirs[name]}"
+                )
+        problems += [
+            f"tool {tool.name}: the Cedar schema declares {kind}.{name}, which the loader "
+            "does not return"
+            for name, cedar in theirs.items()
+            if name not in ours and cedar.get("required", True)
+        ]
+    return problems

@@ -16,7 +16,8 @@ from pathlib import Path
 from aiokafka import AIOKafkaProducer
 from pydantic import ValidationError
 
-from commands.policy import DEFAULT_POLICY_DIR, PolicySet
+from commands.catalog import load_catalog
+from commands.policy import DEFAULT_POLICY_DIR, PolicySet, catalog_mismatches
 from commands.topic_reader import TopicReader
 from schemas.envelopes import PolicySetRecord
 from schemas.errors import ConfigurationError
@@ -28,7 +29,18 @@ log = logging.getLogger("ratifier.policies")
 
 
 def local_policies(settings: Settings) -> PolicySet:
-    return PolicySet.from_directory(Path(settings.policy_dir or DEFAULT_POLICY_DIR))
+    """The local policy folder's set (``RATIFIER_POLICY_DIR``, default ours), logged."""
+    directory = Path(settings.policy_dir or DEFAULT_POLICY_DIR)
+    policies = PolicySet.from_directory(directory)
+    log.info("local policy folder %s holds policy set %s", directory, policies.version)
+    problems = catalog_mismatches(policies, load_catalog(settings.catalog))
+    if problems:
+        raise ConfigurationError(
+            f"policy set {directory} does not fit catalog {settings.catalog}: "
+            + "; ".join(problems)
+            + " (regenerate the schema: ratifier policy schema)"
+        )
+    return policies
 
 
 def policy_record(settings: Settings, policies: PolicySet) -> PolicySetRecord:
@@ -59,6 +71,45 @@ class Refusal:
     at: datetime
 
 
+@dataclass(frozen=True, kw_only=True)
+class PolicyStatus:
+    name: str
+    in_force: str
+    origin: str
+    local: str
+    local_dir: str
+    refusals: tuple[Refusal, ...]
+
+    @property
+    def differs(self) -> bool:
+        return self.in_force != self.local
+
+    def render(self) -> str:
+        lines = [
+            f"policy set {self.name!r} in force: {self.in_force}",
+            f"  from: {self.origin}",
+            f"  local folder {self.local_dir}: {self.local}"
+            + ("  ** DIFFERS from the set in force **" if self.differs else " (same)"),
+        ]
+        lines += [f"  refused: {r.version}: {r.reason}" for r in self.refusals]
+        return "\n".join(lines)
+
+
+async def policy_status(settings: Settings) -> PolicyStatus:
+    """What a running deployment enforces: the newest valid set on the `policies` topic (the
+    one every worker switched to), compared with the local folder."""
+    feed = PolicyFeed(settings, local_policies(settings))
+    await feed.catch_up(announce=False)
+    return PolicyStatus(
+        name=settings.policy_set_name,
+        in_force=feed.current.version,
+        origin=feed.origin,
+        local=feed.local_version,
+        local_dir=str(settings.policy_dir or DEFAULT_POLICY_DIR),
+        refusals=tuple(feed.refusals),
+    )
+
+
 class PolicyFeed:
     """The current policy set of this process, kept up to date from the `policies` topic."""
 
@@ -73,6 +124,9 @@ class PolicyFeed:
         self._on_change = on_change
         self._reader = TopicReader(settings, [Topic.POLICIES], lambda _t, raw: self.apply(raw))
         self.refusals: list[Refusal] = []
+        self.local_version = initial.version
+        # Where the set in force came from, for the start-up line and `policy status`.
+        self.origin = f"local folder {settings.policy_dir or DEFAULT_POLICY_DIR}"
 
     @property
     def current(self) -> PolicySet:
@@ -96,6 +150,10 @@ class PolicyFeed:
             self._refuse(record.version, f"content hashes to {candidate.version}")
             return
         previous, self._current = self._current, candidate
+        self.origin = (
+            f"topic {self._settings.topic(Topic.POLICIES)} key {record.name!r}, "
+            f"published {record.published_at.isoformat()}"
+        )
         log.warning("policy set switched from %s to %s", previous.version, candidate.version)
         if self._on_change is not None:
             self._on_change(candidate)
@@ -104,7 +162,7 @@ class PolicyFeed:
         self.refusals.append(Refusal(version=version, reason=reason, at=datetime.now(UTC)))
         log.error("REFUSED policy set %s: %s; keeping %s", version, reason, self._current.version)
 
-    async def catch_up(self) -> None:
+    async def catch_up(self, *, announce: bool = True) -> None:
         """Read the topic to its current end, so a starting process uses the newest set. The
         consumer is closed afterwards (start-up may run in another event loop than the
         process's); :meth:`follow` resumes where this stopped."""
@@ -112,6 +170,29 @@ class PolicyFeed:
             await self._reader.catch_up()
         finally:
             await self._reader.close()
+        if announce:
+            self.announce()
+
+    def announce(self) -> None:
+        """Say which set is in force and where it came from; a local folder that differs
+        from it is reported loudly (and stops start-up with RATIFIER_POLICY_DIR_MISMATCH=error):
+        editing the folder and restarting does not replace a published set."""
+        log.warning(
+            "policy set in force: %s %s, from %s",
+            self._settings.policy_set_name,
+            self._current.version,
+            self.origin,
+        )
+        if self.local_version == self._current.version:
+            return
+        message = (
+            f"LOCAL POLICY FOLDER DIFFERS from the set in force: the folder holds "
+            f"{self.local_version}, the published set {self._current.version} is used. "
+            "Publish the folder (`ratifier policy publish`) to enforce it."
+        )
+        if self._settings.policy_dir_mismatch == "error":
+            raise ConfigurationError(message)
+        log.error("%s", message)
 
     async def follow(self, stop: asyncio.Event | None = None) -> None:
         """Apply every new record until cancelled (or ``stop`` is set)."""

@@ -53,6 +53,7 @@ from schemas.errors import (
     OutcomeUnknown,
     PermanentFailure,
     RatifierError,
+    RefusalReason,
     StorageUnavailable,
     TransientFailure,
 )
@@ -122,6 +123,7 @@ class CommandExecutor:
         resource_id: str | None = None,
         trace_id: str | None,
         stage: Stage = Stage.EXECUTE,
+        error: ErrorInfo | None = None,
     ) -> Outcome:
         return Outcome(
             call_id=command.call_id,
@@ -129,7 +131,7 @@ class CommandExecutor:
             tenant=command.tenant,
             status=status,
             stage=stage,
-            error=ErrorInfo.of(code) if code is not None else None,
+            error=error or (ErrorInfo.of(code) if code is not None else None),
             result=result,
             resource_id=resource_id,
             operation_id=command.operation_id,
@@ -141,6 +143,16 @@ class CommandExecutor:
 
     def _failed(self, command: CommittedCommand, code: ErrorCode, trace_id: str | None) -> Outcome:
         return self._outcome(command, status=status_for(code), code=code, trace_id=trace_id)
+
+    def _refused(
+        self, command: CommittedCommand, exc: RatifierError, trace_id: str | None
+    ) -> Outcome:
+        """A handler's or effect's failure: only a message it marked safe for the model
+        (``for_model``) reaches the outcome, never the exception's own text."""
+        error = ErrorInfo.of(exc.code, exc.model_message, reason=RefusalReason.HANDLER)
+        return self._outcome(
+            command, status=status_for(exc.code), code=exc.code, trace_id=trace_id, error=error
+        )
 
     @staticmethod
     def _readdressed(stored: Outcome, command: CommittedCommand) -> Outcome:
@@ -301,7 +313,7 @@ class CommandExecutor:
             ), None
         actor = Actor(sub=command.actor.sub, tenant=command.tenant, roles=command.actor.roles)
         # Commit-time re-check on fresh, locked state with the tenant in the WHERE.
-        resource = await tool.load(conn, command.tenant, arguments, True) if tool.load else None
+        resource = await tool.load(conn, actor, arguments, True) if tool.load else None
         if tool.load is not None and resource is None:
             return Execution(outcome=self._failed(command, ErrorCode.NOT_FOUND, trace_id)), None
         decision = authorize(
@@ -339,7 +351,7 @@ class CommandExecutor:
             async with conn.transaction():
                 handled = await tool.handler(context)
         except RatifierError as exc:
-            return Execution(outcome=self._failed(command, exc.code, trace_id)), None
+            return Execution(outcome=self._refused(command, exc, trace_id)), None
         except psycopg.OperationalError:
             raise
         except psycopg.Error:
@@ -374,6 +386,7 @@ class CommandExecutor:
         external, request = pending.external, pending.request
         done: HandlerResult | None = None
         code: ErrorCode | None = None
+        refusal: PermanentFailure | None = None
         try:
             async for attempt in AsyncRetrying(
                 stop=stop_after_attempt(self._retry_attempts),
@@ -385,8 +398,8 @@ class CommandExecutor:
                     done = await external.invoke(request)
         except RetryError:
             code = ErrorCode.RETRY_EXHAUSTED
-        except PermanentFailure:
-            code = ErrorCode.PERMANENT_ERROR
+        except PermanentFailure as exc:
+            code, refusal = ErrorCode.PERMANENT_ERROR, exc
         except OutcomeUnknown:
             code = ErrorCode.TIMEOUT
         self._crash("after_effect")
@@ -398,6 +411,8 @@ class CommandExecutor:
                 resource_id=done.resource_id,
                 trace_id=trace_id,
             )
+        elif refusal is not None:
+            outcome = self._refused(command, refusal, trace_id)
         else:
             assert code is not None
             outcome = self._failed(command, code, trace_id)

@@ -96,11 +96,58 @@ def cmd_executor(settings: Settings, _args: argparse.Namespace) -> int:
     return 0
 
 
+def _policy_dir(settings: Settings, args: argparse.Namespace) -> Path:
+    from commands.policy import DEFAULT_POLICY_DIR
+
+    return Path(args.policies or settings.policy_dir or DEFAULT_POLICY_DIR)
+
+
+def cmd_policy_check(settings: Settings, args: argparse.Namespace) -> int:
+    from commands.catalog import load_catalog
+    from commands.policy import check_policy_directory
+
+    directory = _policy_dir(settings, args)
+    problems = check_policy_directory(directory, load_catalog(settings.catalog))
+    for problem in problems:
+        print(problem)
+    print(
+        f"policy check: {directory}: "
+        + (f"{len(problems)} problem(s)" if problems else f"OK for catalog {settings.catalog}")
+    )
+    return 1 if problems else 0
+
+
+def cmd_policy_schema(settings: Settings, _args: argparse.Namespace) -> int:
+    from commands.catalog import load_catalog
+    from commands.cedar_schema import generate_schema
+
+    generated = generate_schema(load_catalog(settings.catalog))
+    for problem in generated.problems:
+        print(problem, file=sys.stderr)
+    sys.stdout.write(generated.text())
+    return 1 if generated.problems else 0
+
+
+def cmd_policy_status(settings: Settings, _args: argparse.Namespace) -> int:
+    from commands.policy_feed import policy_status
+
+    status = asyncio.run(policy_status(settings))
+    print(status.render())
+    return 0 if not status.differs else 3
+
+
 def cmd_policy_publish(settings: Settings, args: argparse.Namespace) -> int:
-    from commands.policy import PolicySet
+    from commands.catalog import load_catalog
+    from commands.policy import PolicySet, check_policy_directory
     from commands.policy_feed import local_policies, policy_record, publish_policies
     from ratifier.topics import ensure_topics
 
+    problems = check_policy_directory(_policy_dir(settings, args), load_catalog(settings.catalog))
+    if problems:
+        for problem in problems:
+            print(problem, file=sys.stderr)
+        print(f"policy publish: refused, {len(problems)} problem(s)", file=sys.stderr)
+        return 1
     policies = (
         PolicySet.from_directory(Path(args.policies)) if args.policies else local_policies(settings)
     )
@@ -309,6 +356,26 @@ def cmd_catalog_export(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check_call(settings: Settings, args: argparse.Namespace) -> int:
+    from ratifier.testing.check_call import check_call
+
+    run = asyncio.run(check_call(settings, Path(args.file)))
+    print(run.explain())
+    return 0 if run.permitted else 1
+
+
+def cmd_catalog_import(_settings: Settings, args: argparse.Namespace) -> int:
+    from ratifier.testing.scaffold import scaffold_catalog
+
+    source = scaffold_catalog(Path(args.file))
+    if args.output is None:
+        sys.stdout.write(source)
+        return 0
+    Path(args.output).write_text(source, encoding="utf-8")
+    print(f"catalog import: argument models written to {args.output}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ratifier", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -332,6 +399,17 @@ def build_parser() -> argparse.ArgumentParser:
     publish = policy_sub.add_parser("publish", help="publish a policy set to running services")
     publish.add_argument("--policies", help="directory (default: RATIFIER_POLICY_DIR or ours)")
     publish.set_defaults(func=cmd_policy_publish)
+    check = policy_sub.add_parser(
+        "check", help="check a policy set against the catalog's schema; every error, file:line"
+    )
+    check.add_argument("--policies", help="directory (default: RATIFIER_POLICY_DIR or ours)")
+    check.set_defaults(func=cmd_policy_check)
+    policy_sub.add_parser(
+        "schema", help="print the Cedar schema generated from the catalog (RATIFIER_CATALOG)"
+    ).set_defaults(func=cmd_policy_schema)
+    policy_sub.add_parser(
+        "status", help="the policy set in force (published) and whether the local folder differs"
+    ).set_defaults(func=cmd_policy_status)
     replay = policy_sub.add_parser(
         "replay", help="re-decide past proposals under a candidate set; no effects"
     )
@@ -411,6 +489,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     export.add_argument("--output", metavar="FILE", help="write here instead of stdout")
     export.set_defaults(func=cmd_catalog_export)
+    importer = catalog_sub.add_parser(
+        "import", help="scaffold pydantic argument models and Tool stubs from tool JSON"
+    )
+    source = importer.add_mutually_exclusive_group(required=True)
+    for name in ("openai", "anthropic", "mcp"):
+        source.add_argument(
+            f"--{name}",
+            dest="file",
+            metavar="TOOLS.json",
+            help=f"{name} tool definitions (the shape is recognised per tool)",
+        )
+    importer.add_argument("--output", metavar="FILE.py", help="write here instead of stdout")
+    importer.set_defaults(func=cmd_catalog_import)
+    check_call = sub.add_parser(
+        "check-call", help="dry-run one proposed call offline; print the decision and reasons"
+    )
+    check_call.add_argument("file", metavar="FILE.json")
+    check_call.set_defaults(func=cmd_check_call)
     return parser
 
 

@@ -1,4 +1,7 @@
-"""Apply the plain-SQL migrations under ``deploy/migrations`` once each, in order."""
+"""Apply the plain-SQL migrations under ``deploy/migrations`` once each, in order, then the
+catalog's own (``Catalog(name=..., migrations=<folder>)``), recorded as ``<name>/<file>``:
+a plugin numbers its migrations in its own folder, and the reference domain's seed data is
+applied only with the reference catalog."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ from pathlib import Path
 
 import psycopg
 
+from commands.catalog import Catalog, load_catalog
 from commands.sql import named_query
 from schemas.errors import ConfigurationError, StorageUnavailable
 
@@ -19,9 +23,27 @@ ADVISORY_LOCK_ID = 0x5241544946  # "RATIF"
 _PKG = "ratifier"
 
 
-def migrate(database_url: str, directory: Path = MIGRATIONS_DIR) -> list[str]:
-    """Apply pending migrations; return the versions applied now."""
-    files = sorted(directory.glob("*.sql"))
+def _pending_files(directory: Path, catalog: Catalog | None) -> list[tuple[str, Path]]:
+    files = [(path.stem, path) for path in sorted(directory.glob("*.sql"))]
+    if catalog is not None and catalog.migrations is not None:
+        files += [
+            (f"{catalog.name}/{path.stem}", path)
+            for path in sorted(catalog.migrations.glob("*.sql"))
+        ]
+    return files
+
+
+def migrate(
+    database_url: str, directory: Path = MIGRATIONS_DIR, catalog: Catalog | str | None = None
+) -> list[str]:
+    """Apply pending migrations (ours, then ``catalog``'s: by default the one
+    ``RATIFIER_CATALOG`` names); return the versions applied now."""
+    if catalog is None:
+        from schemas.settings import Settings  # noqa: PLC0415 - only when not given
+
+        catalog = Settings().catalog
+    found = load_catalog(catalog) if isinstance(catalog, str) else catalog
+    files = _pending_files(directory, found)
     applied: list[str] = []
     try:
         with psycopg.connect(database_url, autocommit=True) as conn:
@@ -30,8 +52,7 @@ def migrate(database_url: str, directory: Path = MIGRATIONS_DIR) -> list[str]:
             try:
                 conn.execute(named_query(_PKG, "create_schema_migrations"))
                 done = {row[0] for row in conn.execute(named_query(_PKG, "applied_migrations"))}
-                for path in files:
-                    version = path.stem
+                for version, path in files:
                     if version in done:
                         continue
                     with conn.transaction():

@@ -180,7 +180,7 @@ async def _prepare(
     resource = None
     if result.tool.load is not None:
         async with pool.connection() as conn:
-            resource = await result.tool.load(conn, actor.tenant, result.arguments, False)
+            resource = await result.tool.load(conn, actor, result.arguments, False)
         if resource is None:
             report.skipped["not_found"] += 1
             return None

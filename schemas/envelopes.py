@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
-from schemas.errors import RETRYABLE_CODES, SAFE_MESSAGES, ErrorCode
+from schemas.errors import RETRYABLE_CODES, SAFE_MESSAGES, ErrorCode, RefusalReason
 
 CALL_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
 TENANT_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
@@ -24,6 +24,7 @@ IdempotencyKey = Annotated[str, StringConstraints(pattern=CALL_ID_PATTERN)]
 ToolName = Annotated[str, StringConstraints(min_length=1, max_length=128)]
 Tenant = Annotated[str, StringConstraints(pattern=TENANT_PATTERN)]
 ShortText = Annotated[str, StringConstraints(max_length=512)]
+PolicyId = Annotated[str, StringConstraints(max_length=128)]
 JsonObject = dict[str, Any]
 
 
@@ -162,6 +163,8 @@ class AuthorizedCall(Record):
     proposed_at: datetime
     authorized_at: datetime
     trace_id: str | None = None
+    # The `@id` of the permit policies that allowed the call (v1.2, additive).
+    policies: tuple[PolicyId, ...] = Field(default=(), max_length=16)
 
 
 class ApprovalReceipt(Part):
@@ -196,11 +199,23 @@ class FieldProblem(Part):
     problem: str = Field(max_length=200)
 
 
+# Longest specific message an outcome carries (a policy's, a handler's or an approver's).
+MAX_REASON_MESSAGE = 300
+
+
 class ErrorInfo(Part):
+    """Why a call did not succeed. ``message`` is always safe to show a model: the code's
+    generic text, or a specific one its author marked safe (a policy's ``@message``, a
+    handler's ``for_model``, an approver's reason). ``reason`` and ``policies`` (v1.2,
+    additive) say which rule decided: the ``@id`` of the policies, and whether a ``forbid``
+    fired, no ``permit`` matched, or a policy could not be evaluated."""
+
     code: ErrorCode
     message: ShortText
     retryable: bool
     fields: tuple[FieldProblem, ...] = ()
+    reason: RefusalReason | None = None
+    policies: tuple[PolicyId, ...] = Field(default=(), max_length=16)
 
     @classmethod
     def of(
@@ -208,13 +223,26 @@ class ErrorInfo(Part):
         code: ErrorCode,
         message: str | None = None,
         fields: tuple[FieldProblem, ...] = (),
+        *,
+        reason: RefusalReason | None = None,
+        policies: tuple[str, ...] = (),
     ) -> ErrorInfo:
+        specific = " ".join((message or "").split())[:MAX_REASON_MESSAGE]
         return cls(
             code=code,
-            message=message or SAFE_MESSAGES[code],
+            message=specific or SAFE_MESSAGES[code],
             retryable=code in RETRYABLE_CODES,
             fields=fields,
+            reason=reason,
+            policies=tuple(p[:128] for p in policies[:16]),
         )
+
+    @classmethod
+    def approver_rejected(cls, reason: str | None) -> ErrorInfo:
+        """`approval_rejected` carrying the approver's own words, when they gave any."""
+        text = " ".join((reason or "").split())
+        message = f"{SAFE_MESSAGES[ErrorCode.APPROVAL_REJECTED]} Reason: {text}" if text else None
+        return cls.of(ErrorCode.APPROVAL_REJECTED, message, reason=RefusalReason.APPROVER)
 
 
 class Outcome(Record):

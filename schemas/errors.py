@@ -28,6 +28,22 @@ class ErrorCode(StrEnum):
     CANCELLED = "cancelled"
 
 
+class RefusalReason(StrEnum):
+    """Why a call was refused, beyond its code (``ErrorInfo.reason``; additive in v1.2)."""
+
+    # A `forbid` policy matched (`ErrorInfo.policies` names it).
+    FORBID = "forbid"
+    # No `permit` policy matched.
+    NO_PERMIT = "no_permit"
+    # A policy could not be evaluated (a loader attribute missing, undeclared or of the wrong
+    # type, a clash of entity types): denied, fail closed; logged, counted and audited.
+    EVALUATION_ERROR = "evaluation_error"
+    # The tool's handler refused the call (its message, if any, was marked safe for models).
+    HANDLER = "handler"
+    # A human approver rejected the call (the message carries their reason, if they gave one).
+    APPROVER = "approver"
+
+
 # Whether an agent may retry the same proposal unchanged.
 RETRYABLE_CODES: frozenset[ErrorCode] = frozenset({ErrorCode.TIMEOUT, ErrorCode.RETRYABLE_ERROR})
 
@@ -57,8 +73,11 @@ class RatifierError(Exception):
 
     code: ClassVar[ErrorCode] = ErrorCode.PERMANENT_ERROR
 
-    def __init__(self, message: str | None = None) -> None:
+    def __init__(self, message: str | None = None, *, for_model: str | None = None) -> None:
         self.safe_message = message or SAFE_MESSAGES[self.code]
+        # A message its author marked safe to show the model (no secrets, no other tenant's
+        # data); ``message`` is for logs and operators and never reaches an outcome.
+        self.model_message = for_model
         super().__init__(self.safe_message)
 
 

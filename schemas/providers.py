@@ -5,7 +5,10 @@ Pure functions, no I/O. What the model sees (the text) is the same for every pro
 
 - ``succeeded``: the compact JSON of ``result`` and nothing else.
 - any other status: a compact JSON object with ``status`` and, when the outcome has an
-  error, its ``code``, its safe ``message`` and its ``fields`` (only when there are any).
+  error, its ``code``, its safe ``message`` (a policy's ``@message``, a handler's message
+  marked for the model or an approver's reason when there is one, else the code's generic
+  text), its ``reason`` (``forbid``, ``no_permit``, ``evaluation_error``, ``handler``,
+  ``approver``) and its ``fields`` (``reason`` and ``fields`` only when there are any).
   ``awaiting_approval`` says ``"pending human approval"`` instead of an error message.
 
 Nothing beyond those values is rendered: no tenant, actor, operation id or policy version.
@@ -57,6 +60,8 @@ def result_text(outcome: Outcome) -> str:
         body["message"] = PENDING_APPROVAL_MESSAGE
     elif error is not None:
         body["message"] = error["message"]
+    if error is not None and error.get("reason"):
+        body["reason"] = error["reason"]
     if error is not None and error["fields"]:
         body["fields"] = error["fields"]
     return _compact(body)
@@ -64,7 +69,8 @@ def result_text(outcome: Outcome) -> str:
 
 def structured_content(outcome: Outcome) -> dict[str, Any]:
     """``{status, result, error, resource_id, call_id}`` as JSON values; ``error`` is null or
-    ``{code, message, retryable, fields}``."""
+    ``{code, message, retryable, fields, reason, policies}`` (``policies``: the ``@id`` of the
+    policies that refused the call)."""
     dumped = outcome.model_dump(
         mode="json", include={"status", "result", "error", "resource_id", "call_id"}
     )

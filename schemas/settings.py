@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -32,6 +34,9 @@ class Settings(BaseSettings):
     policy_dir: str | None = None
     # Key of this deployment's policy set on the compacted `policies` topic.
     policy_set_name: str = "default"
+    # A local policy folder that differs from the published set in force is logged at ERROR
+    # at start-up ("warn"), or stops start-up ("error").
+    policy_dir_mismatch: Literal["warn", "error"] = "warn"
     max_record_bytes: int = Field(default=64 * 1024, ge=1024)
     max_nesting_depth: int = Field(default=16, ge=2)
     max_string_length: int = Field(default=8192, ge=16)

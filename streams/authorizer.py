@@ -16,14 +16,14 @@ from pydantic import ValidationError
 
 from commands.catalog import Catalog, Resource, Tool, ToolArguments
 from commands.policy import AuthorizationRequest, Decision, PolicySet, authorize_batch
-from schemas.envelopes import ActorRef, AuthorizedCall, Stage, Status, ValidatedCall
+from schemas.envelopes import Actor, ActorRef, AuthorizedCall, Stage, Status, ValidatedCall
 from schemas.errors import ErrorCode, Unauthenticated
 from schemas.fingerprint import fingerprint, operation_id
 from schemas.identity import ContextKeys, verify_context_token
 from schemas.names import Topic
 from streams.emit import Emit, outcome
 
-ResourceFetch = Callable[[Tool, str, ToolArguments], Awaitable[Resource | None]]
+ResourceFetch = Callable[[Tool, Actor, ToolArguments], Awaitable[Resource | None]]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,7 +89,7 @@ async def _prepare(
             policies=policies,
             status=Status.REJECTED,
         )
-    resource = await fetch(tool, actor.tenant, arguments) if tool.load is not None else None
+    resource = await fetch(tool, actor, arguments) if tool.load is not None else None
     if tool.load is not None and resource is None:
         return _ended(
             call, code=ErrorCode.NOT_FOUND, tenant=actor.tenant, now=now, policies=policies
@@ -116,6 +116,7 @@ def _routed(pending: _Pending, decision: Decision, now: datetime) -> Emit:
             at=now,
             policy_version=decision.policy_version,
             trace_id=call.trace_id,
+            error=decision.error_info(),
         )
     return Emit(
         topic=Topic.AUTHORIZED,
@@ -140,6 +141,7 @@ def _routed(pending: _Pending, decision: Decision, now: datetime) -> Emit:
             proposed_at=call.proposed_at,
             authorized_at=now,
             trace_id=call.trace_id,
+            policies=tuple(p[:128] for p in decision.policy_ids[:16]),
         ),
     )
 

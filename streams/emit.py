@@ -30,8 +30,10 @@ def outcome(
     policy_version: str | None = None,
     operation_id: str | None = None,
     trace_id: str | None = None,
+    error: ErrorInfo | None = None,
 ) -> Emit:
-    """An `outcomes` record for a call that ends (or waits) in a stream stage."""
+    """An `outcomes` record for a call that ends (or waits) in a stream stage; ``error``,
+    when given, replaces the generic one of ``code`` (reasons, policies, a safe message)."""
     return Emit(
         topic=Topic.OUTCOMES,
         key=call_id,
@@ -41,7 +43,7 @@ def outcome(
             tenant=tenant,
             status=status,
             stage=stage,
-            error=ErrorInfo.of(code, fields=fields) if code is not None else None,
+            error=error or (ErrorInfo.of(code, fields=fields) if code is not None else None),
             operation_id=operation_id,
             policy_version=policy_version,
             at=at,

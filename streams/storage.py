@@ -15,6 +15,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from commands.catalog import Resource, Tool, ToolArguments
 from commands.sql import named_query
+from schemas.envelopes import Actor
 from schemas.errors import StorageUnavailable
 from streams.approval import AuditEntry
 
@@ -64,12 +65,17 @@ class StreamStorage:
                 raise StorageUnavailable() from exc
         raise AssertionError("unreachable")
 
-    async def fetch(self, tool: Tool, tenant: str, arguments: ToolArguments) -> Resource | None:
-        """The tool's resource, loaded with the tenant in the WHERE (read-only)."""
+    async def fetch(
+        self, tool: Tool, actor: Actor | str, arguments: ToolArguments
+    ) -> Resource | None:
+        """The tool's resource, loaded for ``actor`` with its tenant in the WHERE (read-only).
+        Given only a tenant, the loader sees an actor without user or roles: loaders that
+        decide ownership then answer `not_found` (fail closed); pass the actor."""
         load = tool.load
         if load is None:
             return None
-        return await self._with_connection(lambda conn: load(conn, tenant, arguments, False))
+        who = actor if isinstance(actor, Actor) else Actor(sub="-", tenant=actor)
+        return await self._with_connection(lambda conn: load(conn, who, arguments, False))
 
     async def audit(self, entries: Sequence[AuditEntry], *, event_key: str) -> None:
         """Append audit rows, once per source record (``event_key`` + position in it);

@@ -64,6 +64,11 @@ DEDUP = Counter(
     "unavailable) or ledger (claimed, replay = hit, conflict, in_flight).",
     ["layer", "result"],
 )
+POLICY_EVALUATION_ERRORS = Counter(
+    "ratifier_policy_evaluation_errors",
+    "Calls denied because a Cedar policy could not be evaluated, by the policy's @id.",
+    ["policy"],
+)
 RECONCILIATIONS = Counter(
     "ratifier_reconciliations",
     "Reconciliation checks, by result (settled, rescheduled, escalated).",
@@ -143,6 +148,10 @@ def count_dedup(layer: str, result: str) -> None:
     if counter is None:
         counter = _dedup[key] = DEDUP.labels(layer, result)
     counter.inc()
+
+
+def count_policy_evaluation_error(policy: str) -> None:
+    POLICY_EVALUATION_ERRORS.labels(policy[:128]).inc()
 
 
 def set_lag(group: str, topic: str, partition: int, lag: int) -> None:

@@ -17,13 +17,14 @@ from commands.catalog import (
     ExternalEffect,
     HandlerResult,
     Resource,
+    ResourceFacts,
     Secret,
     Tool,
     ToolArguments,
 )
 from commands.payments.provider_client import PaymentProvider
 from commands.sql import named_query
-from schemas.envelopes import Effect
+from schemas.envelopes import Actor, Effect
 from schemas.errors import ConfigurationError, PreconditionFailed, ResourceNotFound
 from schemas.settings import Settings
 
@@ -72,6 +73,38 @@ class AddPayoutAccountArguments(ToolArguments):
     account_number: AccountNumber = Secret()
 
 
+class PaymentFacts(ResourceFacts):
+    kind = "payment"
+    customer_email: str
+    amount_minor: int
+    currency: str
+    refundable_minor: int
+    status: str
+
+
+class RefundFacts(ResourceFacts):
+    kind = "refund"
+    payment_id: str
+    amount_minor: int
+    currency: str
+    reason: str
+    status: str
+    provider_ref: str | None = None
+
+
+class RefundPolicyFacts(ResourceFacts):
+    kind = "refund_policy"
+    max_days: int
+    auto_approve_max_minor: int
+    currency: str
+
+
+class PaymentMethodFacts(ResourceFacts):
+    kind = "payment_method"
+    brand: str
+    last4: str
+
+
 async def _fetch_one(conn: Connection, name: str, params: dict[str, Any]) -> dict[str, Any] | None:
     async with conn.cursor() as cur:
         await cur.execute(named_query(_PKG, name), params)
@@ -80,8 +113,9 @@ async def _fetch_one(conn: Connection, name: str, params: dict[str, Any]) -> dic
 
 
 async def load_payment(
-    conn: Connection, tenant: str, args: Any, for_update: bool
+    conn: Connection, actor: Actor, args: Any, for_update: bool
 ) -> Resource | None:
+    tenant = actor.tenant
     query = "payment_by_id_for_update" if for_update else "payment_by_id"
     row = await _fetch_one(conn, query, {"tenant": tenant, "payment_id": args.payment_id})
     if row is None:
@@ -95,8 +129,9 @@ async def load_payment(
 
 
 async def load_refund_policy(
-    conn: Connection, tenant: str, args: Any, for_update: bool
+    conn: Connection, actor: Actor, args: Any, for_update: bool
 ) -> Resource | None:
+    tenant = actor.tenant
     row = await _fetch_one(conn, "refund_policy_by_tenant", {"tenant": tenant})
     if row is None:
         return None
@@ -104,8 +139,9 @@ async def load_refund_policy(
 
 
 async def load_refund(
-    conn: Connection, tenant: str, args: Any, for_update: bool
+    conn: Connection, actor: Actor, args: Any, for_update: bool
 ) -> Resource | None:
+    tenant = actor.tenant
     row = await _fetch_one(conn, "refund_by_id", {"tenant": tenant, "refund_id": args.refund_id})
     if row is None:
         return None
@@ -115,8 +151,9 @@ async def load_refund(
 
 
 async def load_payment_method(
-    conn: Connection, tenant: str, args: Any, for_update: bool
+    conn: Connection, actor: Actor, args: Any, for_update: bool
 ) -> Resource | None:
+    tenant = actor.tenant
     query = "payment_method_by_id_for_update" if for_update else "payment_method_by_id"
     row = await _fetch_one(
         conn, query, {"tenant": tenant, "payment_method_id": args.payment_method_id}
@@ -301,6 +338,7 @@ TOOLS: tuple[Tool, ...] = (
         arguments=GetPaymentArguments,
         effect=Effect.READ,
         load=load_payment,
+        resource=PaymentFacts,
         handler=read_resource,
     ),
     Tool(
@@ -309,6 +347,7 @@ TOOLS: tuple[Tool, ...] = (
         arguments=GetRefundPolicyArguments,
         effect=Effect.READ,
         load=load_refund_policy,
+        resource=RefundPolicyFacts,
         handler=read_resource,
     ),
     Tool(
@@ -320,6 +359,7 @@ TOOLS: tuple[Tool, ...] = (
         arguments=ProposeRefundArguments,
         effect=Effect.EXTERNAL_WRITE,
         load=load_payment,
+        resource=PaymentFacts,
         handler=propose_refund,
         external=ExternalEffect(
             invoke=send_refund, settle=settle_refund, release=release_refund, lookup=find_refund
@@ -331,6 +371,7 @@ TOOLS: tuple[Tool, ...] = (
         arguments=GetRefundStatusArguments,
         effect=Effect.READ,
         load=load_refund,
+        resource=RefundFacts,
         handler=read_resource,
     ),
     Tool(
@@ -342,6 +383,7 @@ TOOLS: tuple[Tool, ...] = (
         arguments=AddPayoutAccountArguments,
         effect=Effect.REVERSIBLE_WRITE,
         load=load_payment,
+        resource=PaymentFacts,
         handler=add_payout_account,
     ),
     Tool(
@@ -350,6 +392,7 @@ TOOLS: tuple[Tool, ...] = (
         arguments=DeletePaymentMethodArguments,
         effect=Effect.DESTRUCTIVE,
         load=load_payment_method,
+        resource=PaymentMethodFacts,
         handler=delete_payment_method,
     ),
 )

@@ -1,10 +1,18 @@
-"""A complete example catalog that lives outside ratifier: one read tool and one write tool.
+"""A complete example catalog that lives outside ratifier (a plugin): one read tool and one
+write tool, its own table (``migrations/``), its Cedar policies (``policies/``) and a test
+written with `ratifier.testing` (``test_helpdesk.py``).
 
-Run ratifier with it: ``RATIFIER_CATALOG=examples.helpdesk:catalog ratifier streams``.
+Run ratifier with it::
+
+    export RATIFIER_CATALOG=examples.helpdesk:catalog
+    export RATIFIER_POLICY_DIR=examples/helpdesk/policies
+    ratifier migrate      # ours, then helpdesk/0001_tickets
+    ratifier streams & ratifier executor &
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import StringConstraints
@@ -15,11 +23,13 @@ from commands.catalog import (
     ExecutionContext,
     HandlerResult,
     Resource,
+    ResourceFacts,
     Secret,
     Tool,
     ToolArguments,
 )
-from schemas.envelopes import Effect
+from commands.sql import named_query
+from schemas.envelopes import Actor, Effect
 
 TicketId = Annotated[str, StringConstraints(pattern=r"^tkt_[0-9A-Za-z]+$", max_length=40)]
 
@@ -34,31 +44,57 @@ class ResetPasswordArguments(ToolArguments):
     temporary_password: Annotated[str, StringConstraints(min_length=12, max_length=64)] = Secret()
 
 
-async def load_ticket(
-    conn: Connection, tenant: str, args: Any, for_update: bool
-) -> Resource | None:
-    # A real catalog runs a named .sql file with the tenant in its WHERE; this example keeps
-    # its tickets in memory so that it runs without a schema of its own.
-    ticket = TICKETS.get((tenant, args.ticket_id))
-    if ticket is None:
+class TicketFacts(ResourceFacts):
+    """What policies know of a ticket: stored columns and one computed fact."""
+
+    kind = "ticket"
+    subject: str
+    status: str
+    requester: str
+    # Computed by the loader from the row and the actor: policies compare, they do not join.
+    opened_by_caller: bool
+
+
+def visible_ticket(row: dict[str, Any] | None, actor: Actor) -> Resource | None:
+    """The ticket as policies see it, or None when ``actor`` may not know it exists: support
+    agents see their tenant's tickets, customers only the ones they opened. Another
+    customer's ticket answers exactly like a missing one (`not_found`), so ids cannot be
+    probed. Pure, so tests (and `ratifier.testing` loader fixtures) reuse it."""
+    if row is None or row["tenant"] != actor.tenant:
         return None
-    return Resource(kind="ticket", id=args.ticket_id, tenant=tenant, attributes=ticket)
+    if "support" not in actor.roles and row["requester"] != actor.sub:
+        return None
+    return TicketFacts.resource(
+        id=row["ticket_id"],
+        tenant=row["tenant"],
+        subject=row["subject"],
+        status=row["status"],
+        requester=row["requester"],
+        opened_by_caller=row["requester"] == actor.sub,
+    )
+
+
+async def load_ticket(
+    conn: Connection, actor: Actor, args: Any, for_update: bool
+) -> Resource | None:
+    async with conn.cursor() as cur:
+        await cur.execute(
+            named_query(__name__, "ticket_by_id"),
+            {"tenant": actor.tenant, "ticket_id": args.ticket_id},
+        )
+        row = await cur.fetchone()
+    return visible_ticket(dict(row) if row is not None else None, actor)
 
 
 async def get_ticket(ctx: ExecutionContext) -> HandlerResult:
     assert ctx.resource is not None
-    return HandlerResult(
-        result={"id": ctx.resource.id, **ctx.resource.attributes}, resource_id=ctx.resource.id
-    )
+    facts = {k: v for k, v in ctx.resource.attributes.items() if k != "opened_by_caller"}
+    return HandlerResult(result={"id": ctx.resource.id, **facts}, resource_id=ctx.resource.id)
 
 
 async def reset_password(ctx: ExecutionContext) -> HandlerResult:
     return HandlerResult(result={"reset": True}, resource_id=None)
 
-
-TICKETS: dict[tuple[str, str], dict[str, Any]] = {
-    ("tenant-a", "tkt_1"): {"subject": "Refund please", "status": "open"},
-}
 
 catalog = Catalog(
     [
@@ -68,6 +104,7 @@ catalog = Catalog(
             arguments=GetTicketArguments,
             effect=Effect.READ,
             load=load_ticket,
+            resource=TicketFacts,
             handler=get_ticket,
         ),
         Tool(
@@ -77,5 +114,7 @@ catalog = Catalog(
             effect=Effect.EXTERNAL_WRITE,
             handler=reset_password,
         ),
-    ]
+    ],
+    name="helpdesk",
+    migrations=Path(__file__).parent / "migrations",
 )

@@ -8,6 +8,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from commands.payments import GetPaymentArguments, load_payment
 from ratifier.migrate import migrate
+from schemas.envelopes import Actor
 from schemas.settings import Settings
 
 pytestmark = pytest.mark.integration
@@ -28,9 +29,9 @@ def test_migrate_is_idempotent_and_seeds_two_tenants(settings: Settings) -> None
 async def test_loader_keeps_tenant_in_where(pool: AsyncConnectionPool[Any]) -> None:
     args = GetPaymentArguments(payment_id="pay_B2001")
     async with pool.connection() as conn:
-        assert await load_payment(conn, "tenant-a", args, False) is None
-        own = await load_payment(conn, "tenant-b", args, False)
-        locked = await load_payment(conn, "tenant-b", args, True)
+        assert await load_payment(conn, Actor(sub="u", tenant="tenant-a"), args, False) is None
+        own = await load_payment(conn, Actor(sub="u", tenant="tenant-b"), args, False)
+        locked = await load_payment(conn, Actor(sub="u", tenant="tenant-b"), args, True)
     assert own is not None and own.tenant == "tenant-b"
     assert own.attributes["currency"] == "USD"
     assert locked == own

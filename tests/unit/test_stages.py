@@ -10,6 +10,7 @@ from commands.policy import PolicySet
 from commands.validate import Limits
 from schemas.envelopes import (
     DEAD_LETTER_PREFIX_BYTES,
+    Actor,
     ApprovalRequest,
     AuthorizedCall,
     CommittedCommand,
@@ -95,10 +96,10 @@ class FakeStore:
         self.resources = {(r.tenant, r.id): r for r in resources}
         self.asked: list[tuple[str, str]] = []
 
-    async def fetch(self, tool: Tool, tenant: str, args: ToolArguments) -> Resource | None:
+    async def fetch(self, tool: Tool, actor: Actor, args: ToolArguments) -> Resource | None:
         ident = str(getattr(args, "payment_id", getattr(args, "payment_method_id", "")))
-        self.asked.append((tenant, ident))
-        return self.resources.get((tenant, ident))
+        self.asked.append((actor.tenant, ident))
+        return self.resources.get((actor.tenant, ident))
 
 
 PAYMENT = Resource(kind="payment", id="pay_A1001", tenant="tenant-a", attributes=PAYMENT_ATTRS)

@@ -1,0 +1,1 @@
+"""Example catalogs that live outside ratifier (plugins)."""
