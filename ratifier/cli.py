@@ -69,7 +69,7 @@ def cmd_streams(settings: Settings, _args: argparse.Namespace) -> int:
     from ratifier.topics import ensure_topics
     from streams.app import create_app
 
-    require_current_schema(settings.database_url)
+    require_current_schema(settings.database_url, catalog=settings.catalog)
     asyncio.run(ensure_topics(settings))
     feed = PolicyFeed(settings, local_policies(settings))
     asyncio.run(feed.catch_up())  # start on the newest published policy set
@@ -89,7 +89,7 @@ def cmd_executor(settings: Settings, _args: argparse.Namespace) -> int:
     from ratifier.topics import ensure_topics
 
     _setup_logging(settings)
-    require_current_schema(settings.database_url)
+    require_current_schema(settings.database_url, catalog=settings.catalog)
     asyncio.run(ensure_topics(settings))
     feed = PolicyFeed(settings, local_policies(settings))
     run_executor(settings, catalog=load_catalog(settings.catalog), policies=feed)
@@ -237,7 +237,7 @@ def cmd_reconciler(settings: Settings, _args: argparse.Namespace) -> int:
     from ratifier.migrate import require_current_schema
     from ratifier.topics import ensure_topics
 
-    require_current_schema(settings.database_url)
+    require_current_schema(settings.database_url, catalog=settings.catalog)
     asyncio.run(ensure_topics(settings))
     asyncio.run(run_reconciler(settings, load_catalog(settings.catalog)))
     return 0
@@ -276,7 +276,7 @@ def cmd_audit(settings: Settings, args: argparse.Namespace) -> int:
         from ratifier.migrate import require_current_schema
         from ratifier.topics import ensure_topics
 
-        require_current_schema(settings.database_url)
+        require_current_schema(settings.database_url, catalog=settings.catalog)
         asyncio.run(ensure_topics(settings))
         run_audit_sink(settings, load_catalog(settings.catalog))
         return 0

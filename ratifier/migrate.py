@@ -38,12 +38,7 @@ def migrate(
 ) -> list[str]:
     """Apply pending migrations (ours, then ``catalog``'s: by default the one
     ``RATIFIER_CATALOG`` names); return the versions applied now."""
-    if catalog is None:
-        from schemas.settings import Settings  # noqa: PLC0415 - only when not given
-
-        catalog = Settings().catalog
-    found = load_catalog(catalog) if isinstance(catalog, str) else catalog
-    files = _pending_files(directory, found)
+    files = _pending_files(directory, _catalog(catalog))
     applied: list[str] = []
     try:
         with psycopg.connect(database_url, autocommit=True) as conn:
@@ -67,9 +62,19 @@ def migrate(
     return applied
 
 
-def pending_migrations(database_url: str, directory: Path = MIGRATIONS_DIR) -> list[str]:
-    """The migrations under ``directory`` that the database has not applied yet."""
-    wanted = [path.stem for path in sorted(directory.glob("*.sql"))]
+def _catalog(catalog: Catalog | str | None) -> Catalog:
+    if catalog is None:
+        from schemas.settings import Settings  # noqa: PLC0415 - only when not given
+
+        catalog = Settings().catalog
+    return load_catalog(catalog) if isinstance(catalog, str) else catalog
+
+
+def pending_migrations(
+    database_url: str, directory: Path = MIGRATIONS_DIR, catalog: Catalog | str | None = None
+) -> list[str]:
+    """The migrations (ours, then the catalog's) that the database has not applied yet."""
+    wanted = [version for version, _path in _pending_files(directory, _catalog(catalog))]
     try:
         with psycopg.connect(database_url, autocommit=True) as conn:
             present = conn.execute(named_query(_PKG, "schema_migrations_present")).fetchone()
@@ -78,7 +83,7 @@ def pending_migrations(database_url: str, directory: Path = MIGRATIONS_DIR) -> l
             done = {row[0] for row in conn.execute(named_query(_PKG, "applied_migrations"))}
     except psycopg.OperationalError as exc:
         raise StorageUnavailable("PostgreSQL is not reachable to check its schema.") from exc
-    ahead = sorted(done - set(wanted))
+    ahead = sorted(version for version in done - set(wanted) if "/" not in version)
     if ahead:
         # A newer build migrated first (rolling upgrade): migrations only add, so this one
         # keeps working, but say so.
@@ -86,10 +91,13 @@ def pending_migrations(database_url: str, directory: Path = MIGRATIONS_DIR) -> l
     return [version for version in wanted if version not in done]
 
 
-def require_current_schema(database_url: str, directory: Path = MIGRATIONS_DIR) -> None:
-    """Refuse to start a worker on a database whose schema is behind this build: workers
-    never migrate (`ratifier migrate`, `make up` and the demo do, once)."""
-    pending = pending_migrations(database_url, directory)
+def require_current_schema(
+    database_url: str, directory: Path = MIGRATIONS_DIR, catalog: Catalog | str | None = None
+) -> None:
+    """Refuse to start a worker on a database whose schema is behind this build (or behind
+    its catalog's migrations): workers never migrate (`ratifier migrate`, `make up` and the
+    demo do, once)."""
+    pending = pending_migrations(database_url, directory, catalog)
     if pending:
         raise ConfigurationError(
             f"the database schema is behind this build: {len(pending)} migration(s) not "
