@@ -197,16 +197,21 @@ def cmd_reconciler(settings: Settings, _args: argparse.Namespace) -> int:
 
 
 def cmd_ops(settings: Settings, args: argparse.Namespace) -> int:
-    from ratifier.ops import list_unknown, resolve_operation
+    from ratifier.ops import (
+        describe_unknown,
+        list_unknown,
+        resolve_operation,
+        unpublished_settlements,
+    )
 
     if args.ops_command == "unknown":
         rows = asyncio.run(list_unknown(settings, tenant=args.tenant))
-        print(f"{len(rows)} operations with an unknown outcome")
-        for row in rows:
-            state = "ESCALATED" if row["escalated_at"] else "reconciling"
+        print("\n".join(describe_unknown(rows, datetime.now(UTC))))
+        owed = asyncio.run(unpublished_settlements(settings))
+        if owed["owed"]:
             print(
-                f"{row['operation_id']:40}  {row['tool']:20}  {state:11}  "
-                f"checks {row['reconcile_attempts']:3}  call {row['call_id']}"
+                f"{owed['owed']} settled outcomes not yet published (oldest "
+                f"{owed['oldest_age_seconds']:.0f}s): the reconciler publishes them"
             )
         return 0
     outcome = asyncio.run(
