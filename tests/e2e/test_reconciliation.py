@@ -59,6 +59,8 @@ def park_leftovers(pipeline: Pipeline) -> None:
             "UPDATE command_ledger SET escalated_at = now() "
             "WHERE status = 'unknown' AND escalated_at IS NULL"
         )
+        # Settled outcomes an interrupted run never published belong to its topics, not ours.
+        conn.execute("UPDATE settlement_outbox SET published_at = now() WHERE published_at IS NULL")
 
 
 def faults(pipeline: Pipeline, **change: Any) -> None:
