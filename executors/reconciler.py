@@ -272,6 +272,9 @@ class Reconciler:
             return await self._settle(conn, row, outcome, check=f"failed downstream: {exc}")
         except (TransientFailure, OutcomeUnknown) as exc:
             return await self._later(conn, row, describe_failure(exc))
+        except Exception as exc:  # a faulty hook must not stop the other operations
+            log.exception("reconcile hook of %s failed", row["operation_id"])
+            return await self._later(conn, row, describe_failure(exc))
         await external.settle(conn, request, found)
         outcome = _outcome(row, Status.SUCCEEDED, done=found)
         return await self._settle(conn, row, outcome, check=check)

@@ -169,6 +169,10 @@ def test_provider_down_beyond_budget_escalates_then_a_human_resolves(
     )
     assert listed.returncode == 0, listed.stderr
     assert command.operation_id in listed.stdout and "ESCALATED" in listed.stdout
+    # … and why it waits: the last check's result, what comes next, who waits.
+    assert "last check: cannot tell: " in listed.stdout
+    assert "next check: none: waits for `ratifier ops resolve`" in listed.stdout
+    assert f"waiting calls (1): {command.call_id}" in listed.stdout
     resolved = subprocess.run(
         [
             sys.executable,
