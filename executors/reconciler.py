@@ -31,7 +31,7 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -48,7 +48,13 @@ from commands.sql import named_query
 from executors.ledger import CommandLedger
 from executors.service import crash_hook
 from schemas.envelopes import ErrorInfo, Outcome, Stage, Status
-from schemas.errors import ErrorCode, OutcomeUnknown, PermanentFailure, TransientFailure
+from schemas.errors import (
+    ErrorCode,
+    OutcomeUnknown,
+    PermanentFailure,
+    StorageUnavailable,
+    TransientFailure,
+)
 from schemas.names import RECONCILER_GROUP, TRACEPARENT_HEADER, Topic
 from schemas.settings import Settings
 from telemetry.metrics import (
@@ -83,7 +89,14 @@ OUTAGE_RETRY_FIRST_SECONDS = 0.5
 OUTAGE_RETRY_CAP_SECONDS = 5.0
 LAST_CHECK_MAX_CHARS = 300
 
-DependencyError = (psycopg.Error, PoolTimeout, KafkaError, TimeoutError, OSError)
+DependencyError = (
+    psycopg.Error,
+    PoolTimeout,
+    KafkaError,
+    TimeoutError,
+    OSError,
+    StorageUnavailable,
+)
 
 
 def backoff_seconds(attempt: int, base: float, cap: float = 300.0) -> float:
@@ -544,10 +557,16 @@ async def _pause(stopping: asyncio.Event, seconds: float) -> None:
         await asyncio.wait_for(stopping.wait(), timeout=seconds)
 
 
-async def run_reconciler(settings: Settings, catalog: Catalog) -> None:
+async def run_reconciler(
+    settings: Settings,
+    catalog: Catalog,
+    *,
+    prepare: Callable[[], Awaitable[None]] | None = None,
+) -> None:
     """Wake on `commands.unknown`, check what is due, publish what is owed; on a database or
     broker error, back off and retry the cycle (a fresh database pool each time: psycopg's
-    own reconnection backs off without a cap), never exit."""
+    own reconnection backs off without a cap), never exit. ``prepare`` (migrations, topics)
+    runs first, retried the same way."""
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -569,6 +588,9 @@ async def run_reconciler(settings: Settings, catalog: Catalog) -> None:
     try:
         while not stopping.is_set():
             try:
+                if prepare is not None:
+                    await prepare()
+                    prepare = None
                 if producer is None:
                     fresh_producer = _new_producer(settings)
                     await _start(fresh_producer)

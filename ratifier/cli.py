@@ -190,9 +190,13 @@ def cmd_reconciler(settings: Settings, _args: argparse.Namespace) -> int:
     from ratifier.migrate import migrate
     from ratifier.topics import ensure_topics
 
-    migrate(settings.database_url)
-    asyncio.run(ensure_topics(settings))
-    asyncio.run(run_reconciler(settings, load_catalog(settings.catalog)))
+    async def prepare() -> None:
+        await asyncio.to_thread(migrate, settings.database_url)
+        await ensure_topics(settings)
+
+    # Migrations and topics are retried with the reconciler's cycle: a database or broker
+    # unreachable at start delays it, never ends it.
+    asyncio.run(run_reconciler(settings, load_catalog(settings.catalog), prepare=prepare))
     return 0
 
 

@@ -17,10 +17,10 @@ from ratifier.processes import WorkerProcess, wait_for_log
 from ratifier.topics import delete_topics
 from schemas.names import Topic
 from schemas.settings import Settings
-from tests.e2e.conftest import Pipeline, SigningKeys, start_pipeline
+from tests.e2e.conftest import Pipeline, SigningKeys, free_port, start_pipeline
 from tests.e2e.executor_kit import provider_stats, publish_commands, refund_command, seed_payments
 from tests.e2e.history import SETTLED
-from tests.e2e.private_postgres import private_postgres, server_binaries
+from tests.e2e.private_services import Forwarder, private_postgres, server_binaries
 from tests.e2e.test_reconciliation import faults, park_leftovers
 from tests.services import TEST_DATABASE_URL, outcomes_by_call, read_to_end, read_until, run
 
@@ -256,3 +256,33 @@ def test_reconciler_survives_postgres_restart_and_settles(signing_keys: SigningK
         finally:
             pipeline.stop()
             run(delete_topics(pipeline.settings))
+
+
+def test_reconciler_survives_an_unreachable_broker_and_settles(executor_only: Pipeline) -> None:
+    """The broker is unreachable when the reconciler starts (its address refuses
+    connections): the process keeps retrying, and settles both waiting calls once the
+    address answers. (The shared broker is never stopped: a forwarder stands for it.)"""
+    pipeline = executor_only
+    operation_id, first, retry = make_two_calls_unknown(pipeline, f"kafka-{uuid.uuid4().hex[:10]}")
+    host, _, port = pipeline.settings.kafka_bootstrap.partition(":")
+    broker = Forwarder(free_port(), (host, int(port)))
+    try:
+        reconciler = pipeline.start(
+            "reconciler",
+            "reconciler",
+            RATIFIER_KAFKA_BOOTSTRAP=f"127.0.0.1:{broker.port}",
+            **PATIENT,
+        )
+        deadline = time.monotonic() + 60
+        while cycle_failures(reconciler) < 3:
+            assert reconciler.process.poll() is None, reconciler.log_tail()
+            assert time.monotonic() < deadline, reconciler.log_tail()
+            time.sleep(0.2)
+        assert ledger_row(pipeline.settings.database_url, operation_id)[0] == "unknown"
+        broker.start()
+        settled = outcomes_until_all(pipeline.settings, [first, retry], SETTLED, 120)
+        assert_each_settled_once(settled)
+        assert reconciler.process.poll() is None, reconciler.log_tail()
+        assert wait_for_log(reconciler, "reconciler recovered", timeout=10)
+    finally:
+        broker.close()

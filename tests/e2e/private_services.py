@@ -1,7 +1,7 @@
-"""A throwaway PostgreSQL cluster for tests that stop the database under a running process:
-its own data folder and port, never the shared server other sessions use. Debian's server
-binaries (`/usr/lib/postgresql/<version>/bin`) run as the `postgres` user when we are root
-(initdb refuses root)."""
+"""Private dependencies for tests that take one away under a running process, never the shared
+services other sessions use: a throwaway PostgreSQL cluster (its own data folder and port;
+Debian's server binaries, run as the `postgres` user when we are root, as initdb refuses
+root), and a forwarder standing for a broker address that is unreachable until started."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ import contextlib
 import os
 import pwd
 import shutil
+import socket
 import subprocess
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -102,3 +104,75 @@ def private_postgres() -> Iterator[PrivatePostgres]:
         with contextlib.suppress(subprocess.CalledProcessError):
             server.stop()  # unless already stopped (or never started)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+class Forwarder:
+    """A TCP forwarder from a local port to ``target``, started when a test says the
+    dependency is back (before that, nothing listens: connections are refused)."""
+
+    def __init__(self, port: int, target: tuple[str, int]) -> None:
+        self.port = port
+        self._target = target
+        self._server: socket.socket | None = None
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+
+    def start(self) -> None:
+        server = socket.create_server(("127.0.0.1", self.port))
+        server.settimeout(0.2)
+        self._server = server
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _keep(self, sock: socket.socket) -> bool:
+        with self._lock:
+            if self._closed.is_set():
+                sock.close()
+                return False
+            self._sockets.append(sock)
+            return True
+
+    def _accept(self) -> None:
+        assert self._server is not None
+        while not self._closed.is_set():
+            try:
+                client, _ = self._server.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            if not self._keep(client):
+                return
+            try:
+                upstream = socket.create_connection(self._target, timeout=10)
+            except OSError:
+                continue  # the client sees its connection closed when we close
+            if not self._keep(upstream):
+                return
+            upstream.settimeout(None)
+            client.settimeout(None)
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while chunk := source.recv(65536):
+                sink.sendall(chunk)
+        except OSError:
+            pass
+        finally:
+            for end in (source, sink):
+                with contextlib.suppress(OSError):
+                    end.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed.set()
+            if self._server is not None:
+                self._server.close()
+            for sock in self._sockets:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
+            self._sockets.clear()
