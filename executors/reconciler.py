@@ -639,7 +639,7 @@ async def run_reconciler(
                 log.warning(
                     "reconciler cycle failed (%s: %s); retry in %.1fs",
                     type(exc).__name__,
-                    exc,
+                    str(exc) or "no answer in time",
                     delay,
                 )
                 if pool is not None and isinstance(exc, (psycopg.Error, PoolTimeout)):

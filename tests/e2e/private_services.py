@@ -1,10 +1,12 @@
 """Private dependencies for tests that take one away under a running process, never the shared
 services other sessions use: a throwaway PostgreSQL cluster (its own data folder and port;
 Debian's server binaries, run as the `postgres` user when we are root, as initdb refuses
-root), and a forwarder standing for a broker address that is unreachable until started."""
+root), a throwaway single-node Kafka (the jars `deploy/local/up` downloaded), and a forwarder
+standing for a broker address that is unreachable until started."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
 import pwd
@@ -13,6 +15,8 @@ import socket
 import subprocess
 import tempfile
 import threading
+import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -176,3 +180,123 @@ class Forwarder:
                     sock.shutdown(socket.SHUT_RDWR)
                 sock.close()
             self._sockets.clear()
+
+
+REPO = Path(__file__).resolve().parents[2]
+KAFKA_SETTINGS = """\
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:{controller}
+listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}
+advertised.listeners=PLAINTEXT://127.0.0.1:{port}
+inter.broker.listener.name=PLAINTEXT
+controller.listener.names=CONTROLLER
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+log.dirs={data}
+num.partitions=1
+default.replication.factor=1
+min.insync.replicas=1
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=4
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=4
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+auto.create.topics.enable=false
+group.initial.rebalance.delay.ms=0
+num.network.threads=2
+num.io.threads=2
+"""
+
+
+def kafka_jars() -> Path | None:
+    """The jars `deploy/local/up` downloaded (the shared broker runs from them), or None."""
+    configured = os.environ.get("RATIFIER_KAFKA_JARS_DIR")
+    if configured:
+        return Path(configured) if Path(configured).is_dir() else None
+    found = sorted((Path.home() / ".cache/ratifier-local/kafka-jars").glob("*/"))
+    return found[-1] if found and shutil.which("java") else None
+
+
+@dataclass
+class PrivateKafka:
+    jars: Path
+    folder: Path
+    port: int
+    controller_port: int
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def _java(self, *args: str) -> list[str]:
+        return [
+            "java",
+            "-Xms128m",
+            "-Xmx512m",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={REPO / 'deploy/local/kafka-log4j2.xml'}",
+            f"-Dkafka.logs.dir={self.folder}",
+            "-cp",
+            f"{self.jars}/*",
+            *args,
+        ]
+
+    def format(self) -> None:
+        props = self.folder / "server.properties"
+        props.write_text(
+            KAFKA_SETTINGS.format(
+                port=self.port, controller=self.controller_port, data=self.folder / "data"
+            )
+        )
+        cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        subprocess.run(
+            self._java("kafka.tools.StorageTool", "format", "-t", cluster, "-c", str(props)),
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+
+    def start(self) -> None:
+        """Start the broker (again, on the same data) and wait until it accepts clients."""
+        with (self.folder / "kafka.out").open("ab") as out:
+            self.process = subprocess.Popen(
+                self._java("kafka.Kafka", str(self.folder / "server.properties")),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + 90
+        while True:
+            assert self.process.poll() is None, (self.folder / "kafka.out").read_text()[-2000:]
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return
+            except OSError:
+                assert time.monotonic() < deadline, "private Kafka did not start"
+                time.sleep(0.2)
+
+    def kill(self) -> None:
+        """SIGKILL: every connection cut, nothing flushed."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=30)
+
+
+@contextmanager
+def private_kafka() -> Iterator[PrivateKafka]:
+    """A single-node KRaft broker on free ports and a temporary folder; removed afterwards."""
+    jars = kafka_jars()
+    if jars is None:
+        raise RuntimeError("no Kafka jars (deploy/local/up downloads them) or no java")
+    folder = Path(tempfile.mkdtemp(prefix="ratifier-kafka-"))
+    broker = PrivateKafka(jars=jars, folder=folder, port=free_port(), controller_port=free_port())
+    try:
+        broker.format()
+        broker.start()
+        yield broker
+    finally:
+        broker.kill()
+        shutil.rmtree(folder, ignore_errors=True)

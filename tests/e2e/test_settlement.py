@@ -20,7 +20,13 @@ from schemas.settings import Settings
 from tests.e2e.conftest import Pipeline, SigningKeys, free_port, start_pipeline
 from tests.e2e.executor_kit import provider_stats, publish_commands, refund_command, seed_payments
 from tests.e2e.history import SETTLED
-from tests.e2e.private_services import Forwarder, private_postgres, server_binaries
+from tests.e2e.private_services import (
+    Forwarder,
+    kafka_jars,
+    private_kafka,
+    private_postgres,
+    server_binaries,
+)
 from tests.e2e.test_reconciliation import faults, park_leftovers
 from tests.services import TEST_DATABASE_URL, outcomes_by_call, read_to_end, read_until, run
 
@@ -34,8 +40,11 @@ PATIENT = {
 }
 
 
-def start_executor_only(keys: SigningKeys, name: str, database_url: str = "") -> Pipeline:
-    """A provider and an executor (on ``database_url`` when given); no streams worker."""
+def start_executor_only(
+    keys: SigningKeys, name: str, database_url: str = "", kafka_bootstrap: str = ""
+) -> Pipeline:
+    """A provider and an executor (on ``database_url`` and ``kafka_bootstrap`` when given);
+    no streams worker."""
     return start_pipeline(
         keys,
         f"{name}-{uuid.uuid4().hex[:4]}",
@@ -43,6 +52,7 @@ def start_executor_only(keys: SigningKeys, name: str, database_url: str = "") ->
         RATIFIER_CLAIM_LEASE_SECONDS="3",
         RATIFIER_RETRY_ATTEMPTS="2",
         RATIFIER_DATABASE_URL=database_url or TEST_DATABASE_URL,
+        RATIFIER_KAFKA_BOOTSTRAP=kafka_bootstrap or Settings().kafka_bootstrap,
     )
 
 
@@ -286,3 +296,57 @@ def test_reconciler_survives_an_unreachable_broker_and_settles(executor_only: Pi
         assert wait_for_log(reconciler, "reconciler recovered", timeout=10)
     finally:
         broker.close()
+
+
+@pytest.mark.skipif(kafka_jars() is None, reason="no Kafka jars or java for a private broker")
+def test_reconciler_survives_a_broker_crash_and_publishes_what_it_settled(
+    signing_keys: SigningKeys,
+) -> None:
+    """On a private broker (the shared one is never touched): the reconciler works on two
+    unknown calls; the broker is killed; the provider comes back, so the reconciler settles
+    in the database but cannot publish; the broker restarts: the same process publishes both
+    owed outcomes from the outbox."""
+    with private_kafka() as kafka:
+        pipeline = start_executor_only(signing_keys, "kafkacrash", kafka_bootstrap=kafka.bootstrap)
+        shared = pipeline.settings
+        pipeline.settings = shared.model_copy(update={"kafka_bootstrap": kafka.bootstrap})
+        db = shared.database_url
+        try:
+            seed_payments(pipeline.settings)
+            park_leftovers(pipeline)
+            operation_id, first, retry = make_two_calls_unknown(
+                pipeline, f"kc-{uuid.uuid4().hex[:10]}"
+            )
+            faults(pipeline, down=True)
+            reconciler = pipeline.start(
+                "reconciler", "reconciler", RATIFIER_KAFKA_BOOTSTRAP=kafka.bootstrap, **PATIENT
+            )
+            deadline = time.monotonic() + 60
+            while ledger_row(db, operation_id)[1] < 2:
+                assert time.monotonic() < deadline, reconciler.log_tail()
+                time.sleep(0.2)
+
+            kafka.kill()
+            faults(pipeline)  # the provider is back while the broker is not
+            deadline = time.monotonic() + 90
+            while not (
+                ledger_row(db, operation_id)[0] == "succeeded" and cycle_failures(reconciler) >= 2
+            ):
+                assert reconciler.process.poll() is None, reconciler.log_tail()
+                assert time.monotonic() < deadline, reconciler.log_tail()
+                time.sleep(0.2)
+            # Settled, and owed: the outbox keeps both outcomes until the broker acknowledges.
+            assert sorted(outbox(db, operation_id)) == sorted([(first, False), (retry, False)])
+            kafka.start()
+
+            settled = outcomes_until_all(pipeline.settings, [first, retry], SETTLED, 120)
+            assert_each_settled_once(settled)
+            deadline = time.monotonic() + 30
+            while not all(done for _, done in outbox(db, operation_id)):
+                assert time.monotonic() < deadline, "outbox never marked published"
+                time.sleep(0.2)
+            assert reconciler.process.poll() is None, reconciler.log_tail()
+            assert provider_stats(pipeline.provider_url)["by_key"][operation_id] == 1
+        finally:
+            pipeline.stop()
+            run(delete_topics(shared))  # start_pipeline created them on the shared broker too
