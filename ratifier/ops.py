@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
@@ -14,6 +16,8 @@ from commands.sql import named_query
 from executors.reconciler import Reconciler
 from schemas.envelopes import Outcome
 from schemas.settings import Settings
+
+log = logging.getLogger("ratifier.ops")
 
 
 def _pool(settings: Settings) -> AsyncConnectionPool[Any]:
@@ -85,12 +89,14 @@ async def resolve_operation(
             tenant, operation_id, applied=applied, reference=reference, by=by
         )
         if outcome is not None:
-            # Owed to every call waiting on the operation; should this fail, the reconciler
-            # publishes them from the outbox.
+            # Owed to every call waiting on the operation, recorded with the resolution;
+            # should publishing fail here, the reconciler publishes them from the outbox.
             producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all")
-            await producer.start()
             try:
+                await producer.start()
                 await reconciler.publish_owed(producer, settings, operation_id=operation_id)
+            except (KafkaError, TimeoutError, OSError) as exc:
+                log.warning("resolved; the reconciler will publish the outcomes (%s)", exc)
             finally:
                 await producer.stop()
     return outcome
