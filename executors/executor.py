@@ -239,10 +239,14 @@ class CommandExecutor:
         if verdict is Dedup.REPLAY and entry.outcome is not None:
             return Execution(outcome=self._readdressed(entry.outcome, command))
         # Started before and not finished: the effect may have happened. Never re-run it.
+        pending = entry.status == "effect_pending"
+        if not pending:
+            # Answered `unknown` now: this call is owed the settlement (entry locked).
+            await self._ledger.await_settlement(conn, command, trace_id=trace_id)
         return Execution(
             outcome=self._failed(command, ErrorCode.TIMEOUT, trace_id),
             unknown=True,
-            pending_fence=entry.fencing if entry.status == "effect_pending" else None,
+            pending_fence=entry.fencing if pending else None,
         )
 
     async def _settle_in_flight(self, command: CommittedCommand, first: Execution) -> Execution:
@@ -260,10 +264,16 @@ class CommandExecutor:
                 if entry.status != "effect_pending" or entry.fencing != fence:
                     if entry.outcome is not None and entry.status != Status.UNKNOWN.value:
                         return Execution(outcome=self._readdressed(entry.outcome, command))
+                    await self._ledger.await_settlement(
+                        conn, command, trace_id=first.outcome.trace_id
+                    )
                     return replace(first, pending_fence=None)
                 if time.monotonic() >= deadline:
                     await self._ledger.mark_unknown(
                         conn, command, fencing=entry.fencing, outcome=first.outcome
+                    )
+                    await self._ledger.await_settlement(
+                        conn, command, trace_id=first.outcome.trace_id
                     )
                     log.warning(
                         "operation %s left pending by another owner: unknown",
@@ -424,6 +434,8 @@ class CommandExecutor:
                     fencing=pending.fence,
                     outcome=outcome.model_copy(update={"status": Status.UNKNOWN}),
                 )
+                if finished:
+                    await self._ledger.await_settlement(conn, command, trace_id=trace_id)
             else:
                 finished = await self._ledger.finish_effect(
                     conn, command, fencing=pending.fence, outcome=outcome
@@ -453,6 +465,7 @@ class CommandExecutor:
                     and entry.status != Status.UNKNOWN.value
                 ):
                     return Execution(outcome=self._readdressed(entry.outcome, command))
+                await self._ledger.await_settlement(conn, command, trace_id=trace_id)
                 return Execution(
                     outcome=outcome.model_copy(update={"status": Status.UNKNOWN}), unknown=True
                 )

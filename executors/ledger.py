@@ -132,6 +132,17 @@ class CommandLedger:
             )
             return await cur.fetchone() is not None
 
+    async def await_settlement(
+        self, conn: Connection, command: CommittedCommand, *, trace_id: str | None
+    ) -> None:
+        """Record that this call was answered `unknown` for its operation, in the transaction
+        that answers it (the entry locked): reconciliation owes it the settled outcome."""
+        async with conn.cursor() as cur:
+            await cur.execute(
+                named_query(_PKG, "await_settlement"),
+                {**self._key(command), "call_id": command.call_id, "trace_id": trace_id},
+            )
+
     async def audit(
         self,
         conn: Connection,

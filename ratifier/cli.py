@@ -237,23 +237,34 @@ def cmd_reconciler(settings: Settings, _args: argparse.Namespace) -> int:
     from ratifier.migrate import require_current_schema
     from ratifier.topics import ensure_topics
 
-    require_current_schema(settings.database_url, catalog=settings.catalog)
-    asyncio.run(ensure_topics(settings))
-    asyncio.run(run_reconciler(settings, load_catalog(settings.catalog)))
+    async def prepare() -> None:
+        await asyncio.to_thread(
+            require_current_schema, settings.database_url, catalog=settings.catalog
+        )
+        await ensure_topics(settings)
+
+    # The schema check and topics are retried with the reconciler's cycle: a database or
+    # broker unreachable at start delays it, never ends it (a schema behind the build does).
+    asyncio.run(run_reconciler(settings, load_catalog(settings.catalog), prepare=prepare))
     return 0
 
 
 def cmd_ops(settings: Settings, args: argparse.Namespace) -> int:
-    from ratifier.ops import list_unknown, resolve_operation
+    from ratifier.ops import (
+        describe_unknown,
+        list_unknown,
+        resolve_operation,
+        unpublished_settlements,
+    )
 
     if args.ops_command == "unknown":
         rows = asyncio.run(list_unknown(settings, tenant=args.tenant))
-        print(f"{len(rows)} operations with an unknown outcome")
-        for row in rows:
-            state = "ESCALATED" if row["escalated_at"] else "reconciling"
+        print("\n".join(describe_unknown(rows, datetime.now(UTC))))
+        owed = asyncio.run(unpublished_settlements(settings))
+        if owed["owed"]:
             print(
-                f"{row['operation_id']:40}  {row['tool']:20}  {state:11}  "
-                f"checks {row['reconcile_attempts']:3}  call {row['call_id']}"
+                f"{owed['owed']} settled outcomes not yet published (oldest "
+                f"{owed['oldest_age_seconds']:.0f}s): the reconciler publishes them"
             )
         return 0
     outcome = asyncio.run(

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import logging
+from datetime import datetime
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from commands.catalog import load_catalog
 from commands.sql import named_query
-from executors.reconciler import Reconciler, publish_outcomes
+from executors.reconciler import Reconciler
 from schemas.envelopes import Outcome
 from schemas.settings import Settings
+
+log = logging.getLogger("ratifier.ops")
 
 
 def _pool(settings: Settings) -> AsyncConnectionPool[Any]:
@@ -27,6 +32,52 @@ async def list_unknown(settings: Settings, *, tenant: str | None) -> list[dict[s
         return [dict(r) for r in await cur.fetchall()]
 
 
+async def unpublished_settlements(settings: Settings) -> dict[str, Any]:
+    """Settled outcomes still owed to calls (published on the reconciler's next cycle)."""
+    async with _pool(settings) as pool, pool.connection() as conn, conn.cursor() as cur:
+        await cur.execute(named_query("executors", "unpublished_settlements"))
+        found = await cur.fetchone()
+    return dict(found) if found else {"owed": 0, "oldest_age_seconds": 0.0}
+
+
+def _when(at: datetime | None, now: datetime) -> str:
+    if at is None:
+        return "-"
+    seconds = (at - now).total_seconds()
+    return f"in {seconds:.0f}s" if seconds >= 0 else f"{-seconds:.0f}s ago"
+
+
+def describe_unknown(rows: list[dict[str, Any]], now: datetime) -> list[str]:
+    """Each waiting operation and why: its state, checks so far, the last check's result,
+    when it is checked next, and every call waiting for its outcome."""
+    lines = [f"{len(rows)} operations with an unknown outcome"]
+    for row in rows:
+        escalated = row["escalated_at"] is not None
+        recorded = row.get("waiting_calls") or ()
+        calls = [row["call_id"], *(c for c in recorded if c != row["call_id"])]
+        lines.append(
+            f"{row['operation_id']:40}  {row['tool']:20}  "
+            f"{'ESCALATED' if escalated else 'reconciling':11}  "
+            f"checks {row['reconcile_attempts']:3}  call {row['call_id']}"
+        )
+        lines.append(
+            f"    last check: {row.get('last_check') or 'not checked yet'}"
+            f" ({_when(row.get('last_checked_at'), now)})"
+        )
+        lines.append(
+            "    next check: "
+            + (
+                "none: waits for `ratifier ops resolve`"
+                if escalated
+                else _when(row["next_check_at"], now)
+                if row["next_check_at"] is not None
+                else "now"
+            )
+        )
+        lines.append(f"    waiting calls ({len(calls)}): {', '.join(calls)}")
+    return lines
+
+
 async def resolve_operation(
     settings: Settings, operation_id: str, *, applied: bool, reference: str | None, by: str
 ) -> Outcome | None:
@@ -37,11 +88,15 @@ async def resolve_operation(
         outcome = await reconciler.resolve(
             tenant, operation_id, applied=applied, reference=reference, by=by
         )
-    if outcome is not None:
-        producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all")
-        await producer.start()
-        try:
-            await publish_outcomes(producer, settings, [outcome])
-        finally:
-            await producer.stop()
+        if outcome is not None:
+            # Owed to every call waiting on the operation, recorded with the resolution;
+            # should publishing fail here, the reconciler publishes them from the outbox.
+            producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all")
+            try:
+                await producer.start()
+                await reconciler.publish_owed(producer, settings, operation_id=operation_id)
+            except (KafkaError, TimeoutError, OSError) as exc:
+                log.warning("resolved; the reconciler will publish the outcomes (%s)", exc)
+            finally:
+                await producer.stop()
     return outcome

@@ -46,10 +46,12 @@ class Settings(BaseSettings):
     retry_attempts: int = Field(default=4, ge=1, le=20)
     redis_fast_path: bool = True
     executor_crash_at: str | None = None
-    # Reconciler: checks per unknown operation before escalating to humans, and the first
-    # backoff (doubling, capped at five minutes).
+    # Reconciler: checks per unknown operation before escalating to humans, the first
+    # backoff (doubling) and its cap, and crash-test faults (docs/execution.md: the bound).
     reconcile_attempts: int = Field(default=8, ge=1)
     reconcile_backoff_seconds: float = Field(default=1.0, gt=0)
+    reconcile_backoff_cap_seconds: float = Field(default=300.0, gt=0)
+    reconciler_crash_at: str | None = None
     log_level: str = "INFO"
     # Approvals: how long a request waits for a human (tools may set their own), how long a
     # decision that arrives before its request is held, and the approver HTTP endpoint.

@@ -59,6 +59,8 @@ def park_leftovers(pipeline: Pipeline) -> None:
             "UPDATE command_ledger SET escalated_at = now() "
             "WHERE status = 'unknown' AND escalated_at IS NULL"
         )
+        # Settled outcomes an interrupted run never published belong to its topics, not ours.
+        conn.execute("UPDATE settlement_outbox SET published_at = now() WHERE published_at IS NULL")
 
 
 def faults(pipeline: Pipeline, **change: Any) -> None:
@@ -167,6 +169,10 @@ def test_provider_down_beyond_budget_escalates_then_a_human_resolves(
     )
     assert listed.returncode == 0, listed.stderr
     assert command.operation_id in listed.stdout and "ESCALATED" in listed.stdout
+    # … and why it waits: the last check's result, what comes next, who waits.
+    assert "last check: cannot tell: " in listed.stdout
+    assert "next check: none: waits for `ratifier ops resolve`" in listed.stdout
+    assert f"waiting calls (1): {command.call_id}" in listed.stdout
     resolved = subprocess.run(
         [
             sys.executable,

@@ -1,0 +1,134 @@
+"""The reconciler's pure parts: who is owed a settlement, its readdressing, the backoffs that
+bound how long an unknown call waits, and what `ratifier ops unknown` says."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from executors.reconciler import (
+    OUTAGE_RETRY_CAP_SECONDS,
+    WaitingCall,
+    backoff_seconds,
+    describe_failure,
+    outage_retry_seconds,
+    readdressed,
+    waiting_calls,
+)
+from ratifier.ops import describe_unknown
+from schemas.envelopes import Outcome, Stage, Status
+from schemas.errors import OutcomeUnknown
+from tests.unit.conftest import NOW
+
+
+def row(**kw: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "call_id": "c-first",
+        "operation_id": "tenant-a:k",
+        "outcome": {"call_id": "c-first", "trace_id": "t-first", "policy_version": "p1"},
+    }
+    body.update(kw)
+    return body
+
+
+def settled() -> Outcome:
+    return Outcome(
+        call_id="c-first",
+        tool="propose_refund",
+        tenant="tenant-a",
+        status=Status.SUCCEEDED,
+        stage=Stage.RECONCILE,
+        result={"provider_ref": "prv_1"},
+        operation_id="tenant-a:k",
+        policy_version="p1",
+        at=NOW,
+        trace_id="t-first",
+    )
+
+
+def test_the_first_call_alone_when_no_retry_waits() -> None:
+    assert waiting_calls(row(), []) == [WaitingCall(call_id="c-first", trace_id="t-first")]
+
+
+def test_every_waiting_call_once_first_call_first() -> None:
+    recorded = [
+        WaitingCall(call_id="c-first", trace_id="t-first"),
+        WaitingCall(call_id="c-retry", trace_id="t-retry"),
+        WaitingCall(call_id="c-retry", trace_id="t-retry"),
+        WaitingCall(call_id="c-third", trace_id=None),
+    ]
+    assert [c.call_id for c in waiting_calls(row(), recorded)] == [
+        "c-first",
+        "c-retry",
+        "c-third",
+    ]
+
+
+def test_first_call_does_not_take_another_calls_trace() -> None:
+    # A second owner marked the entry unknown with its own outcome (its call, its trace).
+    taken_over = row(outcome={"call_id": "c-dup", "trace_id": "t-dup"})
+    calls = waiting_calls(taken_over, [WaitingCall(call_id="c-dup", trace_id="t-dup")])
+    assert calls == [
+        WaitingCall(call_id="c-first", trace_id=None),
+        WaitingCall(call_id="c-dup", trace_id="t-dup"),
+    ]
+    # … and the first call's own record, when there is one, gives it back its trace.
+    recorded = [WaitingCall(call_id="c-first", trace_id="t-first")]
+    assert waiting_calls(taken_over, recorded)[0].trace_id == "t-first"
+
+
+def test_readdressed_is_the_same_outcome_under_each_call() -> None:
+    outcome = settled()
+    calls = [
+        WaitingCall(call_id="c-first", trace_id="t-first"),
+        WaitingCall(call_id="c-retry", trace_id="t-retry"),
+        WaitingCall(call_id="c-untraced", trace_id=None),
+    ]
+    owed = readdressed(outcome, calls)
+    assert [(o.call_id, o.trace_id) for o in owed] == [
+        ("c-first", "t-first"),
+        ("c-retry", "t-retry"),
+        ("c-untraced", "t-first"),
+    ]
+    ignore = {"call_id", "trace_id"}
+    assert all(o.model_dump(exclude=ignore) == outcome.model_dump(exclude=ignore) for o in owed)
+
+
+def test_check_backoff_doubles_up_to_its_cap() -> None:
+    assert [backoff_seconds(n, 1.0) for n in range(1, 5)] == [2.0, 4.0, 8.0, 16.0]
+    assert backoff_seconds(20, 1.0) == 300.0
+    assert backoff_seconds(20, 1.0, cap=30.0) == 30.0
+
+
+def test_outage_retries_are_capped() -> None:
+    delays = [outage_retry_seconds(n) for n in range(1, 12)]
+    assert delays[0] == 0.5
+    assert delays == sorted(delays)
+    assert max(delays) == OUTAGE_RETRY_CAP_SECONDS
+
+
+def test_describe_failure_is_bounded() -> None:
+    text = describe_failure(OutcomeUnknown("provider timeout " + "x" * 1000))
+    assert text.startswith("cannot tell: OutcomeUnknown: provider timeout")
+    assert len(text) == 300
+
+
+def test_ops_unknown_says_why_and_who_waits() -> None:
+    waiting = {
+        "operation_id": "tenant-a:k",
+        "tool": "propose_refund",
+        "call_id": "c-first",
+        "escalated_at": None,
+        "reconcile_attempts": 3,
+        "last_check": "cannot tell: OutcomeUnknown: timeout",
+        "last_checked_at": NOW - timedelta(seconds=5),
+        "next_check_at": NOW + timedelta(seconds=8),
+        "waiting_calls": ["c-first", "c-retry"],
+    }
+    escalated = {**waiting, "operation_id": "tenant-a:e", "escalated_at": NOW}
+    text = "\n".join(describe_unknown([waiting, escalated], NOW))
+    assert text.startswith("2 operations with an unknown outcome")
+    assert "last check: cannot tell: OutcomeUnknown: timeout (5s ago)" in text
+    assert "next check: in 8s" in text
+    assert "waiting calls (2): c-first, c-retry" in text
+    assert "ESCALATED" in text and "waits for `ratifier ops resolve`" in text
