@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import NewTopic
 
+from runtime.clients import kafka_admin
 from schemas.names import COMPACTED_TOPICS, Topic
 from schemas.settings import Settings
 
 
 async def ensure_topics(settings: Settings) -> list[str]:
     """Create the missing topics; return the names created now."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    admin = kafka_admin(settings)
     await admin.start()
     try:
         existing = set(await admin.list_topics())
@@ -19,7 +20,11 @@ async def ensure_topics(settings: Settings) -> list[str]:
             name = settings.topic(topic)
             if name in existing:
                 continue
-            configs = {"cleanup.policy": "compact"} if topic in COMPACTED_TOPICS else {}
+            # Every topic takes records up to the size every producer may send and every
+            # consumer fetches (docs/reliability.md, "Limits").
+            configs = {"max.message.bytes": str(settings.kafka_max_message_bytes)}
+            if topic in COMPACTED_TOPICS:
+                configs["cleanup.policy"] = "compact"
             wanted.append(
                 NewTopic(
                     name=name,
@@ -40,7 +45,7 @@ async def ensure_topics(settings: Settings) -> list[str]:
 
 async def delete_topics(settings: Settings) -> None:
     """Delete this prefix's topics (tests use a throw-away prefix)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    admin = kafka_admin(settings)
     await admin.start()
     try:
         existing = set(await admin.list_topics())

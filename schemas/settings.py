@@ -32,7 +32,11 @@ class Settings(BaseSettings):
     policy_dir: str | None = None
     # Key of this deployment's policy set on the compacted `policies` topic.
     policy_set_name: str = "default"
+    # What a call may be (validation) and what a Kafka record may be (docs/reliability.md,
+    # "Limits"): topics are created with `max.message.bytes` = kafka_max_message_bytes, the
+    # producers may send that much, and consumers fetch at least that much per partition.
     max_record_bytes: int = Field(default=64 * 1024, ge=1024)
+    kafka_max_message_bytes: int = Field(default=1_048_588, ge=64 * 1024)
     max_nesting_depth: int = Field(default=16, ge=2)
     max_string_length: int = Field(default=8192, ge=16)
     # Executor: Redis claim lease, bounded retries of failures known to precede any effect,
