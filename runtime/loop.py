@@ -167,6 +167,10 @@ def failed(
     return tuple(emits)
 
 
+def without_dead_letter(emits: tuple[Emit, ...]) -> tuple[Emit, ...]:
+    return tuple(e for e in emits if e.topic is not Topic.DEADLETTER)
+
+
 async def by_key(
     records: Sequence[Consumed],
     handle: RecordHandler,
@@ -206,7 +210,7 @@ class _Pending:
     emits: tuple[Emit, ...]
     traceparent: bytes | None
     futures: list[asyncio.Future[Any]] = field(default_factory=list)
-    fallback: bool = False
+    refusals: int = 0  # answers refused so far: 1 = dead-lettered, 2 = generic, 3 = none
 
 
 class ConsumerLoop:
@@ -314,14 +318,16 @@ class ConsumerLoop:
             step, retry_on=self._retry_on, what=f"{self._stage} storage", stop=self.stopping
         )
 
-    def _fallback(self, record: Consumed | None, handled: Handled, reason: str) -> tuple[Emit, ...]:
-        self.dead_lettered += 1
-        replaces = next(
-            (e.value for e in handled.emits if isinstance(e.value, Outcome)),
-            None,
+    def _fallback(
+        self, record: Consumed | None, handled: Handled, reason: str, *, keep_outcome: bool
+    ) -> tuple[Emit, ...]:
+        if keep_outcome:
+            self.dead_lettered += 1
+        replaces = (
+            next((e.value for e in handled.emits if isinstance(e.value, Outcome)), None)
+            if keep_outcome
+            else None
         )
-        if handled.failure is not None:
-            replaces = None  # nothing was decided for the call
         return failed(
             record.value if record is not None else None,
             reason=f"{self._stage}: {reason}",
@@ -368,8 +374,9 @@ class ConsumerLoop:
             if handled.failure is not None:
                 if record is not None:
                     log.warning("%s: %s at %s", self._stage, handled.failure, position_of(record))
-                emits = self._fallback(record, handled, handled.failure)
-                item = _Pending(record, handled, emits, None, fallback=True)
+                self.dead_lettered += 1
+                emits = self._fallback(record, handled, handled.failure, keep_outcome=False)
+                item = _Pending(record, handled, emits, None, refusals=1)
             else:
                 item = _Pending(record, handled, handled.emits, None)
             item.traceparent = self._hop(record, handled, item.emits, started)
@@ -409,16 +416,22 @@ class ConsumerLoop:
                 self._refused(item, exc)
 
     def _refused(self, item: _Pending, exc: BaseException) -> None:
-        if item.fallback:
-            # Even the bounded answer was refused: nothing more can be said for this record.
-            log.error("%s: the dead letter of %s was refused: %r", self._stage, item.record, exc)
+        """The next answer of a record whose output was refused: first its dead letter with
+        its outcome kept (without result), then with a generic typed outcome, then none."""
+        item.refusals += 1
+        if item.refusals > 2:
+            log.error("%s: every answer of %s was refused: %r", self._stage, item.record, exc)
             item.emits = ()
             return
         log.warning("%s: output refused (%r); dead-lettering the record", self._stage, exc)
-        item.emits = self._fallback(
-            item.record, item.handled, f"output refused: {type(exc).__name__}"
+        emits = self._fallback(
+            item.record,
+            item.handled,
+            f"output refused: {type(exc).__name__}",
+            keep_outcome=item.refusals == 1,
         )
-        item.fallback = True
+        # The second time, the dead letter went out already with the first answer.
+        item.emits = emits if item.refusals == 1 else without_dead_letter(emits)
 
     async def _acknowledged(self, item: _Pending) -> None:
         attempt = 0

@@ -17,7 +17,7 @@ from typing import Any
 import faust
 
 from runtime.emit import Emit
-from runtime.loop import call_id_in, failed, is_transient, text_key
+from runtime.loop import call_id_in, failed, is_transient, text_key, without_dead_letter
 from runtime.retry import backoff
 from schemas.envelopes import Outcome, SourcePosition, Stage
 from schemas.names import TRACEPARENT_HEADER, Topic
@@ -39,7 +39,7 @@ class Publication:
     emits: tuple[Emit, ...]
     traceparent: bytes | None
     futures: list[Awaitable[Any]] = field(default_factory=list)
-    fallback: bool = False
+    refusals: int = 0  # answers refused so far: 1 = dead-lettered, 2 = generic, 3 = none
 
 
 class StagePublisher:
@@ -47,15 +47,21 @@ class StagePublisher:
         self._topics = topics
 
     def _refused(self, item: Publication, exc: BaseException) -> None:
-        """Switch ``item`` to its bounded answer (or, if that was refused too, to nothing)."""
-        if item.fallback or item.event is None:
-            log.error("%s: output of a record refused, nothing more to send: %r", item.stage, exc)
+        """Switch ``item`` to its next answer: its dead letter with its outcome kept, then with
+        a generic typed outcome, then nothing."""
+        item.refusals += 1
+        if item.refusals > 2 or item.event is None:
+            log.error("%s: every answer of a record refused: %r", item.stage, exc)
             item.emits = ()
             return
         log.warning("%s: output refused (%r); dead-lettering its record", item.stage, exc)
         event = item.event
-        replaces = next((e.value for e in item.emits if isinstance(e.value, Outcome)), None)
-        item.emits = failed(
+        replaces = (
+            next((e.value for e in item.emits if isinstance(e.value, Outcome)), None)
+            if item.refusals == 1
+            else None
+        )
+        emits = failed(
             event.value,
             reason=f"{item.stage.value}: output refused: {type(exc).__name__}",
             source=position(event),
@@ -64,7 +70,8 @@ class StagePublisher:
             call_id=call_id_in(event.value),
             replaces=replaces,
         )
-        item.fallback = True
+        # The second time, the dead letter went out already with the first answer.
+        item.emits = emits if item.refusals == 1 else without_dead_letter(emits)
 
     async def _send(self, item: Publication) -> None:
         headers = {TRACEPARENT_HEADER: item.traceparent} if item.traceparent else None
