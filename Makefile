@@ -32,10 +32,11 @@ down: ## stop the demo's processes and what `up` started
 status: ## show the local services
 	deploy/local/status
 
-lint: install ## ruff (lint + format check) and mypy --strict
+lint: install ## ruff (lint + format check), mypy --strict and the import contracts
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 format: install ## apply ruff's formatting and safe fixes
 	$(BIN)/ruff check --fix .
