@@ -36,7 +36,7 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable, Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any, TypeAlias
@@ -45,15 +45,13 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPa
 from aiokafka.errors import (
     CommitFailedError,
     IllegalStateError,
-    KafkaConnectionError,
-    KafkaError,
-    KafkaTimeoutError,
 )
 from pydantic import ValidationError
 
 from runtime.emit import Emit
 from runtime.hop import record_hop, status_of, trace_id_in
-from runtime.retry import Stopped, backoff, pause, retrying
+from runtime.publish import Answer, IsolatedPublisher, Publication
+from runtime.retry import Stopped, retrying
 from schemas.envelopes import DeadLetter, ErrorInfo, Outcome, SourcePosition, Stage, Status
 from schemas.errors import ErrorCode, StorageUnavailable
 from schemas.names import TRACEPARENT_HEADER, Topic
@@ -105,13 +103,6 @@ def position_of(record: Consumed) -> SourcePosition:
 
 def text_key(key: bytes | None) -> str | None:
     return key.decode(errors="replace")[:256] if key else None
-
-
-def is_transient(exc: BaseException) -> bool:
-    """Whether a publish error is the broker's (wait and retry) rather than the record's."""
-    if isinstance(exc, KafkaTimeoutError | KafkaConnectionError):
-        return True
-    return isinstance(exc, KafkaError) and bool(getattr(exc, "retriable", False))
 
 
 def failed(
@@ -167,10 +158,6 @@ def failed(
     return tuple(emits)
 
 
-def without_dead_letter(emits: tuple[Emit, ...]) -> tuple[Emit, ...]:
-    return tuple(e for e in emits if e.topic is not Topic.DEADLETTER)
-
-
 async def by_key(
     records: Sequence[Consumed],
     handle: RecordHandler,
@@ -199,18 +186,6 @@ async def by_key(
 
     await asyncio.gather(*(in_order(indexes) for indexes in groups.values()))
     return [r if r is not None else Handled(failure="internal error") for r in results]
-
-
-@dataclass
-class _Pending:
-    """One record's publication in flight."""
-
-    record: Consumed | None
-    handled: Handled
-    emits: tuple[Emit, ...]
-    traceparent: bytes | None
-    futures: list[asyncio.Future[Any]] = field(default_factory=list)
-    refusals: int = 0  # answers refused so far: 1 = dead-lettered, 2 = generic, 3 = none
 
 
 class ConsumerLoop:
@@ -249,6 +224,11 @@ class ConsumerLoop:
         self._poll_ms = poll_ms
         self._max_records = max_records
         self.stopping = asyncio.Event()
+        self._publisher = (
+            IsolatedPublisher(self._send, what=stage, stop=self.stopping)
+            if producer is not None
+            else None
+        )
         self.processed = 0  # records handled and committed (or offered for commit)
         self.dead_lettered = 0
 
@@ -318,30 +298,35 @@ class ConsumerLoop:
             step, retry_on=self._retry_on, what=f"{self._stage} storage", stop=self.stopping
         )
 
-    def _fallback(
-        self, record: Consumed | None, handled: Handled, reason: str, *, keep_outcome: bool
-    ) -> tuple[Emit, ...]:
-        if keep_outcome:
-            self.dead_lettered += 1
-        replaces = (
-            next((e.value for e in handled.emits if isinstance(e.value, Outcome)), None)
-            if keep_outcome
-            else None
-        )
-        return failed(
-            record.value if record is not None else None,
-            reason=f"{self._stage}: {reason}",
-            source=position_of(record)
-            if record is not None
-            else SourcePosition(topic="", partition=0, offset=0),
-            stage=self._answers,
-            key=text_key(record.key) if record is not None else None,
-            call_id=handled.call_id or (call_id_in(record.value) if record is not None else None),
-            tool=handled.tool,
-            tenant=handled.tenant,
-            replaces=replaces,
-            trace_id=handled.trace_id,
-        )
+    def _answer(self, record: Consumed | None, handled: Handled) -> Answer:
+        """A record's answer after its n-th refusal (or failure): its dead letter, with its
+        outcome kept the first time, else a generic typed outcome."""
+
+        def answer(refusals: int, reason: str) -> tuple[Emit, ...]:
+            if refusals == 1:
+                self.dead_lettered += 1
+            keep = refusals == 1 and handled.failure is None
+            return failed(
+                record.value if record is not None else None,
+                reason=f"{self._stage}: {reason}",
+                source=position_of(record)
+                if record is not None
+                else SourcePosition(topic="", partition=0, offset=0),
+                stage=self._answers,
+                key=text_key(record.key) if record is not None else None,
+                call_id=handled.call_id
+                or (call_id_in(record.value) if record is not None else None),
+                tool=handled.tool,
+                tenant=handled.tenant,
+                replaces=next(
+                    (e.value for e in handled.emits if isinstance(e.value, Outcome)), None
+                )
+                if keep
+                else None,
+                trace_id=handled.trace_id,
+            )
+
+        return answer
 
     def _hop(
         self, record: Consumed | None, handled: Handled, emits: tuple[Emit, ...], started: int
@@ -367,86 +352,31 @@ class ConsumerLoop:
     async def publish(
         self, results: Sequence[tuple[Consumed | None, Handled]], started: int
     ) -> None:
-        """Publish each record's emits (its fallback when it failed), one record never
-        affecting another; return when all are acknowledged."""
-        pending: list[_Pending] = []
+        """Publish each record's emits (its answer when it failed), one record never
+        affecting another (runtime/publish.py); return when all are acknowledged."""
+        items: list[Publication] = []
         for record, handled in results:
+            answer = self._answer(record, handled)
             if handled.failure is not None:
                 if record is not None:
                     log.warning("%s: %s at %s", self._stage, handled.failure, position_of(record))
-                self.dead_lettered += 1
-                emits = self._fallback(record, handled, handled.failure, keep_outcome=False)
-                item = _Pending(record, handled, emits, None, refusals=1)
+                item = Publication(answer(1, handled.failure), None, answer, refusals=1)
             else:
-                item = _Pending(record, handled, handled.emits, None)
+                item = Publication(handled.emits, None, answer)
             item.traceparent = self._hop(record, handled, item.emits, started)
-            pending.append(item)
-        if self._producer is None:
-            return
-        for item in pending:
-            await self._send(item)
-        for item in pending:
-            await self._acknowledged(item)
+            items.append(item)
+        if self._publisher is not None:
+            await self._publisher.publish_all(items)
 
-    async def _send(self, item: _Pending) -> None:
-        """Hand ``item``'s records to the producer; a record-level refusal switches the item
-        to its fallback, a broker-level one waits and retries."""
+    async def _send(self, emit: Emit, traceparent: bytes | None) -> Awaitable[Any]:
         assert self._producer is not None
-        headers = [(TRACEPARENT_HEADER, item.traceparent)] if item.traceparent else []
-        attempt = 0
-        while True:
-            item.futures = []
-            try:
-                for emit in item.emits:
-                    item.futures.append(
-                        await self._producer.send(
-                            self._settings.topic(emit.topic),
-                            key=emit.key.encode() if emit.key is not None else None,
-                            value=emit.value.to_bytes(),
-                            headers=headers,
-                        )
-                    )
-                return
-            except Exception as exc:  # noqa: BLE001 - any refusal is this record's or the broker's
-                if is_transient(exc):
-                    log.warning("%s: broker unavailable (%s); retrying", self._stage, exc)
-                    await pause(backoff(attempt), self.stopping)
-                    attempt += 1
-                    continue
-                self._refused(item, exc)
-
-    def _refused(self, item: _Pending, exc: BaseException) -> None:
-        """The next answer of a record whose output was refused: first its dead letter with
-        its outcome kept (without result), then with a generic typed outcome, then none."""
-        item.refusals += 1
-        if item.refusals > 2:
-            log.error("%s: every answer of %s was refused: %r", self._stage, item.record, exc)
-            item.emits = ()
-            return
-        log.warning("%s: output refused (%r); dead-lettering the record", self._stage, exc)
-        emits = self._fallback(
-            item.record,
-            item.handled,
-            f"output refused: {type(exc).__name__}",
-            keep_outcome=item.refusals == 1,
+        future: Awaitable[Any] = await self._producer.send(
+            self._settings.topic(emit.topic),
+            key=emit.key.encode() if emit.key is not None else None,
+            value=emit.value.to_bytes(),
+            headers=[(TRACEPARENT_HEADER, traceparent)] if traceparent else [],
         )
-        # The second time, the dead letter went out already with the first answer.
-        item.emits = emits if item.refusals == 1 else without_dead_letter(emits)
-
-    async def _acknowledged(self, item: _Pending) -> None:
-        attempt = 0
-        while True:
-            outcomes = await asyncio.gather(*item.futures, return_exceptions=True)
-            errors = [o for o in outcomes if isinstance(o, BaseException)]
-            if not errors:
-                return
-            if all(is_transient(e) for e in errors):
-                log.warning("%s: broker unavailable (%s); resending", self._stage, errors[0])
-                await pause(backoff(attempt), self.stopping)
-                attempt += 1
-            else:
-                self._refused(item, next(e for e in errors if not is_transient(e)))
-            await self._send(item)
+        return future
 
     async def _commit(self, batches: dict[TopicPartition, list[Consumed]]) -> None:
         assigned = self._consumer.assignment()

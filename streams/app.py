@@ -34,7 +34,7 @@ from streams.http import install_approval_api
 from streams.inbox import ApprovalInbox
 from streams.observe import StageObserver
 from streams.offsets import install_rewind_fix
-from streams.publisher import Publication, StagePublisher, position
+from streams.publisher import StagePublisher, position
 from streams.storage import StreamStorage
 from streams.validator import dead_letter, on_proposed
 from telemetry.metrics import metrics_body, refresh_consumer_lag
@@ -154,10 +154,10 @@ def create_app(
                         results.append(unreadable(event, stage, "internal error"))
             ended = time.time_ns()
             await publisher.publish_all(
+                name,
                 [
-                    Publication(
+                    (
                         event,
-                        name,
                         emits,
                         observer.finished(
                             name,
@@ -168,7 +168,7 @@ def create_app(
                         ),
                     )
                     for event, emits in zip(events, results, strict=True)
-                ]
+                ],
             )
 
     stages = settings.stream_stages

@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from runtime.emit import Emit
 from runtime.hop import record_emits_hop, status_of, trace_id_in
-from telemetry.tracing import TraceParent, Tracer
+from telemetry.tracing import Tracer
 
 __all__ = ["StageObserver", "status_of", "trace_id_in"]
 
@@ -16,23 +17,7 @@ class StageObserver:
     def __init__(self, tracer: Tracer) -> None:
         self.tracer = tracer
 
-    def finished(
-        self,
-        stage: str,
-        emits: Sequence[Emit],
-        *,
-        parent: TraceParent | None,
-        start_ns: int,
-        end_ns: int,
-        trace_id: str | None = None,
-    ) -> bytes:
-        """Count the record, record its span; return the `traceparent` for what it emits."""
-        return record_emits_hop(
-            self.tracer,
-            stage,
-            emits,
-            parent=parent,
-            start_ns=start_ns,
-            end_ns=end_ns,
-            trace_id=trace_id,
-        )
+    def finished(self, stage: str, emits: Sequence[Emit], **hop: Any) -> bytes:
+        """Count the record, record its span; return the `traceparent` for what it emits
+        (``hop``: ``parent``, ``start_ns``, ``end_ns``, optionally ``trace_id``)."""
+        return record_emits_hop(self.tracer, stage, emits, **hop)

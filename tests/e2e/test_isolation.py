@@ -15,7 +15,8 @@ import pytest
 from ratifier.topics import delete_topics
 from schemas.names import Topic
 from tests.e2e.conftest import Pipeline, SigningKeys, start_pipeline
-from tests.services import outcomes_by_call, proposal, publish, read_to_end, read_until, run
+from tests.e2e.executor_kit import wait_terminal
+from tests.services import proposal, publish, read_to_end, run
 
 pytestmark = pytest.mark.e2e
 
@@ -93,16 +94,7 @@ def test_oversized_proposal_in_a_burst_costs_only_itself(isolated: Pipeline) -> 
     records.extend((c, v) for c, v in calls[15:])
     run(publish(isolated.settings, records))
 
-    wanted = {c for c, _ in calls} | {big_id}
-    seen = run(
-        read_until(
-            isolated.settings,
-            [Topic.OUTCOMES],
-            lambda recs: wanted <= set(outcomes_by_call(recs)),
-            timeout=120,
-        )
-    )
-    outcomes = outcomes_by_call(seen)
+    outcomes = wait_terminal(isolated.settings, {c for c, _ in calls} | {big_id}, 120)
     assert all(outcomes[c][0]["status"] == "succeeded" for c, _ in calls)
     big = outcomes[big_id][0]
     assert (big["status"], big["error"]["code"]) == ("rejected", "malformed")
@@ -139,15 +131,7 @@ def test_poison_on_a_consumed_topic_under_load(isolated: Pipeline, topic: Topic)
     run(publish(isolated.settings, calls[10:]))
 
     wanted = {c for c, _ in calls}
-    seen = run(
-        read_until(
-            isolated.settings,
-            [Topic.OUTCOMES],
-            lambda recs: wanted <= set(outcomes_by_call(recs)),
-            timeout=120,
-        )
-    )
-    outcomes = outcomes_by_call(seen)
+    outcomes = wait_terminal(isolated.settings, wanted, 120)
     assert all(outcomes[c][0]["status"] == "succeeded" for c in wanted)
     if topic in DEAD_LETTERED:
         deadline = time.monotonic() + 60
@@ -173,14 +157,7 @@ def test_a_killed_streams_worker_answers_again_within_seconds(isolated: Pipeline
     tag = f"restart-{uuid.uuid4().hex[:8]}"
     calls = good_calls(isolated, 4, tag)
     run(publish(isolated.settings, calls))
-    run(
-        read_until(
-            isolated.settings,
-            [Topic.OUTCOMES],
-            lambda recs: {c for c, _ in calls} <= set(outcomes_by_call(recs)),
-            timeout=90,
-        )
-    )
+    wait_terminal(isolated.settings, {c for c, _ in calls}, 90)
     recovered = time.monotonic() - killed
     print(f"streams worker killed → new calls answered in {recovered:.1f}s")
     # Start-up (~5-10 s on a loaded 2-core machine) plus a 6 s session timeout; the old

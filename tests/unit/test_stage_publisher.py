@@ -15,7 +15,7 @@ from aiokafka.errors import MessageSizeTooLargeError
 from runtime.emit import Emit
 from schemas.envelopes import Outcome, Stage, Status
 from schemas.names import Topic
-from streams.publisher import Publication, StagePublisher
+from streams.publisher import StagePublisher
 
 LIMIT = 10_000
 
@@ -71,16 +71,16 @@ async def test_refused_outputs_cost_only_their_record() -> None:
         raw = json.dumps({"call_id": call_id, "pad": "x" * 100}).encode()
         return Event(call_id.encode(), raw, Message("p.calls.proposed", 0, offset))
 
-    items = [
-        Publication(event(0, "c-0"), Stage.VALIDATE, (rejected("c-0"),), None),
-        # Too large for the producer (a tool name cannot be, but any output may be).
-        Publication(event(1, "c-big"), Stage.VALIDATE, (rejected("c-big", "t" * LIMIT),), None),
-        Publication(
-            event(2, "refused-by-broker"), Stage.VALIDATE, (rejected("refused-by-broker"),), None
-        ),
-        Publication(event(3, "c-3"), Stage.VALIDATE, (rejected("c-3"),), None),
-    ]
-    await publisher.publish_all(items)
+    await publisher.publish_all(
+        Stage.VALIDATE,
+        [
+            (event(0, "c-0"), (rejected("c-0"),), None),
+            # Too large for the producer (a tool name cannot be, but any output may be).
+            (event(1, "c-big"), (rejected("c-big", "t" * LIMIT),), None),
+            (event(2, "refused-by-broker"), (rejected("refused-by-broker"),), None),
+            (event(3, "c-3"), (rejected("c-3"),), None),
+        ],
+    )
 
     outcomes = {body["call_id"]: body for topic, body in sent if topic is Topic.OUTCOMES}
     assert outcomes["c-0"]["status"] == outcomes["c-3"]["status"] == "rejected"
