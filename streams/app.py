@@ -137,12 +137,17 @@ def create_app(
         quiet stream waits at most BATCH_WITHIN). A bug in a stage costs only the record
         that triggers it: the batch is retried one record at a time and that record is
         dead-lettered; an output that cannot be published costs only its own record too
-        (streams/publisher.py)."""
+        (streams/publisher.py), and a broker away is waited out. Nothing may escape this
+        loop: faust acks the events of a batch only as the loop moves on, and an agent that
+        crashed mid-batch leaves offsets never acked, after which faust commits nothing more
+        on that partition (docs/reliability.md, "Offsets of the stream stages")."""
         name = STAGE_NAMES[stage]
         async for events in stream.take_events(BATCH_MAX, within=BATCH_WITHIN):
             started = time.time_ns()
             try:
                 results = await with_storage_retry(partial(handle, events))
+                if len(results) != len(events):
+                    raise RuntimeError(f"{stage} answered {len(results)} of {len(events)}")
             except Exception:
                 log.exception("%s: batch failed; retrying record by record", stage)
                 results = []

@@ -1,9 +1,9 @@
 from __future__ import annotations
 
 import pytest
-from aiokafka.admin import AIOKafkaAdminClient
 
 from ratifier.topics import ensure_topics
+from runtime.clients import kafka_admin
 from schemas.names import Topic
 from schemas.settings import Settings
 
@@ -15,7 +15,7 @@ async def test_topics_created_once_with_configured_partitions(
 ) -> None:
     assert sorted(topics) == sorted(settings.topic(t) for t in Topic)
     assert await ensure_topics(settings) == []
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    admin = kafka_admin(settings)
     await admin.start()
     try:
         described = await admin.describe_topics([settings.topic(t) for t in Topic])
