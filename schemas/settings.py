@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas.names import Topic, topic_name
@@ -72,6 +72,17 @@ class Settings(BaseSettings):
     metrics_host: str = "127.0.0.1"
     otel_exporter: str = Field(default="", pattern=r"^(|otlp|console|jsonl:.+)$")
     otel_endpoint: str = "http://127.0.0.1:4318/v1/traces"
+
+    @model_validator(mode="after")
+    def _limits_aligned(self) -> Settings:
+        # A call that passes validation must fit in a Kafka record, with room for its
+        # envelope as it moves on (docs/reliability.md, "Limits").
+        if self.max_record_bytes * 2 > self.kafka_max_message_bytes:
+            raise ValueError(
+                "max_record_bytes must be at most half of kafka_max_message_bytes "
+                f"({self.max_record_bytes} > {self.kafka_max_message_bytes} / 2)"
+            )
+        return self
 
     @property
     def stream_stages(self) -> frozenset[str]:

@@ -14,6 +14,8 @@ import pytest
 
 from ratifier.topics import delete_topics
 from schemas.names import Topic
+from tests.e2e.approvals_kit import decide, propose, terminal_outcomes
+from tests.e2e.approvals_kit import token as approvals_token
 from tests.e2e.conftest import Pipeline, SigningKeys, start_pipeline
 from tests.e2e.executor_kit import wait_terminal
 from tests.services import proposal, publish, read_to_end, run
@@ -163,4 +165,31 @@ def test_a_killed_streams_worker_answers_again_within_seconds(isolated: Pipeline
     # Start-up (~5-10 s on a loaded 2-core machine) plus a 6 s session timeout; the old
     # 60 s session timeout alone exceeded this.
     assert recovered < 40
+    assert_alive(isolated)
+
+
+@pytest.mark.timeout(240)
+def test_oversized_garbage_decision_among_pending_approvals(isolated: Pipeline) -> None:
+    """A 900 KB garbage decision (keyed like a pending approval, so on its partition) and a
+    900 KB decision naming a pending call: both dead-lettered; every pending approval is then
+    decided and its call completes."""
+    requests = propose(isolated, 3)
+    target = requests[0]["call_id"]
+    garbage: list[tuple[str | None, bytes | None]] = [
+        (target, b"\x00" * OVERSIZED),
+        (target, json.dumps({"call_id": target, "pad": "z" * OVERSIZED}).encode()),
+    ]
+    run(publish(isolated.settings, garbage, Topic.APPROVALS_DECIDED))
+    approver = approvals_token(isolated.settings, "human-1")
+    for request in requests:
+        decide(isolated, request, approver)
+    ended = terminal_outcomes(isolated, {r["call_id"] for r in requests}, timeout=90)
+    assert all(outcomes[0]["status"] == "succeeded" for outcomes in ended.values()), ended
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        sizes = {d["raw_size"] for d in letters_from(isolated, Topic.APPROVALS_DECIDED)}
+        if {len(v or b"") for _, v in garbage} <= sizes:
+            break
+        time.sleep(0.5)
+    assert {len(v or b"") for _, v in garbage} <= sizes
     assert_alive(isolated)

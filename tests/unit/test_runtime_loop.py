@@ -330,3 +330,20 @@ async def test_retrying_backs_off_and_stops() -> None:
 
     with pytest.raises(Stopped):
         await retrying(never, retry_on=(StorageUnavailable,), what="x", stop=stop)
+
+
+async def test_limits_are_aligned() -> None:
+    """A validated call fits a Kafka record; every client may carry what a topic accepts."""
+    from pydantic import ValidationError
+
+    from runtime.clients import fetch_bytes, kafka_producer
+
+    with pytest.raises(ValidationError, match="max_record_bytes"):
+        Settings(max_record_bytes=900_000)
+    settings = Settings(kafka_max_message_bytes=2_000_000)
+    assert fetch_bytes(settings) > settings.kafka_max_message_bytes
+    producer = kafka_producer(settings)
+    try:
+        assert producer._max_request_size == settings.kafka_max_message_bytes
+    finally:
+        await producer.stop()
