@@ -57,7 +57,7 @@ from schemas.errors import ErrorCode, StorageUnavailable
 from schemas.names import TRACEPARENT_HEADER, Topic
 from schemas.settings import Settings
 from telemetry.metrics import refresh_consumer_lag
-from telemetry.tracing import Tracer, traceparent_of
+from telemetry.tracing import TraceParent, Tracer, traceparent_of
 
 log = logging.getLogger("ratifier.runtime")
 
@@ -83,6 +83,9 @@ class Handled:
     status: str | None = None
     code: str | None = None
     trace_id: str | None = None
+    # The span this hop continues, when not the consumed record's `traceparent` (e.g. an
+    # outcome `tick` produced, continuing the hop that reported the operation unknown).
+    parent: TraceParent | None = None
     observe: bool = True
 
 
@@ -331,7 +334,7 @@ class ConsumerLoop:
     def _hop(
         self, record: Consumed | None, handled: Handled, emits: tuple[Emit, ...], started: int
     ) -> bytes | None:
-        parent = traceparent_of(record.headers) if record is not None else None
+        parent = handled.parent or (traceparent_of(record.headers) if record is not None else None)
         if not handled.observe:
             return None
         status, code = status_of(emits)
