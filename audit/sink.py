@@ -1,6 +1,6 @@
 """`ratifier audit sink`: every record of every pipeline topic into `audit_records`.
 
-A plain consumer group (auto-commit off) reads batches; each batch is written in one
+The runtime's consumer loop (runtime/loop.py) reads batches; each batch is written in one
 PostgreSQL transaction with ``ON CONFLICT DO NOTHING`` on (topic, partition, offset), and
 its offsets are committed only after that transaction commits. At-least-once delivery plus
 an idempotent insert gives exactly one row per record. Nothing is skipped: a record that
@@ -14,27 +14,29 @@ import asyncio
 import functools
 import json
 import logging
-import signal
 import time
 from collections.abc import Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import psycopg
-from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
-from aiokafka.errors import CommitFailedError, IllegalStateError
+from aiokafka import ConsumerRecord
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from audit.masking import Masker, TokenVerifier
 from audit.records import AuditRow, KafkaRecord, audit_row, unparseable
 from commands.catalog import Catalog
 from commands.sql import named_query
+from runtime.clients import kafka_consumer, pg_pool
+from runtime.loop import ConsumerLoop, Handled
+from runtime.signals import stop_on_signals
 from schemas.envelopes import Actor
 from schemas.errors import RatifierError
 from schemas.identity import context_keys, verify_context_token
 from schemas.names import AUDIT_SINK_GROUP, Topic
 from schemas.settings import Settings
-from telemetry.metrics import count_records, refresh_consumer_lag, serve_metrics
+from telemetry.metrics import count_records, serve_metrics
 
 log = logging.getLogger("ratifier.audit")
 
@@ -42,9 +44,7 @@ _PKG = "audit"
 # Everything but the approval-join's internal expiry ticks (a clock nudge with no content;
 # the expiry itself is on `outcomes` and in `audit_log`).
 AUDITED_TOPICS: tuple[Topic, ...] = tuple(t for t in Topic if t is not Topic.APPROVAL_TIMERS)
-RETRY_DELAYS = (0.2, 0.5, 1.0, 2.0, 5.0)
 PROGRESS_EVERY_SECONDS = 10.0
-LAG_EVERY_SECONDS = 5.0
 
 
 def max_audited_bytes(settings: Settings) -> int:
@@ -89,9 +89,13 @@ class AuditSink:
         self._stopping = asyncio.Event()
         self.written = 0  # rows inserted by this process
         self.seen = 0  # records consumed (duplicates of earlier deliveries included)
+        self._loop: ConsumerLoop | None = None
+        self._reported = time.monotonic()
 
     def stop(self) -> None:
         self._stopping.set()
+        if self._loop is not None:
+            self._loop.stop()
 
     def rows(self, records: Sequence[KafkaRecord]) -> list[tuple[KafkaRecord, AuditRow]]:
         limit = max_audited_bytes(self._settings)
@@ -133,41 +137,41 @@ class AuditSink:
                 written += max(int(cur.rowcount), 0)
             return written
 
-    async def _write_until_done(
-        self, pool: AsyncConnectionPool[Any], rows: Sequence[tuple[KafkaRecord, AuditRow]]
-    ) -> int | None:
-        """Write ``rows``, waiting out PostgreSQL outages; None when stopped meanwhile."""
-        attempt = 0
-        while True:
-            try:
-                return await self.write(pool, rows)
-            except (psycopg.OperationalError, PoolTimeout):
-                delay = RETRY_DELAYS[min(attempt, len(RETRY_DELAYS) - 1)]
-                attempt += 1
-                log.warning("audit store unavailable; retrying the batch in %.1fs", delay)
-                try:
-                    await asyncio.wait_for(self._stopping.wait(), timeout=delay)
-                except TimeoutError:
-                    continue
-                return None
+    async def _handle(
+        self, pool: AsyncConnectionPool[Any], records: Sequence[ConsumerRecord[bytes, bytes]]
+    ) -> list[Handled]:
+        """One batch into one transaction (the loop waits out PostgreSQL outages and commits
+        the offsets only after this returns)."""
+        batch = [kafka_record(r) for r in records]
+        written = await self.write(pool, self.rows(batch))
+        self.written += written
+        self.seen += len(batch)
+        count_records("audit", "written", written)
+        count_records("audit", "duplicate", len(batch) - written)
+        if time.monotonic() - self._reported >= PROGRESS_EVERY_SECONDS:
+            self._reported = time.monotonic()
+            self._progress()
+        return [Handled(observe=False)] * len(records)
 
     async def run(self) -> None:
         settings = self._settings
         topics = [settings.topic(t) for t in AUDITED_TOPICS]
-        consumer = AIOKafkaConsumer(
-            *topics,
-            bootstrap_servers=settings.kafka_bootstrap,
-            group_id=settings.group(AUDIT_SINK_GROUP),
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            isolation_level="read_committed",
-            max_poll_records=500,
-        )
-        pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-            settings.database_url, min_size=1, max_size=2, open=False
-        )
-        reported = lagged = time.monotonic()
         group = settings.group(AUDIT_SINK_GROUP)
+        consumer = kafka_consumer(settings, *topics, group=group, max_poll_records=500)
+        pool = pg_pool(settings.database_url, max_size=2)
+        loop = self._loop = ConsumerLoop(
+            settings,
+            consumer,
+            None,
+            stage="audit",
+            group=group,
+            handle=partial(self._handle, pool),
+            retry_on=(psycopg.OperationalError, PoolTimeout),
+            poll_ms=500,
+            max_records=500,
+        )
+        if self._stopping.is_set():
+            loop.stop()
         try:
             await pool.open(wait=True, timeout=30)
             await consumer.start()
@@ -176,25 +180,7 @@ class AuditSink:
                 len(topics),
                 settings.topic_prefix,
             )
-            while not self._stopping.is_set():
-                batches = await consumer.getmany(timeout_ms=500, max_records=500)
-                if time.monotonic() - lagged >= LAG_EVERY_SECONDS:
-                    lagged = time.monotonic()
-                    await refresh_consumer_lag(consumer, group)
-                if not batches:
-                    continue
-                records = [kafka_record(r) for batch in batches.values() for r in batch]
-                written = await self._write_until_done(pool, self.rows(records))
-                if written is None:
-                    break  # stopped while PostgreSQL was away: nothing committed, redelivered
-                self.written += written
-                self.seen += len(records)
-                count_records("audit", "written", written)
-                count_records("audit", "duplicate", len(records) - written)
-                await self._commit(consumer, batches)
-                if time.monotonic() - reported >= PROGRESS_EVERY_SECONDS:
-                    reported = time.monotonic()
-                    self._progress()
+            await loop.run()
         finally:
             self._progress(final=True)
             await consumer.stop()
@@ -209,34 +195,13 @@ class AuditSink:
             self.seen - self.written,
         )
 
-    @staticmethod
-    async def _commit(
-        consumer: AIOKafkaConsumer,
-        batches: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]],
-    ) -> None:
-        assigned = consumer.assignment()
-        offsets = {
-            TopicPartition(tp.topic, tp.partition): recs[-1].offset + 1
-            for tp, recs in batches.items()
-            if tp in assigned and recs
-        }
-        try:
-            if offsets:
-                await consumer.commit(offsets)
-        except (CommitFailedError, IllegalStateError):
-            # A rebalance took these partitions away; their new owner redelivers them and the
-            # primary key absorbs the duplicates.
-            log.warning("offset commit failed after a rebalance; records will be redelivered")
-
 
 def run_audit_sink(settings: Settings, catalog: Catalog) -> None:
     masker = Masker.for_catalog(catalog, salt=settings.audit_salt, verify=token_verifier(settings))
     sink = AuditSink(settings, masker)
 
     async def main() -> None:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, sink.stop)
+        stop_on_signals(sink.stop)
         close_metrics = await serve_metrics(settings.metrics_host, settings.audit_metrics_port)
         try:
             await sink.run()

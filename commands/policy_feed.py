@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from aiokafka import AIOKafkaProducer
 from pydantic import ValidationError
 
 from commands.catalog import load_catalog
 from commands.policy import DEFAULT_POLICY_DIR, PolicySet, catalog_mismatches
-from commands.topic_reader import TopicReader
+from runtime.clients import kafka_producer
+from runtime.reader import TopicReader
 from schemas.envelopes import PolicySetRecord
 from schemas.errors import ConfigurationError
 from schemas.fingerprint import canonical_json
@@ -54,7 +54,7 @@ def policy_record(settings: Settings, policies: PolicySet) -> PolicySetRecord:
 
 
 async def publish_policies(settings: Settings, record: PolicySetRecord) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all")
+    producer = kafka_producer(settings)
     await producer.start()
     try:
         await producer.send_and_wait(

@@ -9,7 +9,7 @@ from collections import OrderedDict
 
 from pydantic import ValidationError
 
-from commands.topic_reader import TopicReader
+from runtime.reader import TopicReader
 from schemas.envelopes import CancelRequest
 from schemas.names import Topic
 from schemas.settings import Settings

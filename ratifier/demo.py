@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaProducer
 
 from ratifier.client import RatifierClient
 from ratifier.migrate import migrate
@@ -29,6 +29,7 @@ from ratifier.processes import (
     wait_for_log,
 )
 from ratifier.topics import ensure_topics
+from runtime.clients import kafka_consumer, kafka_producer
 from schemas.envelopes import ApprovalDecision, ApprovalVerdict, Outcome
 from schemas.identity import context_keys, issue_context_token
 from schemas.names import Topic
@@ -212,15 +213,14 @@ async def _run_scenario(
     """Publish the scenario, approve what the demo approves, and print each outcome.
     Returns whether every outcome was as expected, and call id -> (step, status seen)."""
     keys = context_keys(settings)
-    consumer = AIOKafkaConsumer(
+    consumer = kafka_consumer(
+        settings,
         settings.topic(Topic.OUTCOMES),
         settings.topic(Topic.APPROVALS_REQUESTED),
-        bootstrap_servers=settings.kafka_bootstrap,
-        enable_auto_commit=False,
-        group_id=None,
+        group=None,
         auto_offset_reset="latest",
     )
-    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all")
+    producer = kafka_producer(settings)
     await consumer.start()
     await producer.start()
     try:

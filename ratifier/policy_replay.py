@@ -17,12 +17,12 @@ from datetime import datetime
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from commands.catalog import Catalog
 from commands.policy import AuthorizationRequest, Decision, PolicySet, authorize_batch
 from commands.validate import Limits, Malformed, Validated, parse_envelope, validate
+from runtime.clients import kafka_consumer, pg_pool
 from schemas.errors import Unauthenticated
 from schemas.identity import ContextKeys, verify_context_token
 from schemas.names import Topic
@@ -104,19 +104,8 @@ async def replay(
         max_nesting_depth=settings.max_nesting_depth,
         max_string_length=settings.max_string_length,
     )
-    consumer = AIOKafkaConsumer(
-        settings.topic(Topic.PROPOSED),
-        bootstrap_servers=settings.kafka_bootstrap,
-        group_id=None,
-        enable_auto_commit=False,
-    )
-    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-        settings.database_url,
-        min_size=1,
-        max_size=2,
-        open=False,
-        kwargs={"row_factory": dict_row, "autocommit": True},
-    )
+    consumer = kafka_consumer(settings, settings.topic(Topic.PROPOSED), group=None)
+    pool = pg_pool(settings.database_url, max_size=2, dict_rows=True, autocommit=True)
     await consumer.start()
     await pool.open(wait=True, timeout=30)
     try:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import NewTopic
 
+from runtime.clients import kafka_admin
 from schemas.names import COMPACTED_TOPICS, Topic
 from schemas.settings import Settings
 
@@ -14,7 +15,7 @@ async def ensure_topics(
     """Create the missing topics; return the names created now. A replicated cluster asks for
     ``replication_factor=3, min_insync_replicas=2`` (deploy/local/kafka-cluster, the
     three-broker test): an `acks=all` write then survives the loss of one broker."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    admin = kafka_admin(settings)
     await admin.start()
     try:
         existing = set(await admin.list_topics())
@@ -23,7 +24,11 @@ async def ensure_topics(
             name = settings.topic(topic)
             if name in existing:
                 continue
-            configs = {"cleanup.policy": "compact"} if topic in COMPACTED_TOPICS else {}
+            # Every topic takes records up to the size every producer may send and every
+            # consumer fetches (docs/reliability.md, "Limits").
+            configs = {"max.message.bytes": str(settings.kafka_max_message_bytes)}
+            if topic in COMPACTED_TOPICS:
+                configs["cleanup.policy"] = "compact"
             if min_insync_replicas is not None:
                 configs["min.insync.replicas"] = str(min_insync_replicas)
             wanted.append(
@@ -46,7 +51,7 @@ async def ensure_topics(
 
 async def delete_topics(settings: Settings) -> None:
     """Delete this prefix's topics (tests use a throw-away prefix)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    admin = kafka_admin(settings)
     await admin.start()
     try:
         existing = set(await admin.list_topics())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas.names import Topic, topic_name
@@ -37,7 +37,11 @@ class Settings(BaseSettings):
     # A local policy folder that differs from the published set in force is logged at ERROR
     # at start-up ("warn"), or stops start-up ("error").
     policy_dir_mismatch: Literal["warn", "error"] = "warn"
+    # What a call may be (validation) and what a Kafka record may be (docs/reliability.md,
+    # "Limits"): topics are created with `max.message.bytes` = kafka_max_message_bytes, the
+    # producers may send that much, and consumers fetch at least that much per partition.
     max_record_bytes: int = Field(default=64 * 1024, ge=1024)
+    kafka_max_message_bytes: int = Field(default=1_048_588, ge=64 * 1024)
     max_nesting_depth: int = Field(default=16, ge=2)
     max_string_length: int = Field(default=8192, ge=16)
     # Executor: Redis claim lease, bounded retries of failures known to precede any effect,
@@ -78,6 +82,17 @@ class Settings(BaseSettings):
     metrics_host: str = "127.0.0.1"
     otel_exporter: str = Field(default="", pattern=r"^(|otlp|console|jsonl:.+)$")
     otel_endpoint: str = "http://127.0.0.1:4318/v1/traces"
+
+    @model_validator(mode="after")
+    def _limits_aligned(self) -> Settings:
+        # A call that passes validation must fit in a Kafka record, with room for its
+        # envelope as it moves on (docs/reliability.md, "Limits").
+        if self.max_record_bytes * 2 > self.kafka_max_message_bytes:
+            raise ValueError(
+                "max_record_bytes must be at most half of kafka_max_message_bytes "
+                f"({self.max_record_bytes} > {self.kafka_max_message_bytes} / 2)"
+            )
+        return self
 
     @property
     def stream_stages(self) -> frozenset[str]:

@@ -6,7 +6,6 @@ every stage is idempotent by `call_id`, so a redelivered record is harmless.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -20,10 +19,13 @@ from pydantic import ValidationError
 from commands.catalog import Catalog
 from commands.policy_feed import PolicyFeed
 from commands.validate import Limits
-from schemas.envelopes import SourcePosition, ValidatedCall
+from runtime.clients import HEARTBEAT_INTERVAL_MS, SESSION_TIMEOUT_MS, fetch_bytes
+from runtime.loop import text_key
+from runtime.retry import retrying
+from schemas.envelopes import Stage, ValidatedCall
 from schemas.errors import ConfigurationError, StorageUnavailable
 from schemas.identity import context_keys
-from schemas.names import STREAMS_APP_ID, TRACEPARENT_HEADER, Topic
+from schemas.names import STREAMS_APP_ID, Topic
 from schemas.settings import Settings
 from streams.approval_join import install_approval_join
 from streams.authorizer import on_validated_batch
@@ -32,6 +34,7 @@ from streams.http import install_approval_api
 from streams.inbox import ApprovalInbox
 from streams.observe import StageObserver
 from streams.offsets import install_rewind_fix
+from streams.publisher import StagePublisher, position
 from streams.storage import StreamStorage
 from streams.validator import dead_letter, on_proposed
 from telemetry.metrics import metrics_body, refresh_consumer_lag
@@ -42,14 +45,9 @@ log = logging.getLogger("ratifier.streams")
 BATCH_MAX = 500
 BATCH_WITHIN = 0.005  # seconds a partial batch waits for more records
 STAGES = frozenset({"validator", "authorizer", "approval-join"})
-STORAGE_RETRY_SECONDS = (0.2, 0.5, 1.0, 2.0, 5.0)
 LAG_REFRESH_SECONDS = 5.0
 # Metric and span names of the stages (the `stage` of their outcomes).
-STAGE_NAMES = {"validator": "validate", "authorizer": "authorize"}
-
-
-def _text_key(key: bytes | None) -> str | None:
-    return key.decode(errors="replace")[:256] if key else None
+STAGE_NAMES = {"validator": Stage.VALIDATE, "authorizer": Stage.AUTHORIZE}
 
 
 def limits_from(settings: Settings) -> Limits:
@@ -67,15 +65,7 @@ async def with_storage_retry(
     step: Callable[[], Awaitable[list[tuple[Emit, ...]]]],
 ) -> list[tuple[Emit, ...]]:
     """Retry a stage while storage is unreachable: the record waits, it is never dropped."""
-    attempt = 0
-    while True:
-        try:
-            return await step()
-        except StorageUnavailable:
-            delay = STORAGE_RETRY_SECONDS[min(attempt, len(STORAGE_RETRY_SECONDS) - 1)]
-            attempt += 1
-            log.warning("storage unavailable; retrying in %.1fs (attempt %d)", delay, attempt)
-            await asyncio.sleep(delay)
+    return await retrying(step, retry_on=(StorageUnavailable,), what="stage storage")
 
 
 def faust_settings(settings: Settings) -> dict[str, Any]:
@@ -92,6 +82,14 @@ def faust_settings(settings: Settings) -> dict[str, Any]:
         "producer_acks": -1,
         # A few ms of linger lets the producer batch; without it every record is a request.
         "producer_linger": 0.003,
+        # Any record a topic accepts can be fetched, and answered (docs/reliability.md).
+        "producer_max_request_size": settings.kafka_max_message_bytes,
+        "consumer_max_fetch_size": fetch_bytes(settings),
+        # A restarted or crashed worker's partitions move after 6 s like the executors',
+        # not after faust's default 60 s session timeout (validation, authorization and
+        # approvals stood still that long after any worker crash).
+        "broker_session_timeout": SESSION_TIMEOUT_MS / 1000,
+        "broker_heartbeat_interval": HEARTBEAT_INTERVAL_MS / 1000,
     }
 
 
@@ -120,21 +118,7 @@ def create_app(
     }
 
     observer = StageObserver(tracer_from(settings, service="streams"))
-
-    async def publish(emits: tuple[Emit, ...], traceparent: bytes | None) -> None:
-        headers = {TRACEPARENT_HEADER: traceparent} if traceparent else None
-        for emit in emits:
-            await topics[emit.topic].send(
-                key=emit.key.encode() if emit.key is not None else None,
-                value=emit.value.to_bytes(),
-                headers=headers,
-            )
-
-    def position(event: Any) -> SourcePosition:
-        message = event.message
-        return SourcePosition(
-            topic=message.topic, partition=message.partition, offset=message.offset
-        )
+    publisher = StagePublisher(topics)
 
     def unreadable(event: Any, stage: str, why: str) -> tuple[Emit, ...]:
         return (
@@ -144,7 +128,7 @@ def create_app(
                 call_id=None,
                 source=position(event),
                 at=datetime.now(UTC),
-                key=_text_key(event.key),
+                key=text_key(event.key),
             ),
         )
 
@@ -152,12 +136,18 @@ def create_app(
         """Feed the stream to ``handle`` in batches (a backlog drains in large batches, a
         quiet stream waits at most BATCH_WITHIN). A bug in a stage costs only the record
         that triggers it: the batch is retried one record at a time and that record is
-        dead-lettered."""
+        dead-lettered; an output that cannot be published costs only its own record too
+        (streams/publisher.py), and a broker away is waited out. Nothing may escape this
+        loop: faust acks the events of a batch only as the loop moves on, and an agent that
+        crashed mid-batch leaves offsets never acked, after which faust commits nothing more
+        on that partition (docs/reliability.md, "Offsets of the stream stages")."""
         name = STAGE_NAMES[stage]
         async for events in stream.take_events(BATCH_MAX, within=BATCH_WITHIN):
             started = time.time_ns()
             try:
                 results = await with_storage_retry(partial(handle, events))
+                if len(results) != len(events):
+                    raise RuntimeError(f"{stage} answered {len(results)} of {len(events)}")
             except Exception:
                 log.exception("%s: batch failed; retrying record by record", stage)
                 results = []
@@ -168,10 +158,23 @@ def create_app(
                         log.exception("%s: internal error at %s", stage, position(event))
                         results.append(unreadable(event, stage, "internal error"))
             ended = time.time_ns()
-            for event, emits in zip(events, results, strict=True):
-                parent = traceparent_of(event.message.headers)
-                hop = observer.finished(name, emits, parent=parent, start_ns=started, end_ns=ended)
-                await publish(emits, hop)
+            await publisher.publish_all(
+                name,
+                [
+                    (
+                        event,
+                        emits,
+                        observer.finished(
+                            name,
+                            emits,
+                            parent=traceparent_of(event.message.headers),
+                            start_ns=started,
+                            end_ns=ended,
+                        ),
+                    )
+                    for event, emits in zip(events, results, strict=True)
+                ],
+            )
 
     stages = settings.stream_stages
     unknown = stages - STAGES
@@ -186,7 +189,7 @@ def create_app(
             on_proposed(
                 event.value,
                 source=position(event),
-                key=_text_key(event.key),
+                key=text_key(event.key),
                 catalog=catalog,
                 limits=limits,
                 now=now,
@@ -268,7 +271,7 @@ def create_app(
             storage=storage,
             keys=keys,
             limits=limits,
-            publish=publish,
+            publish=publisher.publish,
             observer=observer,
         )
 

@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 
-from schemas.envelopes import ErrorInfo, FieldProblem, Outcome, Record, Stage, Status
+from runtime.emit import Emit
+from schemas.envelopes import ErrorInfo, FieldProblem, Outcome, Stage, Status
 from schemas.errors import ErrorCode
 from schemas.names import Topic
 
-
-@dataclass(frozen=True, kw_only=True)
-class Emit:
-    topic: Topic
-    key: str | None
-    value: Record
+__all__ = ["Emit", "outcome"]
 
 
 def outcome(

@@ -9,12 +9,12 @@ from typing import Any, TypeVar
 
 import psycopg
 from psycopg import AsyncConnection
-from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from commands.catalog import Resource, Tool, ToolArguments
 from commands.sql import named_query
+from runtime.clients import pg_pool
 from schemas.envelopes import Actor
 from schemas.errors import StorageUnavailable
 from streams.approval import AuditEntry
@@ -33,13 +33,7 @@ class StreamStorage:
     async def _get_pool(self) -> AsyncConnectionPool[Any]:
         async with self._lock:
             if self._pool is None:
-                pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-                    self._url,
-                    min_size=1,
-                    max_size=self._max_size,
-                    open=False,
-                    kwargs={"row_factory": dict_row, "autocommit": True},
-                )
+                pool = pg_pool(self._url, max_size=self._max_size, dict_rows=True, autocommit=True)
                 try:
                     await pool.open(wait=True, timeout=30)
                 except PoolTimeout as exc:

@@ -11,8 +11,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-
+from runtime.clients import kafka_consumer, kafka_producer
 from schemas.identity import context_keys, issue_context_token
 from schemas.names import Topic
 from schemas.settings import Settings
@@ -78,7 +77,7 @@ async def publish(
     records: Sequence[tuple[str | None, bytes | None]],
     topic: Topic = Topic.PROPOSED,
 ) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all")
+    producer = kafka_producer(settings)
     await producer.start()
     try:
         for key, value in records:
@@ -98,13 +97,7 @@ async def read_until(
 ) -> list[Any]:
     """Read ``topics`` from the beginning until ``done(records)`` holds; return the records.
     Raises TimeoutError naming what was seen when the condition does not hold in time."""
-    consumer = AIOKafkaConsumer(
-        *(settings.topic(t) for t in topics),
-        bootstrap_servers=settings.kafka_bootstrap,
-        group_id=None,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-    )
+    consumer = kafka_consumer(settings, *(settings.topic(t) for t in topics), group=None)
     await consumer.start()
     records: list[Any] = []
     try:
@@ -147,13 +140,7 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 
 async def read_to_end(settings: Settings, topics: list[Topic]) -> list[Any]:
     """Every record currently on ``topics`` (up to the end offsets seen at the start)."""
-    consumer = AIOKafkaConsumer(
-        *(settings.topic(t) for t in topics),
-        bootstrap_servers=settings.kafka_bootstrap,
-        group_id=None,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-    )
+    consumer = kafka_consumer(settings, *(settings.topic(t) for t in topics), group=None)
     await consumer.start()
     records: list[Any] = []
     try:

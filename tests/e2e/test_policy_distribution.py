@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaProducer
 
 from commands.policy import DEFAULT_POLICY_DIR, PolicySet
 from commands.policy_feed import policy_record, publish_policies
 from commands.reference import catalog
 from ratifier.policy_replay import replay
+from runtime.clients import kafka_producer
 from schemas.envelopes import PolicySetRecord
 from schemas.identity import context_keys, issue_context_token
 from schemas.names import Topic
@@ -50,7 +50,7 @@ async def stream_calls(
     token = issue_context_token(
         context_keys(settings), sub="agent-h", tenant="tenant-a", roles=("support",)
     )
-    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all")
+    producer = kafka_producer(settings)
     await producer.start()
     sent: dict[str, str] = {}
     try:

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaProducer
 from prometheus_client.parser import text_string_to_metric_families
 
 from ratifier.topics import delete_topics
+from runtime.clients import kafka_producer
 from schemas.envelopes import ApprovalVerdict
 from schemas.names import (
     AUDIT_SINK_GROUP,
@@ -126,7 +126,7 @@ def new_traceparent() -> tuple[str, str, bytes]:
 async def publish_traced(
     pipeline: Pipeline, topic: Topic, records: list[tuple[str, bytes, bytes]]
 ) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=pipeline.settings.kafka_bootstrap, acks="all")
+    producer = kafka_producer(pipeline.settings)
     await producer.start()
     try:
         for key, body, traceparent in records:

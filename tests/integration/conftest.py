@@ -4,12 +4,12 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 from redis.asyncio import Redis
 
 from ratifier.migrate import migrate
 from ratifier.topics import delete_topics, ensure_topics
+from runtime.clients import pg_pool, redis_client
 from schemas.settings import Settings
 from tests.services import run, session_settings
 
@@ -24,13 +24,7 @@ def settings() -> Iterator[Settings]:
 
 @pytest.fixture
 async def pool(settings: Settings) -> AsyncIterator[AsyncConnectionPool[Any]]:
-    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-        settings.database_url,
-        min_size=1,
-        max_size=4,
-        open=False,
-        kwargs={"row_factory": dict_row},
-    )
+    pool = pg_pool(settings.database_url, max_size=4, dict_rows=True)
     await pool.open(wait=True, timeout=10)
     yield pool
     await pool.close()
@@ -38,7 +32,7 @@ async def pool(settings: Settings) -> AsyncIterator[AsyncConnectionPool[Any]]:
 
 @pytest.fixture
 async def redis(settings: Settings) -> AsyncIterator[Redis]:
-    client = Redis.from_url(settings.redis_url)
+    client = redis_client(settings)
     yield client
     await client.aclose()
 

@@ -9,11 +9,12 @@ from typing import Any
 
 import psycopg
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer, TopicPartition
 from psycopg_pool import AsyncConnectionPool
 
 from audit.masking import Masker
 from audit.sink import AuditSink, kafka_record
+from runtime.clients import kafka_consumer
 from schemas.names import AUDIT_SINK_GROUP, TRACEPARENT_HEADER, Topic
 from schemas.settings import Settings
 
@@ -100,12 +101,10 @@ async def _run_until(sink: AuditSink, done: Any, timeout: float = 40) -> None:
 
 
 async def _replay(settings: Settings) -> list[Any]:
-    consumer = AIOKafkaConsumer(
+    consumer = kafka_consumer(
+        settings,
         *(settings.topic(t) for t in (Topic.PROPOSED, Topic.OUTCOMES, Topic.DEADLETTER)),
-        bootstrap_servers=settings.kafka_bootstrap,
-        group_id=None,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
+        group=None,
     )
     await consumer.start()
     seen: list[Any] = []
@@ -170,11 +169,7 @@ async def test_sink_records_everything_once_masked(
 
 
 async def _committed_equals_end(settings: Settings) -> bool:
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.kafka_bootstrap,
-        group_id=settings.group(AUDIT_SINK_GROUP),
-        enable_auto_commit=False,
-    )
+    consumer = kafka_consumer(settings, group=settings.group(AUDIT_SINK_GROUP))
     await consumer.start()
     try:
         tps = [

@@ -1,0 +1,15 @@
+"""The service runtime: the machinery every Kafka service of ratifier shares, written once.
+
+- :mod:`runtime.clients`: Kafka consumers and producers, Redis clients and PostgreSQL pools,
+  built from :class:`schemas.settings.Settings` (one place for bootstrap, acks, idempotence,
+  linger, record and fetch sizes, session timeouts);
+- :mod:`runtime.retry`: the one backoff ladder for transient infrastructure errors;
+- :mod:`runtime.signals`: SIGTERM / SIGINT → a graceful stop;
+- :mod:`runtime.hop`: a record's "hop" (metric, span, next ``traceparent``) as one call;
+- :mod:`runtime.loop`: the batched consume → handle → publish → ack → commit loop, with
+  per-record isolation (a record that fails, or whose output cannot be published, becomes a
+  bounded dead letter and a typed outcome; the others of its batch are unaffected);
+- :mod:`runtime.reader`: "read a topic from the start, then follow" without a group.
+
+It imports only :mod:`schemas` and :mod:`telemetry` of ours (an import-linter contract).
+"""

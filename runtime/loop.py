@@ -1,0 +1,397 @@
+"""The batched consumer loop every aiokafka service runs: poll a batch → handle the whole
+batch → publish what it produced → await the broker's acknowledgements → commit the offsets
+of the partitions still assigned.
+
+Guarantees (the services' delivery guarantees rest on them):
+
+- At least once: offsets move only after every record of the batch is handled and all it
+  produced is acknowledged; a crash anywhere before redelivers the batch (handlers are
+  idempotent). ``before_commit`` runs between the acknowledgements and the commit (crash
+  tests).
+- Rebalance-safe: offsets are committed only for partitions still assigned; a commit refused
+  after a rebalance is logged, and the partitions' new owner redelivers.
+- Per-record isolation: a record whose handling fails (a :class:`Handled` with a
+  ``failure``, or an exception when the handler is retried on that record alone), or whose
+  output cannot be published for a reason of its own (too large for the broker, not
+  serializable), is answered by a bounded dead letter (``DeadLetter.of_raw``) and, when its
+  call id can be read, a typed outcome. The other records of its batch are published and
+  committed as if it were not there; the process never ends because of one record.
+- Transient infrastructure errors (storage unavailable, broker unavailable) are not a
+  record's fault: the batch waits and is tried again with the backoff ladder
+  (:mod:`runtime.retry`), never skipped. A stop requested meanwhile ends the loop without
+  committing.
+- One hop per record (:mod:`runtime.hop`): its metric and span, and the ``traceparent`` its
+  records are published with.
+
+A consumer of wake-up records whose work is elsewhere (the reconciler: the durable schedule
+is the ledger) fits too: its handler acknowledges the records (``Handled(observe=False)``),
+and ``tick`` runs its due work after each poll; what ``tick`` returns is published with the
+same isolation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable, Hashable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from functools import partial
+from typing import Any, TypeAlias
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
+from aiokafka.errors import (
+    CommitFailedError,
+    IllegalStateError,
+)
+from pydantic import ValidationError
+
+from runtime.emit import Emit
+from runtime.hop import record_hop, status_of, trace_id_in
+from runtime.publish import Answer, IsolatedPublisher, Publication
+from runtime.retry import Stopped, retrying
+from schemas.envelopes import DeadLetter, ErrorInfo, Outcome, SourcePosition, Stage, Status
+from schemas.errors import ErrorCode, StorageUnavailable
+from schemas.names import TRACEPARENT_HEADER, Topic
+from schemas.settings import Settings
+from telemetry.metrics import refresh_consumer_lag
+from telemetry.tracing import TraceParent, Tracer, traceparent_of
+
+log = logging.getLogger("ratifier.runtime")
+
+Consumed: TypeAlias = "ConsumerRecord[bytes, bytes]"
+LAG_REFRESH_SECONDS = 5.0
+# Recover a call id from a record too broken or too big to parse whole.
+_CALL_ID_PROBE = re.compile(rb'"call_id"\s*:\s*"([A-Za-z0-9._:-]{1,128})"')
+
+
+@dataclass(frozen=True, kw_only=True)
+class Handled:
+    """What handling one consumed record produced."""
+
+    emits: tuple[Emit, ...] = ()
+    # The handler could not handle the record: why (it is dead-lettered instead).
+    failure: str | None = None
+    # The call the record belongs to, when known: a failure gets a typed outcome for it.
+    call_id: str | None = None
+    tool: str = ""
+    tenant: str | None = None
+    # Metric status and error code (default: those of ``emits``); the trace of ``emits``
+    # (default: theirs, else the incoming ``traceparent``'s).
+    status: str | None = None
+    code: str | None = None
+    trace_id: str | None = None
+    # The span this hop continues, when not the consumed record's `traceparent` (e.g. an
+    # outcome `tick` produced, continuing the hop that reported the operation unknown).
+    parent: TraceParent | None = None
+    observe: bool = True
+
+
+BatchHandler = Callable[[Sequence[Consumed]], Awaitable[Sequence[Handled]]]
+RecordHandler = Callable[[Consumed], Awaitable[Handled]]
+Tick = Callable[[], Awaitable[Sequence[Handled]]]
+
+
+def call_id_in(raw: bytes | None) -> str | None:
+    """The call id named near the start of ``raw``, read without parsing it whole."""
+    match = _CALL_ID_PROBE.search((raw or b"")[:4096])
+    return match.group(1).decode() if match else None
+
+
+def position_of(record: Consumed) -> SourcePosition:
+    return SourcePosition(topic=record.topic, partition=record.partition, offset=record.offset)
+
+
+def text_key(key: bytes | None) -> str | None:
+    return key.decode(errors="replace")[:256] if key else None
+
+
+def failed(
+    raw: bytes | None,
+    *,
+    reason: str,
+    source: SourcePosition,
+    stage: Stage | None,
+    key: str | None = None,
+    call_id: str | None = None,
+    tool: str = "",
+    tenant: str | None = None,
+    replaces: Outcome | None = None,
+    trace_id: str | None = None,
+) -> tuple[Emit, ...]:
+    """What answers a record that could not be handled or published: a bounded dead letter,
+    and, when its call id is known and a ``stage`` answers calls, a typed outcome. An outcome
+    that could not be published (``replaces``) is answered by itself without its result (an
+    effect that happened is not reported as failed); otherwise the call failed permanently."""
+    now = datetime.now(UTC)
+    call_id = call_id or (replaces.call_id if replaces is not None else None)
+    emits = [
+        Emit(
+            topic=Topic.DEADLETTER,
+            key=key if key is not None else call_id,
+            value=DeadLetter.of_raw(raw, reason=reason, call_id=call_id, source=source, at=now),
+        )
+    ]
+    if replaces is not None:
+        emits.append(
+            Emit(
+                topic=Topic.OUTCOMES,
+                key=replaces.call_id,
+                value=replaces.model_copy(update={"result": None, "at": now}),
+            )
+        )
+    elif call_id is not None and stage is not None:
+        try:
+            answer = Outcome(
+                call_id=call_id,
+                tool=tool,
+                tenant=tenant,
+                status=Status.FAILED,
+                stage=stage,
+                error=ErrorInfo.of(ErrorCode.PERMANENT_ERROR),
+                at=now,
+                trace_id=trace_id,
+            )
+        except ValidationError:
+            pass  # not a valid call id after all: the dead letter alone answers the record
+        else:
+            emits.append(Emit(topic=Topic.OUTCOMES, key=call_id, value=answer))
+    return tuple(emits)
+
+
+async def by_key(
+    records: Sequence[Consumed],
+    handle: RecordHandler,
+    *,
+    concurrency: asyncio.Semaphore,
+    key: Callable[[Consumed], Hashable] = lambda r: (r.topic, r.partition, r.key),
+) -> list[Handled]:
+    """Handle ``records`` with ``handle``: records of one key in order, different keys
+    concurrently (bounded by ``concurrency``). An exception other than a stop costs only its
+    record, which comes back as a failure; the results are in the order of ``records``."""
+    groups: dict[Hashable, list[int]] = {}
+    for index, record in enumerate(records):
+        groups.setdefault(key(record), []).append(index)
+    results: list[Handled | None] = [None] * len(records)
+
+    async def in_order(indexes: list[int]) -> None:
+        async with concurrency:
+            for index in indexes:
+                try:
+                    results[index] = await handle(records[index])
+                except Stopped:
+                    raise
+                except Exception:
+                    log.exception("internal error at %s", position_of(records[index]))
+                    results[index] = Handled(failure="internal error")
+
+    await asyncio.gather(*(in_order(indexes) for indexes in groups.values()))
+    return [r if r is not None else Handled(failure="internal error") for r in results]
+
+
+class ConsumerLoop:
+    """The loop of one service. ``stage`` names its hops (metrics, spans); ``answers`` is
+    the stage of the typed outcomes its failures get (None: no outcome, a dead letter only);
+    ``retry_on`` are the handler's transient errors."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        consumer: AIOKafkaConsumer,
+        producer: AIOKafkaProducer | None,
+        *,
+        stage: str,
+        group: str,
+        handle: BatchHandler,
+        tracer: Tracer | None = None,
+        answers: Stage | None = None,
+        retry_on: tuple[type[BaseException], ...] = (StorageUnavailable,),
+        before_commit: Callable[[], None] | None = None,
+        tick: Tick | None = None,
+        poll_ms: int = 200,
+        max_records: int = 200,
+    ) -> None:
+        self._settings = settings
+        self._consumer = consumer
+        self._producer = producer
+        self._stage = stage
+        self._group = group
+        self._handle = handle
+        self._tracer = tracer or Tracer()
+        self._answers = answers
+        self._retry_on = retry_on
+        self._before_commit = before_commit
+        self._tick = tick
+        self._poll_ms = poll_ms
+        self._max_records = max_records
+        self.stopping = asyncio.Event()
+        self._publisher = (
+            IsolatedPublisher(self._send, what=stage, stop=self.stopping)
+            if producer is not None
+            else None
+        )
+        self.processed = 0  # records handled and committed (or offered for commit)
+        self.dead_lettered = 0
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    async def run(self) -> None:
+        """Poll, handle, publish, commit until stopped. The consumer and producer are the
+        caller's (started before, stopped after)."""
+        lag_due = 0.0
+        while not self.stopping.is_set():
+            batches = await self._consumer.getmany(
+                timeout_ms=self._poll_ms, max_records=self._max_records
+            )
+            if time.monotonic() >= lag_due:
+                lag_due = time.monotonic() + LAG_REFRESH_SECONDS
+                await refresh_consumer_lag(self._consumer, self._group)
+            try:
+                if batches:
+                    records = [r for recs in batches.values() for r in recs]
+                    await self.process(records)
+                    if self._before_commit is not None:
+                        self._before_commit()
+                    await self._commit(batches)
+                    self.processed += len(records)
+                if self._tick is not None:
+                    ticked = await self._retrying(self._tick)
+                    await self.publish([(None, h) for h in ticked], time.time_ns())
+            except Stopped:
+                log.info("%s: stopped while waiting; the batch is not committed", self._stage)
+                return
+
+    async def process(self, records: Sequence[Consumed]) -> None:
+        """Handle ``records`` and publish what they produced, each record isolated from the
+        others; returns when every record's output is acknowledged."""
+        started = time.time_ns()
+        results = await self.handle(records)
+        await self.publish(list(zip(records, results, strict=True)), started)
+
+    async def handle(self, records: Sequence[Consumed]) -> list[Handled]:
+        """The handler's results for ``records``. A handler that raises on the batch (or
+        answers for the wrong number of records) is run on each record alone, so that only
+        the record that triggers the error is lost to it."""
+        try:
+            results = list(await self._retrying(lambda: self._handle(records)))
+            if len(results) == len(records):
+                return results
+            log.error("%s: handler answered %d of %d", self._stage, len(results), len(records))
+        except Stopped:
+            raise
+        except Exception:
+            log.exception("%s: batch failed; retrying record by record", self._stage)
+        results = []
+        for record in records:
+            try:
+                alone = list(await self._retrying(partial(self._handle, [record])))
+                results.append(alone[0] if len(alone) == 1 else Handled(failure="internal error"))
+            except Stopped:
+                raise
+            except Exception:
+                log.exception("%s: internal error at %s", self._stage, position_of(record))
+                results.append(Handled(failure="internal error"))
+        return results
+
+    async def _retrying(self, step: Callable[[], Awaitable[Any]]) -> Any:
+        return await retrying(
+            step, retry_on=self._retry_on, what=f"{self._stage} storage", stop=self.stopping
+        )
+
+    def _answer(self, record: Consumed | None, handled: Handled) -> Answer:
+        """A record's answer after its n-th refusal (or failure): its dead letter, with its
+        outcome kept the first time, else a generic typed outcome."""
+
+        def answer(refusals: int, reason: str) -> tuple[Emit, ...]:
+            if refusals == 1:
+                self.dead_lettered += 1
+            keep = refusals == 1 and handled.failure is None
+            return failed(
+                record.value if record is not None else None,
+                reason=f"{self._stage}: {reason}",
+                source=position_of(record)
+                if record is not None
+                else SourcePosition(topic="", partition=0, offset=0),
+                stage=self._answers,
+                key=text_key(record.key) if record is not None else None,
+                call_id=handled.call_id
+                or (call_id_in(record.value) if record is not None else None),
+                tool=handled.tool,
+                tenant=handled.tenant,
+                replaces=next(
+                    (e.value for e in handled.emits if isinstance(e.value, Outcome)), None
+                )
+                if keep
+                else None,
+                trace_id=handled.trace_id,
+            )
+
+        return answer
+
+    def _hop(
+        self, record: Consumed | None, handled: Handled, emits: tuple[Emit, ...], started: int
+    ) -> bytes | None:
+        parent = handled.parent or (traceparent_of(record.headers) if record is not None else None)
+        if not handled.observe:
+            return None
+        status, code = status_of(emits)
+        first = emits[0].value if emits else None
+        return record_hop(
+            self._tracer,
+            self._stage,
+            status=handled.status or status,
+            code=handled.code if handled.status is not None else code,
+            parent=parent,
+            start_ns=started,
+            end_ns=time.time_ns(),
+            trace_id=handled.trace_id or trace_id_in(emits),
+            call_id=handled.call_id or getattr(first, "call_id", None),
+            tool=handled.tool or getattr(first, "tool", None),
+        )
+
+    async def publish(
+        self, results: Sequence[tuple[Consumed | None, Handled]], started: int
+    ) -> None:
+        """Publish each record's emits (its answer when it failed), one record never
+        affecting another (runtime/publish.py); return when all are acknowledged."""
+        items: list[Publication] = []
+        for record, handled in results:
+            answer = self._answer(record, handled)
+            if handled.failure is not None:
+                if record is not None:
+                    log.warning("%s: %s at %s", self._stage, handled.failure, position_of(record))
+                item = Publication(answer(1, handled.failure), None, answer, refusals=1)
+            else:
+                item = Publication(handled.emits, None, answer)
+            item.traceparent = self._hop(record, handled, item.emits, started)
+            items.append(item)
+        if self._publisher is not None:
+            await self._publisher.publish_all(items)
+
+    async def _send(self, emit: Emit, traceparent: bytes | None) -> Awaitable[Any]:
+        assert self._producer is not None
+        future: Awaitable[Any] = await self._producer.send(
+            self._settings.topic(emit.topic),
+            key=emit.key.encode() if emit.key is not None else None,
+            value=emit.value.to_bytes(),
+            headers=[(TRACEPARENT_HEADER, traceparent)] if traceparent else [],
+        )
+        return future
+
+    async def _commit(self, batches: dict[TopicPartition, list[Consumed]]) -> None:
+        assigned = self._consumer.assignment()
+        offsets = {
+            TopicPartition(tp.topic, tp.partition): recs[-1].offset + 1
+            for tp, recs in batches.items()
+            if tp in assigned and recs
+        }
+        try:
+            if offsets:
+                await self._consumer.commit(offsets)
+        except (CommitFailedError, IllegalStateError):
+            # A rebalance took these partitions away; their new owner redelivers them, and
+            # the handlers are idempotent.
+            log.warning("%s: offset commit failed after a rebalance; redelivered", self._stage)

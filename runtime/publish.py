@@ -1,0 +1,108 @@
+"""Publishing the output of many consumed records, each isolated from the others.
+
+A record whose output the producer refuses (too large, not serializable) or the broker refuses
+(a non-retriable error on its acknowledgement) is switched to its next answer: first its dead
+letter with its own outcome kept (without ``result``), then with a generic typed outcome, then
+nothing (logged). A broker that is away (retriable errors, timeouts) is waited out on the
+backoff ladder; a stop requested meanwhile raises :class:`runtime.retry.Stopped`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
+
+from runtime.emit import Emit
+from runtime.retry import backoff, pause
+from schemas.names import Topic
+
+log = logging.getLogger("ratifier.runtime")
+
+# Hands one record to the producer with the given `traceparent`; returns its acknowledgement.
+Send = Callable[[Emit, bytes | None], Awaitable[Awaitable[Any]]]
+# A refused record's answer after its n-th refusal (1: dead letter and its outcome kept, 2:
+# a generic typed outcome), given why.
+Answer = Callable[[int, str], tuple[Emit, ...]]
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether a publish error is the broker's (wait and retry) rather than the record's."""
+    if isinstance(exc, KafkaTimeoutError | KafkaConnectionError):
+        return True
+    return isinstance(exc, KafkaError) and bool(getattr(exc, "retriable", False))
+
+
+def without_dead_letter(emits: tuple[Emit, ...]) -> tuple[Emit, ...]:
+    return tuple(e for e in emits if e.topic is not Topic.DEADLETTER)
+
+
+@dataclass
+class Publication:
+    """One consumed record's output in flight."""
+
+    emits: tuple[Emit, ...]
+    traceparent: bytes | None
+    answer: Answer | None  # None: no other answer can be given
+    refusals: int = 0
+    futures: list[Awaitable[Any]] = field(default_factory=list)
+
+
+class IsolatedPublisher:
+    def __init__(self, send: Send, *, what: str, stop: asyncio.Event | None = None) -> None:
+        self._send_one = send
+        self._what = what
+        self._stop = stop
+
+    def refused(self, item: Publication, exc: BaseException) -> None:
+        item.refusals += 1
+        if item.refusals > 2 or item.answer is None:
+            log.error("%s: every answer of a record was refused: %r", self._what, exc)
+            item.emits = ()
+            return
+        log.warning("%s: output refused (%r); dead-lettering its record", self._what, exc)
+        emits = item.answer(item.refusals, f"output refused: {type(exc).__name__}")
+        # The second time, the dead letter went out already with the first answer.
+        item.emits = emits if item.refusals == 1 else without_dead_letter(emits)
+
+    async def send(self, item: Publication) -> None:
+        """Hand ``item``'s records to the producer (not waiting for acknowledgements)."""
+        attempt = 0
+        while True:
+            item.futures = []
+            try:
+                for emit in item.emits:
+                    item.futures.append(await self._send_one(emit, item.traceparent))
+                return
+            except Exception as exc:  # noqa: BLE001 - the record's refusal or the broker's
+                if not is_transient(exc):
+                    self.refused(item, exc)
+                    continue
+                log.warning("%s: broker unavailable (%s); retrying", self._what, exc)
+                await pause(backoff(attempt), self._stop)
+                attempt += 1
+
+    async def publish_all(self, items: Sequence[Publication]) -> None:
+        """Send every item, then wait for the acknowledgements of all of them; an item the
+        broker refused is sent again as its next answer, one the broker lost is resent."""
+        for item in items:
+            await self.send(item)
+        for item in items:
+            attempt = 0
+            while True:
+                acks = await asyncio.gather(*item.futures, return_exceptions=True)
+                errors = [a for a in acks if isinstance(a, BaseException)]
+                if not errors:
+                    break
+                refused = next((e for e in errors if not is_transient(e)), None)
+                if refused is not None:
+                    self.refused(item, refused)
+                else:
+                    log.warning("%s: broker unavailable (%s); resending", self._what, errors[0])
+                    await pause(backoff(attempt), self._stop)
+                    attempt += 1
+                await self.send(item)

@@ -1,0 +1,79 @@
+"""Publishing a stream stage's records, one consumed record isolated from the others
+(runtime/publish.py): a record whose output the producer or the broker refuses is answered
+instead by a bounded dead letter and, when its call id can be read, a typed outcome; the
+other records of its batch are published as decided."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Sequence
+from typing import Any
+
+import faust
+
+from runtime.emit import Emit
+from runtime.loop import call_id_in, failed, text_key
+from runtime.publish import Answer, IsolatedPublisher, Publication
+from schemas.envelopes import Outcome, SourcePosition, Stage
+from schemas.names import TRACEPARENT_HEADER, Topic
+
+
+def position(event: Any) -> SourcePosition:
+    message = event.message
+    return SourcePosition(topic=message.topic, partition=message.partition, offset=message.offset)
+
+
+def answer_for(event: Any, stage: Stage, emits: tuple[Emit, ...]) -> Answer | None:
+    """The answers of ``event`` if its output ``emits`` is refused."""
+    if event is None:
+        return None
+
+    def answer(refusals: int, reason: str) -> tuple[Emit, ...]:
+        return failed(
+            event.value,
+            reason=f"{stage.value}: {reason}",
+            source=position(event),
+            stage=stage,
+            key=text_key(event.key),
+            call_id=call_id_in(event.value),
+            replaces=next((e.value for e in emits if isinstance(e.value, Outcome)), None)
+            if refusals == 1
+            else None,
+        )
+
+    return answer
+
+
+class StagePublisher:
+    def __init__(self, topics: dict[Topic, Any]) -> None:
+        self._topics = topics
+        self._publisher = IsolatedPublisher(self._send, what="streams")
+
+    async def _send(self, emit: Emit, traceparent: bytes | None) -> Awaitable[Any]:
+        future: Awaitable[Any] = await self._topics[emit.topic].send(
+            key=emit.key.encode() if emit.key is not None else None,
+            value=emit.value.to_bytes(),
+            headers={TRACEPARENT_HEADER: traceparent} if traceparent else None,
+        )
+        return future
+
+    async def publish_all(
+        self, stage: Stage, outputs: Sequence[tuple[Any, tuple[Emit, ...], bytes | None]]
+    ) -> None:
+        """Publish each ``(event, emits, traceparent)`` and wait for the acknowledgements of
+        all; a refused record is answered alone."""
+        await self._publisher.publish_all(
+            [
+                Publication(emits, hop, answer_for(event, stage, emits))
+                for event, emits, hop in outputs
+            ]
+        )
+
+    async def publish(
+        self, emits: tuple[Emit, ...], traceparent: bytes | None, stage: Stage = Stage.APPROVE
+    ) -> None:
+        """Publish the output of the record being processed (faust's current event), isolated
+        from the others: what the producer refuses is answered by its fallback. (Records are
+        sent, not awaited one by one: the broker's acknowledgements come with faust's
+        commit.)"""
+        event = faust.current_event()
+        await self._publisher.send(Publication(emits, traceparent, answer_for(event, stage, emits)))

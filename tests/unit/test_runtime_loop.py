@@ -1,0 +1,349 @@
+"""The runtime's consumer loop with a fake consumer and producer: per-record isolation,
+transient errors waited out, offsets committed only after acknowledgements and only for
+assigned partitions."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from aiokafka import TopicPartition
+from aiokafka.errors import CommitFailedError, KafkaConnectionError, MessageSizeTooLargeError
+
+from runtime.emit import Emit
+from runtime.loop import ConsumerLoop, Handled, by_key, call_id_in, failed
+from runtime.retry import BACKOFF_SECONDS, Stopped, backoff, retrying
+from schemas.envelopes import DeadLetter, Outcome, SourcePosition, Stage, Status
+from schemas.errors import ErrorCode, StorageUnavailable
+from schemas.names import Topic
+from schemas.settings import Settings
+
+SETTINGS = Settings(topic_prefix="u.")
+TP = TopicPartition("u.commands.committed", 0)
+TP2 = TopicPartition("u.commands.committed", 1)
+LIMIT = 10_000
+
+
+@dataclass
+class Rec:
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+
+def rec(offset: int, value: bytes, *, partition: int = 0, key: bytes | None = None) -> Rec:
+    return Rec(TP.topic, partition, offset, key, value)
+
+
+class FakeConsumer:
+    def __init__(self, batches: list[dict[TopicPartition, list[Rec]]], loop: Any = None) -> None:
+        self.batches = batches
+        self.loop = loop
+        self.committed: list[dict[TopicPartition, int]] = []
+        self.assigned = {TP, TP2}
+        self.refuse_commit = False
+
+    async def getmany(self, *, timeout_ms: int, max_records: int) -> dict[TopicPartition, Any]:
+        if not self.batches:
+            self.loop.stop()
+            return {}
+        return self.batches.pop(0)
+
+    def assignment(self) -> set[TopicPartition]:
+        return self.assigned
+
+    def highwater(self, _tp: TopicPartition) -> int:
+        return 0
+
+    async def position(self, _tp: TopicPartition) -> int:
+        return 0
+
+    async def commit(self, offsets: dict[TopicPartition, int]) -> None:
+        if self.refuse_commit:
+            raise CommitFailedError("rebalanced")
+        self.committed.append(offsets)
+
+
+class FakeProducer:
+    """Refuses values over LIMIT at send time; ``fail_acks`` fails the acknowledgement of
+    records whose value contains a marker; ``unavailable`` send attempts fail transiently."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes | None, bytes]] = []
+        self.fail_acks: bytes | None = None
+        self.unavailable = 0
+
+    async def send(
+        self, topic: str, *, key: bytes | None, value: bytes, headers: Any
+    ) -> asyncio.Future[Any]:
+        if self.unavailable:
+            self.unavailable -= 1
+            raise KafkaConnectionError("broker away")
+        if len(value) > LIMIT:
+            raise MessageSizeTooLargeError("too large")
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        if self.fail_acks is not None and self.fail_acks in value and b'"result":{' in value:
+            future.set_exception(MessageSizeTooLargeError("broker refused"))
+        else:
+            self.sent.append((topic, key, value))
+            future.set_result(None)
+        return future
+
+    def on(self, topic: Topic) -> list[dict[str, Any]]:
+        return [json.loads(v) for t, _k, v in self.sent if t == SETTINGS.topic(topic)]
+
+
+def answer(call_id: str, *, big: bool = False, status: Status = Status.SUCCEEDED) -> Outcome:
+    return Outcome(
+        call_id=call_id,
+        tool="get_payment",
+        tenant="tenant-a",
+        status=status,
+        stage=Stage.EXECUTE,
+        result={"pad": "x" * (2 * LIMIT)} if big else {"ok": True},
+        at=datetime.now(UTC),
+    )
+
+
+async def handle(records: Sequence[Rec]) -> list[Handled]:
+    """A handler: b"boom" raises, b"big:<id>" answers too large, others answer their id."""
+    results = []
+    for record in records:
+        value = record.value or b""
+        if value.startswith(b"boom"):
+            raise RuntimeError("a bug triggered by one record")
+        if value.startswith(b"fail"):
+            results.append(Handled(failure="cannot handle", call_id="c-fail"))
+            continue
+        big = value.startswith(b"big:")
+        call_id = value.split(b":")[-1].decode()
+        outcome = answer(call_id, big=big)
+        results.append(Handled(emits=(Emit(topic=Topic.OUTCOMES, key=call_id, value=outcome),)))
+    return results
+
+
+def make_loop(consumer: FakeConsumer, producer: FakeProducer, **options: Any) -> ConsumerLoop:
+    loop = ConsumerLoop(
+        SETTINGS,
+        consumer,
+        producer,
+        stage="execute",
+        group="g",
+        handle=options.pop("handle", handle),
+        answers=Stage.EXECUTE,
+        **options,
+    )
+    consumer.loop = loop
+    return loop
+
+
+async def test_a_failing_or_oversized_record_costs_only_itself() -> None:
+    batch = {
+        TP: [
+            rec(0, b"ok:c-0"),
+            rec(1, b'boom {"call_id": "c-boom"}'),
+            rec(2, b"ok:c-2"),
+            rec(3, b"big:c-big"),
+        ],
+        TP2: [rec(7, b"ok:c-7", partition=1), rec(8, b"fail", partition=1)],
+    }
+    consumer, producer = FakeConsumer([batch]), FakeProducer()
+    loop = make_loop(consumer, producer)
+    await loop.run()
+
+    outcomes = {o["call_id"]: o for o in producer.on(Topic.OUTCOMES)}
+    assert {c: o["status"] for c, o in outcomes.items()} == {
+        "c-0": "succeeded",
+        "c-2": "succeeded",
+        "c-7": "succeeded",
+        # An internal error: the call failed, with a typed error.
+        "c-boom": "failed",
+        "c-fail": "failed",
+        # The effect happened but its result did not fit: the outcome stays, without result.
+        "c-big": "succeeded",
+    }
+    assert outcomes["c-boom"]["error"]["code"] == ErrorCode.PERMANENT_ERROR.value
+    assert outcomes["c-big"]["result"] is None
+    letters = [DeadLetter.model_validate(d) for d in producer.on(Topic.DEADLETTER)]
+    assert sorted(str(d.call_id) for d in letters) == ["c-big", "c-boom", "c-fail"]
+    assert {d.source.offset for d in letters} == {1, 3, 8}
+    assert loop.dead_lettered == 3
+    # Every offset of the batch is committed, after the acknowledgements.
+    assert consumer.committed == [{TP: 4, TP2: 9}]
+    assert loop.processed == 6
+
+
+async def test_a_record_the_broker_refuses_is_dead_lettered_alone() -> None:
+    consumer, producer = (
+        FakeConsumer([{TP: [rec(0, b"ok:c-0"), rec(1, b"ok:c-refused")]}]),
+        (FakeProducer()),
+    )
+    # The broker refuses c-refused's outcome with its result, not without.
+    producer.fail_acks = b'"call_id":"c-refused"'
+    await make_loop(consumer, producer).run()
+    outcomes = producer.on(Topic.OUTCOMES)
+    assert [(o["call_id"], o["result"]) for o in outcomes] == [
+        ("c-0", {"ok": True}),
+        ("c-refused", None),
+    ]
+    (letter,) = producer.on(Topic.DEADLETTER)
+    assert letter["source"]["offset"] == 1
+    assert consumer.committed == [{TP: 2}]
+
+
+async def test_a_broker_away_is_waited_out_not_skipped() -> None:
+    consumer, producer = FakeConsumer([{TP: [rec(0, b"ok:c-0")]}]), FakeProducer()
+    producer.unavailable = 2
+    loop = make_loop(consumer, producer)
+    await loop.run()
+    assert [o["call_id"] for o in producer.on(Topic.OUTCOMES)] == ["c-0"]
+    assert producer.on(Topic.DEADLETTER) == []
+    assert loop.dead_lettered == 0
+    assert consumer.committed == [{TP: 1}]
+
+
+async def test_storage_away_is_retried_and_a_stop_commits_nothing() -> None:
+    calls = 0
+
+    async def flaky(records: Sequence[Rec]) -> list[Handled]:
+        nonlocal calls
+        calls += 1
+        if calls < 3:
+            raise StorageUnavailable()
+        return await handle(records)
+
+    consumer, producer = FakeConsumer([{TP: [rec(0, b"ok:c-0")]}]), FakeProducer()
+    await make_loop(consumer, producer, handle=flaky).run()
+    assert calls == 3
+    assert consumer.committed == [{TP: 1}]
+
+    async def down(records: Sequence[Rec]) -> list[Handled]:
+        loop.stop()
+        raise StorageUnavailable()
+
+    consumer, producer = FakeConsumer([{TP: [rec(0, b"ok:c-0")]}]), FakeProducer()
+    loop = make_loop(consumer, producer, handle=down)
+    await loop.run()
+    assert consumer.committed == []
+    assert producer.sent == []
+
+
+async def test_only_assigned_partitions_are_committed_and_a_refused_commit_is_survived() -> None:
+    batch = {TP: [rec(0, b"ok:c-0")], TP2: [rec(0, b"ok:c-1", partition=1)]}
+    consumer, producer = FakeConsumer([batch]), FakeProducer()
+    consumer.assigned = {TP}
+    crashed: list[str] = []
+    await make_loop(consumer, producer, before_commit=lambda: crashed.append("x")).run()
+    assert consumer.committed == [{TP: 1}]
+    assert crashed == ["x"]
+
+    consumer, producer = FakeConsumer([batch, {TP: [rec(1, b"ok:c-2")]}]), FakeProducer()
+    consumer.refuse_commit = True
+    loop = make_loop(consumer, producer)
+    await loop.run()
+    assert loop.processed == 3  # the loop went on after the refused commit
+
+
+async def test_tick_output_is_published_with_the_same_isolation() -> None:
+    async def tick() -> list[Handled]:
+        return [
+            Handled(emits=(Emit(topic=Topic.OUTCOMES, key="c-t", value=answer("c-t")),)),
+            Handled(emits=(Emit(topic=Topic.OUTCOMES, key="c-b", value=answer("c-b", big=True)),)),
+        ]
+
+    consumer, producer = FakeConsumer([]), FakeProducer()
+    await make_loop(consumer, producer, tick=tick).run()
+    outcomes = producer.on(Topic.OUTCOMES)
+    assert sorted(o["call_id"] for o in outcomes) == ["c-b", "c-t"]
+    assert next(o for o in outcomes if o["call_id"] == "c-b")["result"] is None
+
+
+async def test_by_key_keeps_order_per_key_and_isolates_exceptions() -> None:
+    seen: list[int] = []
+
+    async def one(record: Rec) -> Handled:
+        await asyncio.sleep(0.001 * (5 - record.offset))
+        if record.value == b"boom":
+            raise ValueError("bug")
+        seen.append(record.offset)
+        return Handled(status="ok")
+
+    records = [
+        rec(0, b"a", key=b"k1"),
+        rec(1, b"boom", key=b"k2"),
+        rec(2, b"a", key=b"k1"),
+        rec(3, b"a", key=b"k2"),
+    ]
+    results = await by_key(records, one, concurrency=asyncio.Semaphore(4))
+    assert [r.failure for r in results] == [None, "internal error", None, None]
+    assert seen.index(0) < seen.index(2)
+
+
+def test_failed_answers_with_a_bounded_dead_letter_and_a_typed_outcome() -> None:
+    raw = b'{"call_id": "c-9", "pad": "' + b"x" * 900_000 + b'"}'
+    source = SourcePosition(topic="t", partition=1, offset=2)
+    letter, outcome = failed(raw, reason="r", source=source, stage=Stage.VALIDATE, call_id="c-9")
+    assert isinstance(letter.value, DeadLetter)
+    assert letter.value.raw_size == len(raw)
+    assert len(letter.value.to_bytes()) < 10_000
+    assert isinstance(outcome.value, Outcome)
+    assert (outcome.value.status, outcome.value.stage) == (Status.FAILED, Stage.VALIDATE)
+    # No stage that answers calls, or no readable call id: the dead letter alone.
+    assert len(failed(raw, reason="r", source=source, stage=None, call_id="c-9")) == 1
+    assert len(failed(b"\xff", reason="r", source=source, stage=Stage.EXECUTE)) == 1
+    assert call_id_in(raw) == "c-9"
+    assert call_id_in(b"x" * 5000 + b'"call_id": "late"') is None
+
+
+async def test_retrying_backs_off_and_stops() -> None:
+    assert backoff(0) == BACKOFF_SECONDS[0]
+    assert backoff(99) == BACKOFF_SECONDS[-1]
+    tries = 0
+    checked: list[bool] = []
+
+    async def step() -> str:
+        nonlocal tries
+        tries += 1
+        if tries < 3:
+            raise StorageUnavailable()
+        return "done"
+
+    async def check() -> None:
+        checked.append(True)
+
+    result = await retrying(step, retry_on=(StorageUnavailable,), what="x", first_retry=check)
+    assert (result, tries, checked) == ("done", 3, [True])
+
+    stop = asyncio.Event()
+
+    async def never() -> str:
+        stop.set()
+        raise StorageUnavailable()
+
+    with pytest.raises(Stopped):
+        await retrying(never, retry_on=(StorageUnavailable,), what="x", stop=stop)
+
+
+async def test_limits_are_aligned() -> None:
+    """A validated call fits a Kafka record; every client may carry what a topic accepts."""
+    from pydantic import ValidationError
+
+    from runtime.clients import fetch_bytes, kafka_producer
+
+    with pytest.raises(ValidationError, match="max_record_bytes"):
+        Settings(max_record_bytes=900_000)
+    settings = Settings(kafka_max_message_bytes=2_000_000)
+    assert fetch_bytes(settings) > settings.kafka_max_message_bytes
+    producer = kafka_producer(settings)
+    try:
+        assert producer._max_request_size == settings.kafka_max_message_bytes
+    finally:
+        await producer.stop()
