@@ -85,6 +85,10 @@ def _who(token: Any) -> str | None:
 def _approval(receipt: Any) -> str | None:
     if not isinstance(receipt, dict):
         return None
+    if receipt.get("basis") == "auto":
+        return (
+            f"auto-approved by policy {receipt.get('auto_policy')} at {receipt.get('decided_at')}"
+        )
     return f"approved by {receipt.get('approver')} at {receipt.get('decided_at')}"
 
 
@@ -153,8 +157,9 @@ def _requested(r: Mapping[str, Any]) -> tuple[str, str, Facts, int]:
 def _decided(r: Mapping[str, Any]) -> tuple[str, str, Facts, int]:
     return (
         "approval",
-        f"decision received: {r.get('decision')}",
+        f"decision received: {r.get('decision') or 'signed statement'}",
         _facts(
+            decision_id=r.get("decision_id"),
             approver=_who(r.get("approver")),
             reason=r.get("reason"),
             arguments=r.get("arguments"),
@@ -304,6 +309,18 @@ _LOG_EVENTS: dict[str, tuple[str, str, tuple[str, ...], int]] = {
         ("decision", "approver", "approver_tenant", "decided_at"),
         41,
     ),
+    "approval_decision_refused": (
+        "approval",
+        "signed decision refused: {refusal}",
+        ("decision_id", "decision_call_id", "decision", "approver", "approver_tenant"),
+        41,
+    ),
+    "approval_auto": (
+        "approval",
+        "auto-approved by policy {policy}",
+        ("policy", "policy_version", "fingerprint"),
+        41,
+    ),
     "approval_decision_held": (
         "approval",
         "decision held: request not seen yet",
@@ -337,7 +354,7 @@ _LOG_EVENTS: dict[str, tuple[str, str, tuple[str, ...], int]] = {
     "executed": (
         "executor",
         "executed, recorded in the ledger: {status}",
-        ("operation_id", "status", "code", "policy_version", "approver"),
+        ("operation_id", "status", "code", "policy_version", "approver", "auto_policy"),
         70,
     ),
     "late_result": (

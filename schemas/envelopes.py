@@ -162,13 +162,37 @@ class AuthorizedCall(Record):
     proposed_at: datetime
     authorized_at: datetime
     trace_id: str | None = None
+    # v1.2: the policy whose `@approval("auto")` sent a call that would need an approval
+    # (by its effect) to auto-commit; the approval-join issues the signed receipt naming it.
+    auto_approved_by: str | None = None
 
 
 class ApprovalReceipt(Part):
+    """Why a command that needs an approval may run: who (or which policy) approved which
+    call, fingerprint and policy version, until when. Since v1.2 it is signed by ratifier's
+    approval service (``signature``: a compact JWS, ``typ`` ``ratifier-receipt+jws``, over the
+    other fields) and the executor re-verifies it at commit time; an unsigned receipt no longer
+    lets an approval-needing command run (it ends ``failed/precondition_failed``)."""
+
     approver: str
     decided_at: datetime
     expires_at: datetime
     fingerprint: str
+    call_id: CallId | None = None
+    tenant: Tenant | None = None
+    policy_version: str | None = None
+    # Every distinct approver whose decision counted (four-eyes: two), and their decision ids.
+    approvers: tuple[str, ...] = ()
+    decision_ids: tuple[str, ...] = ()
+    # `approver`, `confirmation` (the subject the call acts for) or `auto` (a policy).
+    basis: str | None = None
+    # The policy id whose `@approval("auto")` approved the call (basis `auto`).
+    auto_policy: str | None = None
+    signature: str | None = Field(default=None, max_length=8192)
+
+    def signed_part(self) -> dict[str, Any]:
+        """What the signature covers: every field but the signature itself."""
+        return self.model_dump(mode="json", exclude={"signature"})
 
 
 class CommittedCommand(Record):
@@ -314,16 +338,51 @@ class ApprovalVerdict(StrEnum):
     EDIT = "edit"
 
 
-class ApprovalDecision(Record):
-    """`approvals.decided`, key `call_id`: a human's signed decision."""
+class DecisionKind(StrEnum):
+    APPROVER = "approver"  # a person with approver rights (staff)
+    CONFIRMATION = "confirmation"  # the subject the call acts for confirms its exact preview
 
+
+class DecisionApprover(Part):
+    """Who decided: an identity, never a credential."""
+
+    sub: str = Field(min_length=1, max_length=256)
+    tenant: Tenant
+    roles: tuple[str, ...] = ()
+
+
+class DecisionStatement(Part):
+    """The signed content of a decision (the JWS payload of `ApprovalDecision.statement`,
+    ``typ`` ``ratifier-decision+jws``): bound to one call, its tenant and fingerprint, valid
+    from ``issued_at`` to ``not_after``."""
+
+    decision_id: CallId
     call_id: CallId
-    fingerprint: str
+    tenant: Tenant
+    fingerprint: str = Field(min_length=1, max_length=256)
     decision: ApprovalVerdict
     arguments: JsonObject | None = None
+    approver: DecisionApprover
+    kind: DecisionKind = DecisionKind.APPROVER
     reason: ShortText | None = None
-    approver: str = Field(min_length=1, max_length=8192, description="signed approver token")
-    decided_at: datetime
+    issued_at: datetime
+    not_after: datetime
+
+
+class ApprovalDecision(Record):
+    """`approvals.decided`, key `call_id`: a decision as a signed statement (v2).
+
+    ``statement`` is a compact JWS (EdDSA or ES256) over a `DecisionStatement`, signed by
+    ratifier's approval service after it authenticated the human (HTTP API, CLI, dashboard) or
+    by the approver's own key from the approvers' JWKS. ``call_id`` and ``decision_id`` are
+    readable copies that must equal the signed ones. The record carries no credential: copied
+    elsewhere it approves nothing. A v1 record (with the approver's bearer token) is refused
+    as ``unsigned``."""
+
+    v: Literal[2] = 2  # type: ignore[assignment]  # v1 carried a bearer token
+    call_id: CallId
+    decision_id: CallId
+    statement: str = Field(min_length=1, max_length=16384, description="compact JWS")
 
 
 class CancelRequest(Record):

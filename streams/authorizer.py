@@ -14,6 +14,7 @@ from datetime import datetime
 
 from pydantic import ValidationError
 
+from approvals.auto import auto_approving_policy
 from commands.catalog import Catalog, Resource, Tool, ToolArguments
 from commands.policy import AuthorizationRequest, Decision, PolicySet, authorize_batch
 from schemas.envelopes import ActorRef, AuthorizedCall, Stage, Status, ValidatedCall
@@ -102,7 +103,7 @@ async def _prepare(
     )
 
 
-def _routed(pending: _Pending, decision: Decision, now: datetime) -> Emit:
+def _routed(pending: _Pending, decision: Decision, now: datetime, policies: PolicySet) -> Emit:
     call, request = pending.call, pending.request
     actor, tool = request.actor, request.tool
     if not decision.permitted or decision.route is None:
@@ -140,6 +141,7 @@ def _routed(pending: _Pending, decision: Decision, now: datetime) -> Emit:
             proposed_at=call.proposed_at,
             authorized_at=now,
             trace_id=call.trace_id,
+            auto_approved_by=auto_approving_policy(policies, tool.effect, decision),
         ),
     )
 
@@ -163,7 +165,8 @@ async def on_validated_batch(
     pending = [p for p in prepared if isinstance(p, _Pending)]
     decisions = iter(authorize_batch([p.request for p in pending], policies))
     return [
-        (_routed(p, next(decisions), now),) if isinstance(p, _Pending) else (p,) for p in prepared
+        (_routed(p, next(decisions), now, policies),) if isinstance(p, _Pending) else (p,)
+        for p in prepared
     ]
 
 

@@ -5,9 +5,10 @@
     POST /approvals/{call_id}/decision   {"decision": "approve"|"reject"|"edit",
                                           "reason": "...", "arguments": {...}}
 
-Every call needs ``Authorization: Bearer <approver token>``. A decision is published as a
-signed `approvals.decided` record bound to the fingerprint of the request shown; the endpoint
-writes no state itself.
+Every call needs ``Authorization: Bearer <approver token>``. The endpoint verifies the token,
+then publishes the decision as a statement signed with the approval service's key, bound to
+the call, tenant and fingerprint of the request shown; the token never leaves the request.
+The endpoint writes no state itself.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import faust
 from faust.web import Request, Response, View
 from pydantic import ValidationError
 
+from approvals.signing import ApprovalKeys, approval_keys
 from schemas.envelopes import ApprovalVerdict
 from schemas.errors import ErrorCode, RatifierError
 from schemas.identity import ContextKeys
@@ -40,6 +42,8 @@ def _token(request: Request) -> str | None:
 def install_approval_api(
     app: faust.App, settings: Settings, *, inbox: ApprovalInbox, keys: ContextKeys
 ) -> None:
+    signing: ApprovalKeys = approval_keys(settings)
+
     def failure(view: View, exc: RatifierError) -> Response:
         status = STATUS_BY_CODE.get(exc.code, 400)
         return view.json(
@@ -71,16 +75,16 @@ def install_approval_api(
     @app.page("/approvals/{call_id}/decision")
     class Decide(View):
         async def post(self, request: Request, call_id: str) -> Response:
-            token = _token(request)
             try:
-                approver = approver_from(token, keys)
+                approver = approver_from(_token(request), keys)
                 body: dict[str, Any] = await request.json()
                 verdict = ApprovalVerdict(str(body.get("decision")))
                 await inbox.catch_up()
                 found = inbox.get(approver.tenant, call_id)
                 decision = decision_for(
                     found,
-                    token=token or "",
+                    approver=approver,
+                    keys=signing,
                     verdict=verdict,
                     reason=body.get("reason"),
                     arguments=body.get("arguments"),
@@ -99,7 +103,7 @@ def install_approval_api(
                 )
             await publish_decision(settings, decision)
             return self.json(
-                {"published": True, "call_id": call_id, "fingerprint": decision.fingerprint},
+                {"published": True, "call_id": call_id, "fingerprint": found.fingerprint},
                 status=202,
             )
 

@@ -13,6 +13,8 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from pydantic import ValidationError
 
+from approvals.rights import APPROVER_ROLE
+from approvals.signing import ApprovalKeys, sign_decision, statement_for
 from commands.topic_reader import TopicReader
 from schemas.envelopes import (
     TERMINAL_STATUSES,
@@ -20,12 +22,12 @@ from schemas.envelopes import (
     ApprovalDecision,
     ApprovalRequest,
     ApprovalVerdict,
+    DecisionKind,
 )
 from schemas.errors import PolicyDenied, ResourceNotFound, Unauthenticated
 from schemas.identity import ContextKeys, verify_context_token
 from schemas.names import Topic
 from schemas.settings import Settings
-from streams.approval import APPROVER_ROLE
 
 _TERMINAL = {s.value for s in TERMINAL_STATUSES}
 
@@ -95,22 +97,32 @@ class ApprovalInbox:
 def decision_for(
     request: ApprovalRequest,
     *,
-    token: str,
+    approver: Actor,
+    keys: ApprovalKeys,
     verdict: ApprovalVerdict,
     reason: str | None = None,
     arguments: dict[str, Any] | None = None,
     fingerprint: str | None = None,
+    kind: DecisionKind = DecisionKind.APPROVER,
+    now: datetime | None = None,
 ) -> ApprovalDecision:
-    """A decision bound to the request the human saw (its fingerprint)."""
-    return ApprovalDecision(
+    """A decision about the request the human saw (its call, tenant and fingerprint), by the
+    approver the caller authenticated, signed with the approval service's key. The approver's
+    token stays with the caller: it is never part of the decision."""
+    statement = statement_for(
         call_id=request.call_id,
+        tenant=request.tenant,
         fingerprint=fingerprint or request.fingerprint,
-        decision=verdict,
-        arguments=arguments,
+        approver=approver,
+        verdict=verdict,
+        now=now or datetime.now(UTC),
+        validity=keys.decision_validity,
+        not_after=request.expires_at,
         reason=reason,
-        approver=token,
-        decided_at=datetime.now(UTC),
+        arguments=arguments,
+        kind=kind,
     )
+    return sign_decision(statement, keys)
 
 
 async def publish_decision(settings: Settings, decision: ApprovalDecision) -> None:

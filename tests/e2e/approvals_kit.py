@@ -9,8 +9,9 @@ from typing import Any
 
 import psycopg
 
+from approvals.signing import approval_keys, sign_decision, statement_for
 from schemas.envelopes import ApprovalDecision, ApprovalVerdict
-from schemas.identity import context_keys, issue_context_token
+from schemas.identity import context_keys, issue_context_token, verify_context_token
 from schemas.names import Topic
 from schemas.settings import Settings
 from tests.e2e.conftest import Pipeline
@@ -63,26 +64,60 @@ def propose(pipeline: Pipeline, n: int = 1, **change: Any) -> list[dict[str, Any
     return [found[cid] for cid in ids]
 
 
+def signed_decision(
+    pipeline: Pipeline,
+    request: dict[str, Any],
+    approver_token: str,
+    verdict: ApprovalVerdict = ApprovalVerdict.APPROVE,
+    **change: Any,
+) -> ApprovalDecision:
+    """What the approval service publishes for a human: it verifies the approver's token,
+    then signs a statement about the request (``change`` overrides statement fields)."""
+    settings = pipeline.settings
+    approver = verify_context_token(approver_token, context_keys(settings))
+    keys = approval_keys(settings)
+    body: dict[str, Any] = {
+        "call_id": request["call_id"],
+        "tenant": request["tenant"],
+        "fingerprint": request["fingerprint"],
+        "approver": approver,
+        "verdict": verdict,
+        "now": datetime.now(UTC),
+        "validity": keys.decision_validity,
+    }
+    return sign_decision(statement_for(**{**body, **change}), keys)
+
+
+def publish_decision(
+    pipeline: Pipeline, decision: ApprovalDecision, key: str | None = None
+) -> None:
+    run(
+        publish(
+            pipeline.settings,
+            [(key or decision.call_id, decision.to_bytes())],
+            Topic.APPROVALS_DECIDED,
+        )
+    )
+
+
 def decide(
     pipeline: Pipeline,
     request: dict[str, Any],
     approver_token: str,
     verdict: ApprovalVerdict = ApprovalVerdict.APPROVE,
     **change: Any,
-) -> None:
-    body: dict[str, Any] = {
-        "call_id": request["call_id"],
-        "fingerprint": request["fingerprint"],
-        "decision": verdict,
-        "approver": approver_token,
-        "decided_at": datetime.now(UTC),
-    }
-    decision = ApprovalDecision.model_validate({**body, **change})
-    run(
-        publish(
-            pipeline.settings, [(decision.call_id, decision.to_bytes())], Topic.APPROVALS_DECIDED
-        )
-    )
+) -> ApprovalDecision:
+    decision = signed_decision(pipeline, request, approver_token, verdict, **change)
+    publish_decision(pipeline, decision)
+    return decision
+
+
+def refusals(pipeline: Pipeline, call_id: str) -> list[str]:
+    return [
+        str(d.get("refusal"))
+        for k, d in audit(pipeline, call_id)
+        if k == "approval_decision_refused"
+    ]
 
 
 def terminal_outcomes(

@@ -18,8 +18,10 @@ def test_json_schema_files_are_fresh() -> None:
 
 def test_every_record_topic_is_a_topic() -> None:
     assert set(CONTRACT_RECORDS) <= {t.value for t in Topic}
-    for name in render():
-        assert json.loads(render()[name])["properties"]["v"]["const"] == 1
+    # approvals.decided is v2 (a signed statement; v1 carried a bearer token), the rest v1.
+    for name, text in render().items():
+        expected = 2 if name == "approvals.decided.json" else 1
+        assert json.loads(text)["properties"]["v"]["const"] == expected
 
 
 def test_fingerprint_is_canonical() -> None:

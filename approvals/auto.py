@@ -1,0 +1,18 @@
+"""`@approval("auto")`: which policy approved a call whose effect would need a human."""
+
+from __future__ import annotations
+
+from commands.policy import APPROVAL_ANNOTATION, APPROVAL_EFFECTS, Decision, PolicySet
+from schemas.envelopes import Effect, Route
+
+
+def auto_approving_policy(policies: PolicySet, effect: Effect, decision: Decision) -> str | None:
+    """The id of the permitting policy annotated `@approval("auto")` that sent an
+    approval-needing effect to auto-commit; None when no approval was needed or waived."""
+    if decision.route is not Route.AUTO or effect not in APPROVAL_EFFECTS:
+        return None
+    for reason in decision.reasons:
+        annotations = policies.annotations.get(reason, {})
+        if annotations.get(APPROVAL_ANNOTATION) == "auto":
+            return annotations.get("id", reason)
+    return None
