@@ -192,7 +192,10 @@ def install_approval_join(
                     source=position,
                     at=now,
                 )
-                return None, [Step(state=None, emits=(letter,))]
+                # The call's own state is untouched: a poison record under its key is no
+                # reason to forget (or change) its pending approval.
+                untouched = load(key) if key else None
+                return untouched, [Step(state=untouched, emits=(letter,))]
         if not key:
             raise ValueError("a record without a key")
         state = load(key)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -28,8 +30,25 @@ def token(
 
 def propose(pipeline: Pipeline, n: int = 1, **change: Any) -> list[dict[str, Any]]:
     """Propose ``n`` refunds as agent-1 (refund role); return their approval requests."""
+    ids = propose_only(pipeline, n, **change)
+    records = run(
+        read_until(
+            pipeline.settings,
+            [Topic.APPROVALS_REQUESTED],
+            lambda recs: set(ids) <= {json.loads(r.value)["call_id"] for r in recs},
+            timeout=45,
+        )
+    )
+    found = {json.loads(r.value)["call_id"]: json.loads(r.value) for r in records}
+    return [found[cid] for cid in ids]
+
+
+def propose_only(
+    pipeline: Pipeline, n: int = 1, roles: tuple[str, ...] = ("refund",), **change: Any
+) -> list[str]:
+    """Propose ``n`` refunds as agent-1; return their call ids."""
     settings = pipeline.settings
-    requester = token(settings, "agent-1", roles=("refund",))
+    requester = token(settings, "agent-1", roles=roles)
     ids = [f"ap-{uuid.uuid4().hex[:12]}" for _ in range(n)]
     run(
         publish(
@@ -52,16 +71,7 @@ def propose(pipeline: Pipeline, n: int = 1, **change: Any) -> list[dict[str, Any
             ],
         )
     )
-    records = run(
-        read_until(
-            settings,
-            [Topic.APPROVALS_REQUESTED],
-            lambda recs: set(ids) <= {json.loads(r.value)["call_id"] for r in recs},
-            timeout=45,
-        )
-    )
-    found = {json.loads(r.value)["call_id"]: json.loads(r.value) for r in records}
-    return [found[cid] for cid in ids]
+    return ids
 
 
 def signed_decision(
@@ -110,6 +120,15 @@ def decide(
     decision = signed_decision(pipeline, request, approver_token, verdict, **change)
     publish_decision(pipeline, decision)
     return decision
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 30) -> None:
+    """Poll ``condition`` until it holds (the audit is written asynchronously)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.2)
 
 
 def refusals(pipeline: Pipeline, call_id: str) -> list[str]:

@@ -1,0 +1,213 @@
+"""Issue 13 through real Kafka, Redis and PostgreSQL: signed decisions bound to one call,
+auto-approval receipts, dead-lettered garbage, and no credential on the topic or in the audit."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from ratifier.topics import delete_topics
+from schemas.envelopes import ApprovalVerdict
+from schemas.names import Topic
+from tests.e2e.approvals_kit import (
+    committed,
+    decide,
+    propose,
+    propose_only,
+    publish_decision,
+    refusals,
+    signed_decision,
+    terminal_outcomes,
+    token,
+    wait_for,
+)
+from tests.e2e.conftest import Pipeline, SigningKeys, start_pipeline
+from tests.services import publish, read_to_end, read_until, run
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
+
+COMPACT_JWS = re.compile(r"eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*\.[A-Za-z0-9_-]+")
+
+
+@pytest.fixture(scope="module")
+def secured(signing_keys: SigningKeys) -> Iterator[Pipeline]:
+    pipeline = start_pipeline(signing_keys, "e2e-approval-security", audit_sink=True)
+    try:
+        yield pipeline
+    finally:
+        pipeline.stop()
+        run(delete_topics(pipeline.settings))
+
+
+def _reject(pipeline: Pipeline, request: dict[str, Any]) -> dict[str, Any]:
+    """A valid reject after the records under test: once its outcome is there, every earlier
+    decision of the call was processed (same partition, in order)."""
+    decide(pipeline, request, token(pipeline.settings, "boss"), ApprovalVerdict.REJECT)
+    (outcome,) = terminal_outcomes(pipeline, {request["call_id"]})[request["call_id"]]
+    return outcome
+
+
+def test_a_decision_readdressed_to_another_call_approves_nothing(secured: Pipeline) -> None:
+    first, second = propose(secured, n=2)
+    assert first["fingerprint"] == second["fingerprint"]  # same arguments, same fingerprint
+    for_first = signed_decision(secured, first, token(secured.settings, "boss"))
+    # (a) the body's call id rewritten to the second call, published under its key
+    publish_decision(secured, for_first.model_copy(update={"call_id": second["call_id"]}))
+    # (b) the first call's unchanged bytes under the second call's key
+    publish_decision(secured, for_first, key=second["call_id"])
+    outcome = _reject(secured, second)
+    assert (outcome["status"], outcome["error"]["code"]) == ("rejected", "approval_rejected")
+    assert committed(secured, {second["call_id"]})[second["call_id"]] == []
+    assert sorted(refusals(secured, second["call_id"])) == ["body_mismatch", "key_mismatch"]
+    # The decision still approves the call it was signed for, and only once.
+    publish_decision(secured, for_first)
+    (done,) = terminal_outcomes(secured, {first["call_id"]})[first["call_id"]]
+    assert done["status"] == "succeeded", done
+    assert done["approval"]["decision_ids"] == [for_first.decision_id]
+
+
+def test_an_auto_approved_write_executes_and_the_audit_names_the_policy(
+    secured: Pipeline,
+) -> None:
+    (call_id,) = propose_only(secured, roles=("refund", "refund_auto"), amount_minor=7)
+    (outcome,) = terminal_outcomes(secured, {call_id})[call_id]
+    assert outcome["status"] == "succeeded", outcome
+    receipt = outcome["approval"]
+    assert (receipt["basis"], receipt["auto_policy"]) == (
+        "auto",
+        "refund-small-auto-for-trusted-agents",
+    )
+    assert receipt["signature"]
+
+    def shown() -> str:
+        result = subprocess.run(
+            [sys.executable, "-m", "ratifier.cli", "audit", "show", call_id],
+            env={**os.environ, **secured.env},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        return result.stdout
+
+    wait_for(lambda: "outcome: succeeded" in shown(), timeout=45)
+    text = shown()
+    assert "auto-approved by policy refund-small-auto-for-trusted-agents" in text
+    assert "precondition_failed" not in text
+
+
+def test_keyless_and_oversized_decisions_are_dead_lettered_while_others_commit(
+    secured: Pipeline,
+) -> None:
+    requests = propose(secured, n=3)
+    boss = token(secured.settings, "boss")
+    good = [signed_decision(secured, r, boss) for r in requests]
+    keyless = good[0].to_bytes()
+    garbage = b"\x00garbage" + os.urandom(900 * 1024)
+    marker = f"poison-{time.time_ns()}"
+    run(
+        publish(
+            secured.settings,
+            [
+                (None, keyless),
+                (requests[1]["call_id"], garbage),
+                (requests[2]["call_id"], json.dumps({"marker": marker}).encode()),
+                *[(d.call_id, d.to_bytes()) for d in good],
+            ],
+            Topic.APPROVALS_DECIDED,
+        )
+    )
+    ids = {r["call_id"] for r in requests}
+    try:
+        outcomes = terminal_outcomes(secured, ids)
+    except TimeoutError:
+        from tests.e2e.approvals_kit import audit
+
+        for c in ids:
+            print("AUDIT", c, audit(secured, c))
+        dl = run(read_to_end(secured.settings, [Topic.DEADLETTER]))
+        print("DL", [json.loads(r.value)["reason"] for r in dl])
+        raise
+    assert {c: [o["status"] for o in found] for c, found in outcomes.items()} == {
+        c: ["succeeded"] for c in ids
+    }
+    source = secured.settings.topic(Topic.APPROVALS_DECIDED)
+
+    def letters(records: list[Any]) -> list[dict[str, Any]]:
+        found = [json.loads(r.value) for r in records]
+        return [d for d in found if d.get("source", {}).get("topic") == source]
+
+    records = run(
+        read_until(
+            secured.settings,
+            [Topic.DEADLETTER],
+            lambda recs: len(letters(recs)) >= 3,
+            timeout=45,
+        )
+    )
+    reasons = sorted(d["reason"] for d in letters(records))
+    assert "approval-join: decision without a key" in reasons
+    assert "approval-join: oversized decision" in reasons
+    assert "approval-join: unreadable decision" in reasons
+    for letter in letters(records):
+        assert letter["raw_base64"] == ""  # digest and size only
+    assert max(d["raw_size"] for d in letters(records)) == len(garbage)
+
+
+def _jws_types(text: str) -> list[str]:
+    """The ``typ`` of every compact JWS in ``text`` (bearer context tokens have none)."""
+    found = []
+    for match in COMPACT_JWS.finditer(text):
+        head = match.group().split(".")[0]
+        try:
+            header = json.loads(base64.urlsafe_b64decode(head + "=" * (-len(head) % 4)))
+        except ValueError:
+            header = {}
+        found.append(str(header.get("typ", "bearer")))
+    return found
+
+
+def test_no_token_on_the_decided_topic_and_none_in_audit_records(secured: Pipeline) -> None:
+    (request,) = propose(secured)
+    boss = token(secured.settings, "boss")
+    decide(secured, request, boss)
+    (done,) = terminal_outcomes(secured, {request["call_id"]})[request["call_id"]]
+    assert done["status"] == "succeeded"
+    decided = run(read_to_end(secured.settings, [Topic.APPROVALS_DECIDED]))
+    text = "\n".join((r.value or b"").decode(errors="replace") for r in decided)
+    assert request["call_id"] in text
+    assert boss not in text
+    # Only signed decision statements: no bearer token, no receipt standing in.
+    assert set(_jws_types(text)) == {"ratifier-decision+jws"}
+
+    def recorded() -> bool:
+        with psycopg.connect(secured.settings.database_url) as conn:
+            (n,) = conn.execute(
+                "SELECT count(*) FROM audit_records WHERE prefix = %s AND call_id = %s "
+                "AND status = 'succeeded'",
+                (secured.settings.topic_prefix, request["call_id"]),
+            ).fetchone() or (0,)
+        return int(n) > 0
+
+    wait_for(recorded, timeout=45)
+    with psycopg.connect(secured.settings.database_url) as conn:
+        rows = conn.execute(
+            "SELECT record::text FROM audit_records WHERE prefix = %s",
+            (secured.settings.topic_prefix,),
+        ).fetchall()
+        log = conn.execute("SELECT detail::text FROM audit_log").fetchall()
+    audit_text = "\n".join(r[0] or "" for r in rows)
+    assert len(rows) > 10
+    assert _jws_types(audit_text) == []  # no token of any kind
+    assert boss not in audit_text
+    assert _jws_types("\n".join(r[0] or "" for r in log)) == []
