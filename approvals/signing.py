@@ -242,7 +242,11 @@ def sign_decision(
         _canonical(statement.model_dump(mode="json")), DECISION_TYPE, keys, key=key, kid=kid
     )
     return ApprovalDecision(
-        call_id=statement.call_id, decision_id=statement.decision_id, statement=jws
+        call_id=statement.call_id,
+        decision_id=statement.decision_id,
+        decision=statement.decision,
+        decided_by=statement.approver.sub,
+        statement=jws,
     )
 
 
@@ -291,7 +295,9 @@ def verify_decision(
         statement = DecisionStatement.model_validate_json(payload)
     except ValidationError:
         return DecisionRefusal.MALFORMED
-    if record.call_id != statement.call_id or record.decision_id != statement.decision_id:
+    readable = (record.call_id, record.decision_id, record.decision, record.decided_by)
+    signed = (statement.call_id, statement.decision_id, statement.decision, statement.approver.sub)
+    if readable != signed:
         return DecisionRefusal.BODY_MISMATCH
     if kafka_key != statement.call_id:
         return DecisionRefusal.KEY_MISMATCH

@@ -157,10 +157,10 @@ def _requested(r: Mapping[str, Any]) -> tuple[str, str, Facts, int]:
 def _decided(r: Mapping[str, Any]) -> tuple[str, str, Facts, int]:
     return (
         "approval",
-        f"decision received: {r.get('decision') or 'signed statement'}",
+        f"decision received: {r.get('decision')}",
         _facts(
             decision_id=r.get("decision_id"),
-            approver=_who(r.get("approver")),
+            approver=r.get("decided_by") or _who(r.get("approver")),
             reason=r.get("reason"),
             arguments=r.get("arguments"),
             decided_at=r.get("decided_at"),

@@ -306,9 +306,13 @@ def feed_item(row: Mapping[str, Any]) -> dict[str, Any]:
     }
     if row["stream"] == "approvals.decided":
         decision = record.get("decision")
-        # The sink masks the approver's token, keeping the identity it proved.
+        # v2 (signed) decisions name the approver in `decided_by` (the join refuses a record
+        # whose copy differs from the signed statement); v1 records carried a token the sink
+        # masked, keeping the identity it proved.
         proved = record.get("approver")
         approver: dict[str, Any] = proved if isinstance(proved, dict) else {}
+        if isinstance(record.get("decided_by"), str):
+            approver = {"sub": record["decided_by"], "verified": True}
         return {
             **base,
             "kind": "decision",

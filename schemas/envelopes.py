@@ -374,14 +374,17 @@ class ApprovalDecision(Record):
 
     ``statement`` is a compact JWS (EdDSA or ES256) over a `DecisionStatement`, signed by
     ratifier's approval service after it authenticated the human (HTTP API, CLI, dashboard) or
-    by the approver's own key from the approvers' JWKS. ``call_id`` and ``decision_id`` are
-    readable copies that must equal the signed ones. The record carries no credential: copied
-    elsewhere it approves nothing. A v1 record (with the approver's bearer token) is refused
-    as ``unsigned``."""
+    by the approver's own key from the approvers' JWKS. ``call_id``, ``decision_id``,
+    ``decision`` and ``decided_by`` (the approver's ``sub``) are readable copies for
+    dashboards and audits; a record whose copies differ from the signed values is refused.
+    The record carries no credential: copied elsewhere it approves nothing. A v1 record (with
+    the approver's bearer token) is refused as ``unsigned``."""
 
     v: Literal[2] = 2  # type: ignore[assignment]  # v1 carried a bearer token
     call_id: CallId
     decision_id: CallId
+    decision: ApprovalVerdict
+    decided_by: str = Field(min_length=1, max_length=256)
     statement: str = Field(min_length=1, max_length=16384, description="compact JWS")
 
 
