@@ -2,8 +2,23 @@
 
 from __future__ import annotations
 
+from commands.catalog import Resource
 from commands.policy import APPROVAL_ANNOTATION, APPROVAL_EFFECTS, Decision, PolicySet
 from schemas.envelopes import Effect, Route
+
+# Resource attributes that name whom a resource belongs to, in order of preference.
+OWNER_ATTRIBUTES = ("owner", "customer_id", "customer_email")
+
+
+def resource_owner(resource: Resource | None) -> str | None:
+    """Whom the loaded resource belongs to (the subject who may confirm a call on it)."""
+    if resource is None:
+        return None
+    for name in OWNER_ATTRIBUTES:
+        value = resource.attributes.get(name)
+        if isinstance(value, str) and value:
+            return value
+    return None
 
 
 def auto_approving_policy(policies: PolicySet, effect: Effect, decision: Decision) -> str | None:

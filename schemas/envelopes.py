@@ -165,6 +165,9 @@ class AuthorizedCall(Record):
     # v1.2: the policy whose `@approval("auto")` sent a call that would need an approval
     # (by its effect) to auto-commit; the approval-join issues the signed receipt naming it.
     auto_approved_by: str | None = None
+    # v1.2: whom the resource the call acts on belongs to (its loader's owner attribute,
+    # e.g. a payment's customer): the subject who may confirm the call.
+    resource_owner: str | None = Field(default=None, max_length=256)
 
 
 class ApprovalReceipt(Part):
@@ -330,6 +333,10 @@ class ApprovalRequest(Record):
     policy_version: str
     requested_by: str
     expires_at: datetime
+    # v1.2: the subject the call acts for (the resource's owner), who may confirm it, and
+    # how many distinct approvers it needs.
+    subject: str | None = None
+    required_approvals: int = Field(default=1, ge=1)
 
 
 class ApprovalVerdict(StrEnum):

@@ -68,6 +68,9 @@ class Settings(BaseSettings):
     # How long a decision signed by the service stays usable, and how long a terminal
     # approval state is kept after the request's expiry (besides the clock skew) before it
     # is deleted: until then a replayed decision is still recognised as used.
+    # Approver rights (Cedar): a directory with *.cedar and approvers.cedarschema.json;
+    # default: the reference set in approvals/policies.
+    approver_policy_dir: str | None = None
     approval_decision_validity_seconds: int = Field(default=15 * 60, ge=1)
     approval_retention_margin_seconds: int = Field(default=300, ge=0)
     # `ratifier dashboard` serves the web dashboard here, on 127.0.0.1.

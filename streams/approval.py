@@ -251,8 +251,9 @@ def on_authorized(
         )
     if state is not None and state.phase is not Phase.HELD:
         return Step(state=state)  # redelivery: this call already has its request
-    pending_call = PendingCall(call=call, tool=tool)
+    pending_call = PendingCall(call=call, tool=tool, owner=call.resource_owner)
     ttl = rules.rights.ttl(pending_call) or rules.ttl
+    required = rules.rights.required_approvals(pending_call)
     request = ApprovalRequest(
         call_id=call.call_id,
         operation_id=call.operation_id,
@@ -265,8 +266,9 @@ def on_authorized(
         policy_version=call.policy_version,
         requested_by=call.actor.sub,
         expires_at=now + ttl,
+        subject=call.resource_owner,
+        required_approvals=required,
     )
-    required = rules.rights.required_approvals(pending_call)
     pending = ApprovalState(
         call_id=call.call_id,
         phase=Phase.PENDING,
@@ -329,7 +331,9 @@ def decision_refusal(
         now >= state.expires_at or statement.issued_at >= state.expires_at
     ):
         return DecisionRefusal.REQUEST_EXPIRED
-    refused = rights.refusal(statement, PendingCall(call=call, tool=tool))
+    refused = rights.refusal(
+        statement, PendingCall(call=call, tool=tool, owner=call.resource_owner)
+    )
     if refused is not None:
         return refused
     if statement.decision is ApprovalVerdict.APPROVE and statement.approver.sub in state.approvals:

@@ -20,6 +20,7 @@ from typing import Any
 import faust
 from pydantic import ValidationError
 
+from approvals.policy import PolicyRights
 from approvals.signing import approval_keys, verify_decision
 from commands.catalog import Catalog
 from commands.policy import authorize
@@ -88,6 +89,7 @@ def install_approval_join(
         ttl=timedelta(seconds=settings.approval_ttl_seconds),
         hold=timedelta(seconds=settings.approval_hold_seconds),
         retention=timedelta(seconds=settings.approval_retention_margin_seconds),
+        rights=PolicyRights.for_settings(settings),
     )
     names = {
         settings.topic(t): t

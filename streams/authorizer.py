@@ -14,7 +14,7 @@ from datetime import datetime
 
 from pydantic import ValidationError
 
-from approvals.auto import auto_approving_policy
+from approvals.auto import auto_approving_policy, resource_owner
 from commands.catalog import Catalog, Resource, Tool, ToolArguments
 from commands.policy import AuthorizationRequest, Decision, PolicySet, authorize_batch
 from schemas.envelopes import ActorRef, AuthorizedCall, Stage, Status, ValidatedCall
@@ -142,6 +142,7 @@ def _routed(pending: _Pending, decision: Decision, now: datetime, policies: Poli
             authorized_at=now,
             trace_id=call.trace_id,
             auto_approved_by=auto_approving_policy(policies, tool.effect, decision),
+            resource_owner=resource_owner(request.resource),
         ),
     )
 
