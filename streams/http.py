@@ -4,6 +4,8 @@
     GET  /approvals/{call_id}            one pending request
     POST /approvals/{call_id}/decision   {"decision": "approve"|"reject"|"edit",
                                           "reason": "...", "arguments": {...}}
+    GET  /confirmations/{call_id}        the request, for the subject it acts for only
+    POST /confirmations/{call_id}        {"decision": "approve"|"reject", "reason": "..."}
 
 Every call needs ``Authorization: Bearer <approver token>``. The endpoint verifies the token,
 then publishes the decision as a statement signed with the approval service's key, bound to
@@ -20,11 +22,17 @@ from faust.web import Request, Response, View
 from pydantic import ValidationError
 
 from approvals.signing import ApprovalKeys, approval_keys
-from schemas.envelopes import ApprovalVerdict
+from schemas.envelopes import ApprovalVerdict, DecisionKind
 from schemas.errors import ErrorCode, RatifierError
 from schemas.identity import ContextKeys
 from schemas.settings import Settings
-from streams.inbox import ApprovalInbox, approver_from, decision_for, publish_decision
+from streams.inbox import (
+    ApprovalInbox,
+    approver_from,
+    decision_for,
+    publish_decision,
+    subject_from,
+)
 
 STATUS_BY_CODE = {
     ErrorCode.UNAUTHENTICATED: 401,
@@ -107,4 +115,59 @@ def install_approval_api(
                 status=202,
             )
 
-    del Pending, One, Decide  # registered with the app
+    @app.page("/confirmations/{call_id}")
+    class Confirmation(View):
+        """End-user confirmation: the subject the call acts for (the resource's owner, with
+        the context token the agent runtime issued for them) sees the exact preview and
+        confirms or declines it. Anyone else's request looks absent."""
+
+        async def get(self, request: Request, call_id: str) -> Response:
+            try:
+                subject = subject_from(_token(request), keys)
+                await inbox.catch_up()
+                found = inbox.for_subject(subject, call_id)
+            except RatifierError as exc:
+                return failure(self, exc)
+            return self.json(found.model_dump(mode="json"))
+
+        async def post(self, request: Request, call_id: str) -> Response:
+            try:
+                subject = subject_from(_token(request), keys)
+                body: dict[str, Any] = await request.json()
+                verdict = ApprovalVerdict(str(body.get("decision")))
+                if verdict is ApprovalVerdict.EDIT:
+                    raise ValueError("a confirmation approves or rejects")
+                await inbox.catch_up()
+                found = inbox.for_subject(subject, call_id)
+                decision = decision_for(
+                    found,
+                    approver=subject,
+                    keys=signing,
+                    verdict=verdict,
+                    reason=body.get("reason"),
+                    kind=DecisionKind.CONFIRMATION,
+                )
+            except RatifierError as exc:
+                return failure(self, exc)
+            except (ValueError, ValidationError):
+                return self.json(
+                    {
+                        "error": {
+                            "code": "invalid_arguments",
+                            "message": "decision must be approve or reject",
+                        }
+                    },
+                    status=400,
+                )
+            await publish_decision(settings, decision)
+            return self.json(
+                {
+                    "published": True,
+                    "call_id": call_id,
+                    "fingerprint": found.fingerprint,
+                    "decision_id": decision.decision_id,
+                },
+                status=202,
+            )
+
+    del Pending, One, Decide, Confirmation  # registered with the app

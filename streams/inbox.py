@@ -42,6 +42,13 @@ def approver_from(token: str | None, keys: ContextKeys) -> Actor:
     return actor
 
 
+def subject_from(token: str | None, keys: ContextKeys) -> Actor:
+    """The end user named by ``token`` (no role needed: ownership is checked per request)."""
+    if not token:
+        raise Unauthenticated()
+    return verify_context_token(token, keys)
+
+
 class ApprovalInbox:
     """Pending requests, kept from the `approvals.requested` and `outcomes` topics."""
 
@@ -82,6 +89,13 @@ class ApprovalInbox:
         """The pending request; absent and other tenants' look the same."""
         request = self._pending.get(call_id)
         if request is None or request.tenant != tenant:
+            raise ResourceNotFound()
+        return request
+
+    def for_subject(self, subject: Actor, call_id: str) -> ApprovalRequest:
+        """The pending request a subject may confirm: theirs only; others' look absent."""
+        request = self.get(subject.tenant, call_id)
+        if request.subject is None or request.subject != subject.sub:
             raise ResourceNotFound()
         return request
 

@@ -10,14 +10,20 @@ import re
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
+import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
+import commands
 from ratifier.topics import delete_topics
-from schemas.envelopes import ApprovalVerdict
+from schemas.envelopes import ApprovalVerdict, DecisionKind
 from schemas.names import Topic
 from tests.e2e.approvals_kit import (
     committed,
@@ -39,9 +45,45 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
 COMPACT_JWS = re.compile(r"eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*\.[A-Za-z0-9_-]+")
 
 
+DESTRUCTIVE_FORBID = (
+    'forbid (principal, action, resource)\nwhen { context.effect == "destructive" };'
+)
+OPERATORS = """forbid (principal, action, resource)
+when { context.effect == "destructive" }
+unless { principal.roles.contains("destructive_operator") };
+
+@id("destructive-by-operators")
+permit (principal, action, resource)
+when { context.effect == "destructive" && resource.tenant == principal.tenant &&
+       principal.roles.contains("destructive_operator") };
+"""
+
+
+def operator_policies(directory: Path) -> Path:
+    """The reference call policies, except that destructive operators may propose
+    destructive calls (which the approver policies then route to four-eyes)."""
+    source = Path(commands.__file__).parent / "policies"
+    directory.mkdir(parents=True, exist_ok=True)
+    for path in source.iterdir():
+        text = path.read_text(encoding="utf-8")
+        if path.suffix == ".cedar":
+            assert DESTRUCTIVE_FORBID in text, "the reference destructive forbid changed"
+            text = text.replace(DESTRUCTIVE_FORBID, OPERATORS)
+        (directory / path.name).write_text(text, encoding="utf-8")
+    return directory
+
+
 @pytest.fixture(scope="module")
-def secured(signing_keys: SigningKeys) -> Iterator[Pipeline]:
-    pipeline = start_pipeline(signing_keys, "e2e-approval-security", audit_sink=True)
+def secured(
+    signing_keys: SigningKeys, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Pipeline]:
+    policies = operator_policies(tmp_path_factory.mktemp("policies"))
+    pipeline = start_pipeline(
+        signing_keys,
+        "e2e-approval-security",
+        audit_sink=True,
+        RATIFIER_POLICY_DIR=str(policies),
+    )
     try:
         yield pipeline
     finally:
@@ -211,3 +253,100 @@ def test_no_token_on_the_decided_topic_and_none_in_audit_records(secured: Pipeli
     assert _jws_types(audit_text) == []  # no token of any kind
     assert boss not in audit_text
     assert _jws_types("\n".join(r[0] or "" for r in log)) == []
+
+
+def _http(
+    pipeline: Pipeline, path: str, auth: str, body: dict[str, Any] | None = None
+) -> tuple[int, Any]:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{pipeline.http_port}{path}",
+        method="POST" if body is not None else "GET",
+        data=json.dumps(body).encode() if body is not None else None,
+        headers={"Authorization": f"Bearer {auth}", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return exc.code, json.loads(exc.read() or b"null")
+
+
+def test_an_approver_over_the_amount_is_refused(secured: Pipeline) -> None:
+    (large,) = propose(secured, payment_id="pay_A1002", amount_minor=1500)
+    clerk = token(secured.settings, "clerk", roles=("refund_clerk",))
+    decide(secured, large, clerk)  # clerks approve refunds up to 10.00 only
+    decide(secured, large, token(secured.settings, "boss"))
+    (done,) = terminal_outcomes(secured, {large["call_id"]})[large["call_id"]]
+    assert (done["status"], done["approval"]["approvers"]) == ("succeeded", ["boss"])
+    assert refusals(secured, large["call_id"]) == ["approver_not_permitted"]
+    (small,) = propose(secured, payment_id="pay_A1002", amount_minor=9)
+    decide(secured, small, clerk)
+    (done,) = terminal_outcomes(secured, {small["call_id"]})[small["call_id"]]
+    assert (done["status"], done["approval"]["approvers"]) == ("succeeded", ["clerk"])
+
+
+def test_a_customer_confirms_their_own_action_and_not_anothers(secured: Pipeline) -> None:
+    (bobs,) = propose(secured, payment_id="pay_A1002", amount_minor=3)  # bob's payment
+    assert bobs["subject"] == "bob@example.com"
+    bob = token(secured.settings, "bob@example.com", roles=())
+    alice = token(secured.settings, "alice@example.com", roles=())
+    path = f"/confirmations/{bobs['call_id']}"
+    # Alice can neither see nor confirm Bob's action; an approver API is no way in either.
+    assert _http(secured, path, alice)[0] == 404
+    assert _http(secured, path, alice, {"decision": "approve"})[0] == 404
+    assert _http(secured, f"/approvals/{bobs['call_id']}", alice)[0] == 403
+    # A confirmation signed for Alice reaching the join some other way is refused too.
+    publish_decision(secured, signed_decision(secured, bobs, alice, kind=DecisionKind.CONFIRMATION))
+    status, shown = _http(secured, path, bob)
+    assert (status, shown["preview"]) == (200, bobs["preview"])
+    status, answer = _http(secured, path, bob, {"decision": "approve"})
+    assert (status, answer["fingerprint"]) == (202, bobs["fingerprint"])
+    (done,) = terminal_outcomes(secured, {bobs["call_id"]})[bobs["call_id"]]
+    assert done["status"] == "succeeded", done
+    assert (done["approval"]["approvers"], done["approval"]["basis"]) == (
+        ["bob@example.com"],
+        "confirmation",
+    )
+    assert refusals(secured, bobs["call_id"]) == ["approver_not_permitted"]
+
+
+def test_four_eyes_needs_two_distinct_approvers(secured: Pipeline) -> None:
+    method = f"pm_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(secured.settings.database_url) as conn:
+        conn.execute(
+            "INSERT INTO payment_methods (tenant, payment_method_id, customer_email, brand, last4)"
+            " VALUES ('tenant-a', %s, 'alice@example.com', 'visa', '4242')",
+            (method,),
+        )
+    call_id = f"fe-{uuid.uuid4().hex[:12]}"
+    body = {
+        "v": 1,
+        "call_id": call_id,
+        "tool": "delete_payment_method",
+        "arguments": {"payment_method_id": method},
+        "context": token(secured.settings, "operator-1", roles=("destructive_operator",)),
+        "proposed_at": datetime.now(UTC).isoformat(),
+    }
+    run(publish(secured.settings, [(call_id, json.dumps(body).encode())]))
+    records = run(
+        read_until(
+            secured.settings,
+            [Topic.APPROVALS_REQUESTED],
+            lambda recs: any(json.loads(r.value)["call_id"] == call_id for r in recs),
+            timeout=45,
+        )
+    )
+    request = next(
+        json.loads(r.value) for r in records if json.loads(r.value)["call_id"] == call_id
+    )
+    assert request["required_approvals"] == 2
+    boss = token(secured.settings, "boss")
+    decide(secured, request, boss)
+    decide(secured, request, boss)  # the same person again does not count twice
+    wait_for(lambda: refusals(secured, call_id) == ["same_approver"])
+    assert committed(secured, {call_id})[call_id] == []
+    decide(secured, request, token(secured.settings, "boss-2"))
+    (done,) = terminal_outcomes(secured, {call_id})[call_id]
+    assert done["status"] == "succeeded", done
+    assert done["approval"]["approvers"] == ["boss", "boss-2"]
