@@ -11,7 +11,7 @@
                                               "reason": "...", "arguments": {...}}   (Bearer)
 
 The only thing it writes is a signed `approvals.decided` record, published exactly as the
-approver CLI and HTTP endpoint do (`streams.inbox`): the approver's token is verified here,
+approver CLI and HTTP endpoint do (`approvals.inbox`): the approver's token is verified here,
 then the decision, bound to the call, tenant and fingerprint of the request shown, is signed
 with the approval service's key; the token is never published. Everything else is read
 through read-only sessions.
@@ -28,12 +28,12 @@ from aiohttp import web
 from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 
+from approvals.inbox import HTTP_STATUS, approver_from, decision_for, publish_decision
 from approvals.signing import ApprovalKeys, approval_keys
 from dashboard import shaping
 from dashboard.reads import DashboardReads, read_only_pool
 from schemas.envelopes import Actor, ApprovalVerdict
 from schemas.errors import (
-    ErrorCode,
     InvalidArguments,
     RatifierError,
     ResourceNotFound,
@@ -41,19 +41,10 @@ from schemas.errors import (
 )
 from schemas.identity import ContextKeys, context_keys
 from schemas.settings import Settings
-from streams.inbox import approver_from, decision_for, publish_decision
 from telemetry.metrics import count_records, metrics_handler
 
 log = logging.getLogger("ratifier.dashboard")
 
-HTTP_STATUS = {
-    ErrorCode.UNAUTHENTICATED: 401,
-    ErrorCode.POLICY_DENIED: 403,
-    ErrorCode.NOT_FOUND: 404,
-    ErrorCode.APPROVAL_EXPIRED: 410,
-    ErrorCode.INVALID_ARGUMENTS: 400,
-    ErrorCode.RETRYABLE_ERROR: 503,
-}
 STATIC_FILES = {"app.js": "text/javascript", "app.css": "text/css"}
 SECURITY_HEADERS = {
     "Content-Security-Policy": (

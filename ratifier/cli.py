@@ -142,10 +142,10 @@ def cmd_approvals(settings: Settings, args: argparse.Namespace) -> int:
     import json
     import os
 
+    from approvals.inbox import ApprovalInbox, approver_from, decision_for, publish_decision
     from approvals.signing import approval_keys
     from schemas.envelopes import ApprovalVerdict
     from schemas.identity import context_keys
-    from streams.inbox import ApprovalInbox, approver_from, decision_for, publish_decision
 
     token = args.token or os.environ.get("RATIFIER_APPROVER_TOKEN")
     approver = approver_from(token, context_keys(settings))

@@ -24,12 +24,22 @@ from schemas.envelopes import (
     ApprovalVerdict,
     DecisionKind,
 )
-from schemas.errors import PolicyDenied, ResourceNotFound, Unauthenticated
+from schemas.errors import ErrorCode, PolicyDenied, ResourceNotFound, Unauthenticated
 from schemas.identity import ContextKeys, verify_context_token
 from schemas.names import Topic
 from schemas.settings import Settings
 
 _TERMINAL = {s.value for s in TERMINAL_STATUSES}
+
+# The one status map of the approver surfaces (this package's HTTP API and the dashboard).
+HTTP_STATUS: dict[ErrorCode, int] = {
+    ErrorCode.UNAUTHENTICATED: 401,
+    ErrorCode.POLICY_DENIED: 403,
+    ErrorCode.NOT_FOUND: 404,
+    ErrorCode.APPROVAL_EXPIRED: 410,
+    ErrorCode.INVALID_ARGUMENTS: 400,
+    ErrorCode.RETRYABLE_ERROR: 503,
+}
 
 
 def approver_from(token: str | None, keys: ContextKeys) -> Actor:

@@ -1,4 +1,6 @@
-"""The approver HTTP endpoint, served by the streams worker (JSON).
+"""The approver HTTP endpoint, served by the streams worker (JSON). The dashboard serves the
+same decisions under /api (dashboard/server.py) with the same verification, signing and
+status map (`approvals.inbox`).
 
     GET  /approvals                      pending requests of the approver's tenant
     GET  /approvals/{call_id}            one pending request
@@ -21,25 +23,19 @@ import faust
 from faust.web import Request, Response, View
 from pydantic import ValidationError
 
-from approvals.signing import ApprovalKeys, approval_keys
-from schemas.envelopes import ApprovalVerdict, DecisionKind
-from schemas.errors import ErrorCode, RatifierError
-from schemas.identity import ContextKeys
-from schemas.settings import Settings
-from streams.inbox import (
+from approvals.inbox import (
+    HTTP_STATUS,
     ApprovalInbox,
     approver_from,
     decision_for,
     publish_decision,
     subject_from,
 )
-
-STATUS_BY_CODE = {
-    ErrorCode.UNAUTHENTICATED: 401,
-    ErrorCode.POLICY_DENIED: 403,
-    ErrorCode.NOT_FOUND: 404,
-    ErrorCode.INVALID_ARGUMENTS: 400,
-}
+from approvals.signing import ApprovalKeys, approval_keys
+from schemas.envelopes import ApprovalVerdict, DecisionKind
+from schemas.errors import RatifierError
+from schemas.identity import ContextKeys
+from schemas.settings import Settings
 
 
 def _token(request: Request) -> str | None:
@@ -53,7 +49,7 @@ def install_approval_api(
     signing: ApprovalKeys = approval_keys(settings)
 
     def failure(view: View, exc: RatifierError) -> Response:
-        status = STATUS_BY_CODE.get(exc.code, 400)
+        status = HTTP_STATUS.get(exc.code, 400)
         return view.json(
             {"error": {"code": exc.code.value, "message": exc.safe_message}}, status=status
         )
