@@ -97,6 +97,9 @@ class ProposedCall(Record):
     format: CallFormat = CallFormat.NATIVE
     call: JsonObject | None = None
     proposed_at: datetime
+    # v1.2: a compact JWS by the key the context token names in `cnf` over this call
+    # (`schemas.identity.sign_call_proof`); required where the tenant requires call binding.
+    proof: str | None = Field(default=None, max_length=4096)
 
     @model_validator(mode="after")
     def _shape_matches_format(self) -> Self:
@@ -127,6 +130,7 @@ class ValidatedCall(Record):
     proposed_at: datetime
     validated_at: datetime
     trace_id: str | None = None
+    proof: str | None = None  # v1.2: passed on unverified, like the context
 
 
 class Actor(Part):

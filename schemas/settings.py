@@ -27,6 +27,9 @@ class Settings(BaseSettings):
     context_audience: str = "ratifier"
     context_issuer: str = "ratifier-local"
     clock_skew_seconds: int = Field(default=30, ge=0, le=300)
+    # Tenants (comma-separated, "*" for all) whose calls must be bound to the agent runtime's
+    # key: the context token names it (`cnf`) and each call carries a proof signed with it.
+    call_binding_tenants: str = ""
     catalog: str = "commands.reference:catalog"
     # Directory with *.cedar policies and one *.cedarschema.json; default: commands/policies.
     policy_dir: str | None = None

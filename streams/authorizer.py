@@ -20,7 +20,7 @@ from commands.policy import AuthorizationRequest, Decision, PolicySet, authorize
 from schemas.envelopes import ActorRef, AuthorizedCall, Stage, Status, ValidatedCall
 from schemas.errors import ErrorCode, Unauthenticated
 from schemas.fingerprint import fingerprint, operation_id
-from schemas.identity import ContextKeys, verify_context_token
+from schemas.identity import ContextKeys, call_binding_problem, verify_context_token
 from schemas.names import Topic
 from streams.emit import Emit, outcome
 
@@ -68,6 +68,8 @@ async def _prepare(
     try:
         actor = verify_context_token(call.context, keys)
     except Unauthenticated:
+        return _ended(call, code=ErrorCode.UNAUTHENTICATED, tenant=None, now=now, policies=policies)
+    if call_binding_problem(call, actor.tenant, keys):  # a token copied onto another call
         return _ended(call, code=ErrorCode.UNAUTHENTICATED, tenant=None, now=now, policies=policies)
     tool = catalog.get(call.tool)
     if tool is None:  # the catalog changed between validation and now

@@ -20,10 +20,13 @@ from typing import Any
 
 import psycopg
 import pytest
+from cryptography.hazmat.primitives.asymmetric import ed25519
+from jwt.algorithms import OKPAlgorithm
 
 import commands
 from ratifier.topics import delete_topics
 from schemas.envelopes import ApprovalVerdict, DecisionKind
+from schemas.identity import context_keys, issue_context_token, sign_call_proof
 from schemas.names import Topic
 from tests.e2e.approvals_kit import (
     committed,
@@ -83,6 +86,8 @@ def secured(
         "e2e-approval-security",
         audit_sink=True,
         RATIFIER_POLICY_DIR=str(policies),
+        # tenant-b requires call binding; tenant-a (the approval tests) does not.
+        RATIFIER_CALL_BINDING_TENANTS="tenant-b",
     )
     try:
         yield pipeline
@@ -350,3 +355,64 @@ def test_four_eyes_needs_two_distinct_approvers(secured: Pipeline) -> None:
     (done,) = terminal_outcomes(secured, {call_id})[call_id]
     assert done["status"] == "succeeded", done
     assert done["approval"]["approvers"] == ["boss", "boss-2"]
+
+
+def test_with_binding_required_a_copied_context_token_is_unauthenticated(
+    secured: Pipeline,
+) -> None:
+    runtime = ed25519.Ed25519PrivateKey.generate()
+    jwk = OKPAlgorithm.to_jwk(runtime.public_key(), as_dict=True)
+    context = issue_context_token(
+        context_keys(secured.settings),
+        sub="agent-b",
+        tenant="tenant-b",
+        roles=("support",),
+        cnf_jwk=jwk,
+    )
+    arguments = {"payment_id": "pay_B2001"}
+
+    def proposal(call_id: str, proof: str | None) -> tuple[str, bytes]:
+        body = {
+            "v": 1,
+            "call_id": call_id,
+            "tool": "get_payment",
+            "arguments": arguments,
+            "context": context,
+            "proposed_at": datetime.now(UTC).isoformat(),
+            "proof": proof,
+        }
+        return call_id, json.dumps(body).encode()
+
+    bound = f"bd-{uuid.uuid4().hex[:12]}"
+    proof = sign_call_proof(
+        runtime,
+        call_id=bound,
+        idempotency_key=bound,
+        tool="get_payment",
+        arguments=arguments,
+        context=context,
+    )
+    run(publish(secured.settings, [proposal(bound, proof)]))
+    (done,) = terminal_outcomes(secured, {bound})[bound]
+    assert done["status"] == "succeeded", done
+    # A reader of calls.proposed copies the token (and the proof) onto new calls.
+    copied = run(
+        read_until(
+            secured.settings,
+            [Topic.PROPOSED],
+            lambda recs: any(json.loads(r.value).get("call_id") == bound for r in recs),
+        )
+    )
+    original = next(json.loads(r.value) for r in copied if json.loads(r.value)["call_id"] == bound)
+    assert original["context"] == context
+    forged = [f"bd-{uuid.uuid4().hex[:12]}" for _ in range(2)]
+    run(
+        publish(
+            secured.settings,
+            [proposal(forged[0], None), proposal(forged[1], original["proof"])],
+        )
+    )
+    outcomes = terminal_outcomes(secured, set(forged))
+    for call_id in forged:
+        (o,) = outcomes[call_id]
+        assert (o["status"], o["error"]["code"]) == ("denied", "unauthenticated"), o
