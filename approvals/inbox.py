@@ -13,6 +13,7 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from pydantic import ValidationError
 
+from approvals.pending import is_pending, pending_order
 from approvals.rights import APPROVER_ROLE
 from approvals.signing import ApprovalKeys, sign_decision, statement_for
 from commands.topic_reader import TopicReader
@@ -91,8 +92,8 @@ class ApprovalInbox:
     def pending(self, tenant: str, now: datetime | None = None) -> list[ApprovalRequest]:
         now = now or datetime.now(UTC)
         return sorted(
-            (r for r in self._pending.values() if r.tenant == tenant and r.expires_at > now),
-            key=lambda r: r.expires_at,
+            (r for r in self._pending.values() if is_pending(r, now=now, tenant=tenant)),
+            key=pending_order,
         )
 
     def get(self, tenant: str, call_id: str) -> ApprovalRequest:

@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from approvals.pending import is_pending, pending_order
 from schemas.envelopes import (
     CALL_ID_PATTERN,
     TENANT_PATTERN,
@@ -252,9 +253,7 @@ def pending_requests(
             request = ApprovalRequest.model_validate(row["record"])
         except ValidationError:
             continue  # not a request we can show or bind a decision to
-        if tenant is not None and request.tenant != tenant:
-            continue
-        if request.expires_at <= now:
+        if not is_pending(request, now=now, tenant=tenant):
             continue
         item = PendingApproval(
             request=request,
@@ -265,7 +264,7 @@ def pending_requests(
         known = newest.get(request.call_id)
         if known is None or item.requested_at >= known.requested_at:
             newest[request.call_id] = item
-    return sorted(newest.values(), key=lambda p: (p.request.expires_at, p.request.call_id))
+    return sorted(newest.values(), key=lambda p: pending_order(p.request))
 
 
 def request_to_decide(
