@@ -99,8 +99,7 @@ def install_approval_join(
     ticked: dict[str, float] = {}
 
     def load(key: bytes) -> ApprovalState | None:
-        raw = table.get(key)
-        return ApprovalState.model_validate_json(raw) if raw else None
+        return readable_state(table.get(key))
 
     async def reauthorize(edit: EditRequest) -> AuthorizedCall | tuple[ErrorCode, Status]:
         """An edit's arguments pass the same validation and policy as a proposal."""
@@ -286,9 +285,9 @@ def install_approval_join(
         now = datetime.now(UTC)
         clock = time.monotonic()
         for key, raw in list(table.items()):
-            if not raw:
+            state = readable_state(raw)
+            if state is None:
                 continue
-            state = ApprovalState.model_validate_json(raw)
             if not due(state, now) or clock - ticked.get(state.call_id, 0.0) < RETICK_AFTER:
                 continue
             ticked[state.call_id] = clock
@@ -300,6 +299,19 @@ def install_approval_join(
                 del ticked[call_id]
 
     del approval_join, nudge_due_approvals  # registered with the app
+
+
+def readable_state(raw: bytes | None) -> ApprovalState | None:
+    """A stored state, or None. A state this version cannot read (one written before
+    decisions were signed, holding v1 decisions) is treated as absent, never a crash: held
+    decisions are re-sent by the approvers' tools; pending states of v1 still read."""
+    if not raw:
+        return None
+    try:
+        return ApprovalState.model_validate_json(raw)
+    except ValidationError:
+        log.warning("approval state unreadable by this version; treated as absent")
+        return None
 
 
 async def _retrying(step: Callable[[], Awaitable[None]]) -> None:

@@ -493,3 +493,17 @@ def test_redelivered_request_does_not_reopen(catalog: Catalog) -> None:
     again = on_authorized(done, call, tool=catalog.get("propose_refund"), now=NOW, rules=RULES)
     assert again.state == done
     assert again.emits == ()
+
+
+def test_states_written_before_signed_decisions_never_crash_the_join(catalog: Catalog) -> None:
+    from streams.approval_join import readable_state
+
+    state = pending(catalog)
+    old = json.loads(state.model_dump_json())
+    for field in ("approvals", "decision_ids", "required_approvals", "forget_at"):
+        old.pop(field)  # a v1 pending state
+    assert readable_state(json.dumps(old).encode()) == state
+    held_v1 = {**old, "phase": "held", "held": [{"v": 1, "approver": "eyJ.x.y"}]}
+    assert readable_state(json.dumps(held_v1).encode()) is None
+    assert readable_state(b"\x00garbage") is None
+    assert readable_state(None) is None
