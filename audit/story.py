@@ -85,6 +85,10 @@ def _who(token: Any) -> str | None:
 def _approval(receipt: Any) -> str | None:
     if not isinstance(receipt, dict):
         return None
+    if receipt.get("basis") == "auto":
+        return (
+            f"auto-approved by policy {receipt.get('auto_policy')} at {receipt.get('decided_at')}"
+        )
     return f"approved by {receipt.get('approver')} at {receipt.get('decided_at')}"
 
 
@@ -156,7 +160,8 @@ def _decided(r: Mapping[str, Any]) -> tuple[str, str, Facts, int]:
         "approval",
         f"decision received: {r.get('decision')}",
         _facts(
-            approver=_who(r.get("approver")),
+            decision_id=r.get("decision_id"),
+            approver=r.get("decided_by") or _who(r.get("approver")),
             reason=r.get("reason"),
             arguments=r.get("arguments"),
             decided_at=r.get("decided_at"),
@@ -321,6 +326,18 @@ _LOG_EVENTS: dict[str, tuple[str, str, tuple[str, ...], int]] = {
         ("decision", "approver", "approver_tenant", "decided_at"),
         41,
     ),
+    "approval_decision_refused": (
+        "approval",
+        "signed decision refused: {refusal}",
+        ("decision_id", "decision_call_id", "decision", "approver", "approver_tenant"),
+        41,
+    ),
+    "approval_auto": (
+        "approval",
+        "auto-approved by policy {policy}",
+        ("policy", "policy_version", "fingerprint"),
+        41,
+    ),
     "approval_decision_held": (
         "approval",
         "decision held: request not seen yet",
@@ -354,7 +371,7 @@ _LOG_EVENTS: dict[str, tuple[str, str, tuple[str, ...], int]] = {
     "executed": (
         "executor",
         "executed, recorded in the ledger: {status}",
-        ("operation_id", "status", "code", "policy_version", "approver"),
+        ("operation_id", "status", "code", "policy_version", "approver", "auto_policy"),
         70,
     ),
     "late_result": (

@@ -35,6 +35,7 @@ from aiokafka import AIOKafkaProducer
 from psycopg.types.json import Jsonb
 from redis.asyncio import Redis
 
+from approvals.signing import approval_keys, sign_decision, statement_for
 from bench import idle as idle_bench
 from bench.common import (
     RESULTS,
@@ -51,7 +52,7 @@ from bench.common import (
     table,
 )
 from commands.sql import named_query
-from schemas.envelopes import ApprovalDecision, ApprovalVerdict
+from schemas.envelopes import Actor, ApprovalVerdict
 from schemas.names import Topic
 
 BUDGET_SECONDS = 19 * 60
@@ -594,7 +595,9 @@ async def approved_writes(pipe: Pipeline, seconds: float, window: int) -> dict[s
 
     settings = pipe.run.settings
     refund_token = agent_token(settings, roles=("refund",), sub="bench-refunder")
-    approver = agent_token(settings, roles=("approver",), sub="bench-approver")
+    # The approval service signs for the approver it authenticated (approvals.signing).
+    signing = approval_keys(settings)
+    approver = Actor(sub="bench-approver", tenant="tenant-a", roles=("approver",))
     consumer = AIOKafkaConsumer(
         settings.topic(Topic.APPROVALS_REQUESTED),
         bootstrap_servers=settings.kafka_bootstrap,
@@ -614,12 +617,17 @@ async def approved_writes(pipe: Pipeline, seconds: float, window: int) -> dict[s
             for records in batches.values():
                 for r in records:
                     request = json.loads(r.value or b"")
-                    decision = ApprovalDecision(
-                        call_id=request["call_id"],
-                        fingerprint=request["fingerprint"],
-                        decision=ApprovalVerdict.APPROVE,
-                        approver=approver,
-                        decided_at=datetime.now(UTC),
+                    decision = sign_decision(
+                        statement_for(
+                            call_id=request["call_id"],
+                            tenant=request["tenant"],
+                            fingerprint=request["fingerprint"],
+                            approver=approver,
+                            verdict=ApprovalVerdict.APPROVE,
+                            now=datetime.now(UTC),
+                            validity=signing.decision_validity,
+                        ),
+                        signing,
                     )
                     await producer.send(
                         settings.topic(Topic.APPROVALS_DECIDED),

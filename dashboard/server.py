@@ -11,8 +11,10 @@
                                               "reason": "...", "arguments": {...}}   (Bearer)
 
 The only thing it writes is a signed `approvals.decided` record, published exactly as the
-approver CLI and HTTP endpoint do (`streams.inbox`): bound to the fingerprint of the request
-shown, signed by the approver's own token. Everything else is read through read-only sessions.
+approver CLI and HTTP endpoint do (`approvals.inbox`): the approver's token is verified here,
+then the decision, bound to the call, tenant and fingerprint of the request shown, is signed
+with the approval service's key; the token is never published. Everything else is read
+through read-only sessions.
 """
 
 from __future__ import annotations
@@ -26,11 +28,12 @@ from aiohttp import web
 from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 
+from approvals.inbox import HTTP_STATUS, approver_from, decision_for, publish_decision
+from approvals.signing import ApprovalKeys, approval_keys
 from dashboard import shaping
 from dashboard.reads import DashboardReads, read_only_pool
 from schemas.envelopes import Actor, ApprovalVerdict
 from schemas.errors import (
-    ErrorCode,
     InvalidArguments,
     RatifierError,
     ResourceNotFound,
@@ -38,19 +41,10 @@ from schemas.errors import (
 )
 from schemas.identity import ContextKeys, context_keys
 from schemas.settings import Settings
-from streams.inbox import approver_from, decision_for, publish_decision
 from telemetry.metrics import count_records, metrics_handler
 
 log = logging.getLogger("ratifier.dashboard")
 
-HTTP_STATUS = {
-    ErrorCode.UNAUTHENTICATED: 401,
-    ErrorCode.POLICY_DENIED: 403,
-    ErrorCode.NOT_FOUND: 404,
-    ErrorCode.APPROVAL_EXPIRED: 410,
-    ErrorCode.INVALID_ARGUMENTS: 400,
-    ErrorCode.RETRYABLE_ERROR: 503,
-}
 STATIC_FILES = {"app.js": "text/javascript", "app.css": "text/css"}
 SECURITY_HEADERS = {
     "Content-Security-Policy": (
@@ -64,6 +58,7 @@ SECURITY_HEADERS = {
 _READS = web.AppKey("reads", DashboardReads)
 _SETTINGS = web.AppKey("settings", Settings)
 _KEYS = web.AppKey("keys", ContextKeys)
+_SIGNING = web.AppKey("signing", ApprovalKeys)
 
 
 def _static(name: str) -> bytes:
@@ -166,7 +161,7 @@ def _decision_body(body: Any) -> tuple[ApprovalVerdict, str | None, dict[str, An
 
 
 async def decide(request: web.Request) -> web.Response:
-    token, approver = _approver(request)
+    _, approver = _approver(request)
     call_id = request.match_info["call_id"]
     if not shaping.valid_call_id(call_id):
         raise ResourceNotFound()
@@ -178,7 +173,12 @@ async def decide(request: web.Request) -> web.Response:
     found = await request.app[_READS].request_to_decide(approver.tenant, call_id, _now())
     try:
         decision = decision_for(
-            found, token=token, verdict=verdict, reason=reason, arguments=arguments
+            found,
+            approver=approver,
+            keys=request.app[_SIGNING],
+            verdict=verdict,
+            reason=reason,
+            arguments=arguments,
         )
     except ValidationError as exc:
         raise InvalidArguments("The decision is not valid (reason too long?).") from exc
@@ -199,7 +199,8 @@ async def decide(request: web.Request) -> web.Response:
             "published": True,
             "call_id": call_id,
             "decision": verdict.value,
-            "fingerprint": decision.fingerprint,
+            "fingerprint": found.fingerprint,
+            "decision_id": decision.decision_id,
         },
         status=202,
     )
@@ -211,6 +212,7 @@ def create_app(settings: Settings, *, keys: ContextKeys | None = None) -> web.Ap
     app[_READS] = DashboardReads(pool, prefix=settings.topic_prefix)
     app[_SETTINGS] = settings
     app[_KEYS] = keys or context_keys(settings)
+    app[_SIGNING] = approval_keys(settings)
 
     async def lifecycle(_app: web.Application) -> Any:
         await pool.open(wait=False)

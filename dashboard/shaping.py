@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from approvals.pending import is_pending, pending_order
 from schemas.envelopes import (
     CALL_ID_PATTERN,
     TENANT_PATTERN,
@@ -252,9 +253,7 @@ def pending_requests(
             request = ApprovalRequest.model_validate(row["record"])
         except ValidationError:
             continue  # not a request we can show or bind a decision to
-        if tenant is not None and request.tenant != tenant:
-            continue
-        if request.expires_at <= now:
+        if not is_pending(request, now=now, tenant=tenant):
             continue
         item = PendingApproval(
             request=request,
@@ -265,7 +264,7 @@ def pending_requests(
         known = newest.get(request.call_id)
         if known is None or item.requested_at >= known.requested_at:
             newest[request.call_id] = item
-    return sorted(newest.values(), key=lambda p: (p.request.expires_at, p.request.call_id))
+    return sorted(newest.values(), key=lambda p: pending_order(p.request))
 
 
 def request_to_decide(
@@ -306,9 +305,13 @@ def feed_item(row: Mapping[str, Any]) -> dict[str, Any]:
     }
     if row["stream"] == "approvals.decided":
         decision = record.get("decision")
-        # The sink masks the approver's token, keeping the identity it proved.
+        # v2 (signed) decisions name the approver in `decided_by` (the join refuses a record
+        # whose copy differs from the signed statement); v1 records carried a token the sink
+        # masked, keeping the identity it proved.
         proved = record.get("approver")
         approver: dict[str, Any] = proved if isinstance(proved, dict) else {}
+        if isinstance(record.get("decided_by"), str):
+            approver = {"sub": record["decided_by"], "verified": True}
         return {
             **base,
             "kind": "decision",

@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from enum import StrEnum
 
+from approvals.signing import ApprovalKeys, DecisionRefusal, receipt_refusal
 from commands.catalog import Tool
 from commands.policy import APPROVAL_EFFECTS
 from schemas.envelopes import CommittedCommand, Status
@@ -31,9 +32,13 @@ def dedup_decision(*, stored_fingerprint: str, stored_status: str, fingerprint: 
     return Dedup.IN_FLIGHT
 
 
-def receipt_problem(command: CommittedCommand, tool: Tool, now: datetime) -> ErrorCode | None:
+def receipt_problem(
+    command: CommittedCommand, tool: Tool, now: datetime, keys: ApprovalKeys
+) -> ErrorCode | None:
     """Why this command may not run as committed, or None. Checks the fingerprint against the
-    arguments being executed and, for effects that need one, the approval receipt."""
+    arguments being executed and, for effects that need one, the approval receipt: signed by
+    the approval service for this call, tenant, fingerprint and policy version, unexpired
+    (the same verification as the approval-join's, `approvals.signing.receipt_refusal`)."""
     expected = fingerprint(
         tenant=command.tenant,
         tool=command.tool,
@@ -44,12 +49,18 @@ def receipt_problem(command: CommittedCommand, tool: Tool, now: datetime) -> Err
         return ErrorCode.PRECONDITION_FAILED
     if tool.effect not in APPROVAL_EFFECTS:
         return None
-    receipt = command.approval
-    if receipt is None or receipt.fingerprint != command.fingerprint:
-        return ErrorCode.PRECONDITION_FAILED
-    if receipt.expires_at <= now:
+    refusal = receipt_refusal(
+        command.approval,
+        call_id=command.call_id,
+        tenant=command.tenant,
+        fingerprint=command.fingerprint,
+        policy_version=command.policy_version,
+        keys=keys,
+        now=now,
+    )
+    if refusal is DecisionRefusal.REQUEST_EXPIRED:
         return ErrorCode.APPROVAL_EXPIRED
-    return None
+    return ErrorCode.PRECONDITION_FAILED if refusal is not None else None
 
 
 STATUS_BY_CODE: dict[ErrorCode, Status] = {

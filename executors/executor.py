@@ -34,6 +34,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
+from approvals.signing import ApprovalKeys, approval_keys
 from commands.catalog import (
     Catalog,
     Connection,
@@ -57,6 +58,7 @@ from schemas.errors import (
     StorageUnavailable,
     TransientFailure,
 )
+from schemas.settings import Settings
 from telemetry.metrics import count_dedup
 
 log = logging.getLogger("ratifier.executor")
@@ -100,7 +102,10 @@ class CommandExecutor:
         retry_attempts: int = 4,
         crash: CrashHook = _no_crash,
         wait_for_owner_seconds: float = 30.0,
+        receipt_keys: ApprovalKeys | None = None,
     ) -> None:
+        # The keys receipts are verified with; by default this deployment's (settings).
+        self._receipt_keys = receipt_keys or approval_keys(Settings())
         self._wait_for_owner = wait_for_owner_seconds
         self._pool = pool
         self._claims = claims
@@ -301,6 +306,8 @@ class CommandExecutor:
                 "code": outcome.error.code.value if outcome.error else None,
                 "policy_version": command.policy_version,
                 "approver": command.approval.approver if command.approval else None,
+                "approval_basis": command.approval.basis if command.approval else None,
+                "auto_policy": command.approval.auto_policy if command.approval else None,
             },
         )
 
@@ -312,7 +319,7 @@ class CommandExecutor:
             return Execution(outcome=self._failed(command, ErrorCode.UNKNOWN_TOOL, trace_id)), None
         if command.call_id in self._cancelled:
             return Execution(outcome=self._failed(command, ErrorCode.CANCELLED, trace_id)), None
-        problem = receipt_problem(command, tool, datetime.now(UTC))
+        problem = receipt_problem(command, tool, datetime.now(UTC), self._receipt_keys)
         if problem is not None:
             return Execution(outcome=self._failed(command, problem, trace_id)), None
         try:

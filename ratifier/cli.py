@@ -189,9 +189,10 @@ def cmd_approvals(settings: Settings, args: argparse.Namespace) -> int:
     import json
     import os
 
+    from approvals.inbox import ApprovalInbox, approver_from, decision_for, publish_decision
+    from approvals.signing import approval_keys
     from schemas.envelopes import ApprovalVerdict
     from schemas.identity import context_keys
-    from streams.inbox import ApprovalInbox, approver_from, decision_for, publish_decision
 
     token = args.token or os.environ.get("RATIFIER_APPROVER_TOKEN")
     approver = approver_from(token, context_keys(settings))
@@ -221,12 +222,18 @@ def cmd_approvals(settings: Settings, args: argparse.Namespace) -> int:
     verdict = ApprovalVerdict(args.approvals_command)
     arguments = json.loads(args.arguments) if verdict is ApprovalVerdict.EDIT else None
     decision = decision_for(
-        request, token=token or "", verdict=verdict, reason=args.reason, arguments=arguments
+        request,
+        approver=approver,
+        keys=approval_keys(settings),
+        verdict=verdict,
+        reason=args.reason,
+        arguments=arguments,
     )
     asyncio.run(publish_decision(settings, decision))
     print(
         f"published {verdict.value} for {request.call_id} (fingerprint "
-        f"{decision.fingerprint[:12]}…); the outcome follows on the outcomes topic"
+        f"{request.fingerprint[:12]}…, decision {decision.decision_id}); "
+        "the outcome follows on the outcomes topic"
     )
     return 0
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
+from approvals.signing import approval_keys, sign_decision, statement_for
 from ratifier.client import RatifierClient
 from ratifier.migrate import migrate
 from ratifier.processes import (
@@ -30,7 +31,7 @@ from ratifier.processes import (
 )
 from ratifier.topics import ensure_topics
 from runtime.clients import kafka_consumer, kafka_producer
-from schemas.envelopes import ApprovalDecision, ApprovalVerdict, Outcome
+from schemas.envelopes import Actor, ApprovalVerdict, Outcome
 from schemas.identity import context_keys, issue_context_token
 from schemas.names import Topic
 from schemas.settings import Settings
@@ -303,18 +304,20 @@ async def _run_scenario(
 
 
 async def _approve(settings: Settings, producer: AIOKafkaProducer, request: dict[str, Any]) -> None:
-    """Approve as a human approver would: a signed decision bound to the request's fingerprint."""
-    token = issue_context_token(
-        context_keys(settings), sub=DEMO_APPROVER, tenant="tenant-a", roles=("approver",)
-    )
-    decision = ApprovalDecision(
+    """Approve as the approval service does for an authenticated human: a decision bound to
+    the request's call, tenant and fingerprint, signed with the service's key."""
+    keys = approval_keys(settings)
+    statement = statement_for(
         call_id=str(request["call_id"]),
+        tenant=str(request["tenant"]),
         fingerprint=str(request["fingerprint"]),
-        decision=ApprovalVerdict.APPROVE,
-        approver=token,
+        approver=Actor(sub=DEMO_APPROVER, tenant="tenant-a", roles=("approver",)),
+        verdict=ApprovalVerdict.APPROVE,
+        now=datetime.now(UTC),
+        validity=keys.decision_validity,
         reason="demo approver",
-        decided_at=datetime.now(UTC),
     )
+    decision = sign_decision(statement, keys)
     await producer.send_and_wait(
         settings.topic(Topic.APPROVALS_DECIDED),
         key=decision.call_id.encode(),

@@ -98,6 +98,9 @@ class ProposedCall(Record):
     format: CallFormat = CallFormat.NATIVE
     call: JsonObject | None = None
     proposed_at: datetime
+    # v1.2: a compact JWS by the key the context token names in `cnf` over this call
+    # (`schemas.identity.sign_call_proof`); required where the tenant requires call binding.
+    proof: str | None = Field(default=None, max_length=4096)
 
     @model_validator(mode="after")
     def _shape_matches_format(self) -> Self:
@@ -128,6 +131,7 @@ class ValidatedCall(Record):
     proposed_at: datetime
     validated_at: datetime
     trace_id: str | None = None
+    proof: str | None = None  # v1.2: passed on unverified, like the context
 
 
 class Actor(Part):
@@ -165,13 +169,40 @@ class AuthorizedCall(Record):
     trace_id: str | None = None
     # The `@id` of the permit policies that allowed the call (v1.2, additive).
     policies: tuple[PolicyId, ...] = Field(default=(), max_length=16)
+    # v1.2: the policy whose `@approval("auto")` sent a call that would need an approval
+    # (by its effect) to auto-commit; the approval-join issues the signed receipt naming it.
+    auto_approved_by: str | None = None
+    # v1.2: whom the resource the call acts on belongs to (its loader's owner attribute,
+    # e.g. a payment's customer): the subject who may confirm the call.
+    resource_owner: str | None = Field(default=None, max_length=256)
 
 
 class ApprovalReceipt(Part):
+    """Why a command that needs an approval may run: who (or which policy) approved which
+    call, fingerprint and policy version, until when. Since v1.2 it is signed by ratifier's
+    approval service (``signature``: a compact JWS, ``typ`` ``ratifier-receipt+jws``, over the
+    other fields) and the executor re-verifies it at commit time; an unsigned receipt no longer
+    lets an approval-needing command run (it ends ``failed/precondition_failed``)."""
+
     approver: str
     decided_at: datetime
     expires_at: datetime
     fingerprint: str
+    call_id: CallId | None = None
+    tenant: Tenant | None = None
+    policy_version: str | None = None
+    # Every distinct approver whose decision counted (four-eyes: two), and their decision ids.
+    approvers: tuple[str, ...] = ()
+    decision_ids: tuple[str, ...] = ()
+    # `approver`, `confirmation` (the subject the call acts for) or `auto` (a policy).
+    basis: str | None = None
+    # The policy id whose `@approval("auto")` approved the call (basis `auto`).
+    auto_policy: str | None = None
+    signature: str | None = Field(default=None, max_length=8192)
+
+    def signed_part(self) -> dict[str, Any]:
+        """What the signature covers: every field but the signature itself."""
+        return self.model_dump(mode="json", exclude={"signature"})
 
 
 class CommittedCommand(Record):
@@ -334,6 +365,10 @@ class ApprovalRequest(Record):
     policy_version: str
     requested_by: str
     expires_at: datetime
+    # v1.2: the subject the call acts for (the resource's owner), who may confirm it, and
+    # how many distinct approvers it needs.
+    subject: str | None = None
+    required_approvals: int = Field(default=1, ge=1)
 
 
 class ApprovalVerdict(StrEnum):
@@ -342,16 +377,54 @@ class ApprovalVerdict(StrEnum):
     EDIT = "edit"
 
 
-class ApprovalDecision(Record):
-    """`approvals.decided`, key `call_id`: a human's signed decision."""
+class DecisionKind(StrEnum):
+    APPROVER = "approver"  # a person with approver rights (staff)
+    CONFIRMATION = "confirmation"  # the subject the call acts for confirms its exact preview
 
+
+class DecisionApprover(Part):
+    """Who decided: an identity, never a credential."""
+
+    sub: str = Field(min_length=1, max_length=256)
+    tenant: Tenant
+    roles: tuple[str, ...] = ()
+
+
+class DecisionStatement(Part):
+    """The signed content of a decision (the JWS payload of `ApprovalDecision.statement`,
+    ``typ`` ``ratifier-decision+jws``): bound to one call, its tenant and fingerprint, valid
+    from ``issued_at`` to ``not_after``."""
+
+    decision_id: CallId
     call_id: CallId
-    fingerprint: str
+    tenant: Tenant
+    fingerprint: str = Field(min_length=1, max_length=256)
     decision: ApprovalVerdict
     arguments: JsonObject | None = None
+    approver: DecisionApprover
+    kind: DecisionKind = DecisionKind.APPROVER
     reason: ShortText | None = None
-    approver: str = Field(min_length=1, max_length=8192, description="signed approver token")
-    decided_at: datetime
+    issued_at: datetime
+    not_after: datetime
+
+
+class ApprovalDecision(Record):
+    """`approvals.decided`, key `call_id`: a decision as a signed statement (v2).
+
+    ``statement`` is a compact JWS (EdDSA or ES256) over a `DecisionStatement`, signed by
+    ratifier's approval service after it authenticated the human (HTTP API, CLI, dashboard) or
+    by the approver's own key from the approvers' JWKS. ``call_id``, ``decision_id``,
+    ``decision`` and ``decided_by`` (the approver's ``sub``) are readable copies for
+    dashboards and audits; a record whose copies differ from the signed values is refused.
+    The record carries no credential: copied elsewhere it approves nothing. A v1 record (with
+    the approver's bearer token) is refused as ``unsigned``."""
+
+    v: Literal[2] = 2  # type: ignore[assignment]  # v1 carried a bearer token
+    call_id: CallId
+    decision_id: CallId
+    decision: ApprovalVerdict
+    decided_by: str = Field(min_length=1, max_length=256)
+    statement: str = Field(min_length=1, max_length=16384, description="compact JWS")
 
 
 class CancelRequest(Record):

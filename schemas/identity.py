@@ -9,6 +9,8 @@ with a small clock skew.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -17,8 +19,9 @@ from typing import Any
 
 import jwt
 
-from schemas.envelopes import Actor
+from schemas.envelopes import Actor, ValidatedCall
 from schemas.errors import ConfigurationError, Unauthenticated
+from schemas.fingerprint import canonical_json
 from schemas.settings import Settings
 
 LOCAL_ALGORITHM = "HS256"
@@ -36,6 +39,11 @@ class ContextKeys:
     leeway_seconds: int = 30
     # kid → public key, for EdDSA / RS256 tokens.
     public_keys: dict[str, jwt.PyJWK] = field(default_factory=dict)
+    # Tenants whose calls must be bound to the agent runtime's key ("*": all tenants).
+    binding_tenants: frozenset[str] = frozenset()
+
+    def binding_required(self, tenant: str) -> bool:
+        return "*" in self.binding_tenants or tenant in self.binding_tenants
 
     @property
     def algorithms(self) -> frozenset[str]:
@@ -77,6 +85,9 @@ def context_keys(settings: Settings) -> ContextKeys:
         issuer=settings.context_issuer,
         leeway_seconds=settings.clock_skew_seconds,
         public_keys=public_keys,
+        binding_tenants=frozenset(
+            t.strip() for t in settings.call_binding_tenants.split(",") if t.strip()
+        ),
     )
 
 
@@ -92,9 +103,12 @@ def issue_context_token(
     signing_key: Any = None,
     kid: str | None = None,
     algorithm: str = LOCAL_ALGORITHM,
+    cnf_jwk: dict[str, Any] | None = None,
 ) -> str:
     """Issue a context token: HS256 with the local secret by default (demos, tests, local
-    agents), or signed with ``signing_key`` (a private key) under ``kid``."""
+    agents), or signed with ``signing_key`` (a private key) under ``kid``. ``cnf_jwk`` binds
+    the token to the agent runtime's public key (RFC 7800): calls made with it must carry a
+    proof signed with that key (`sign_call_proof`)."""
     issued = int(time.time() if now is None else now)
     claims: dict[str, object] = {
         "sub": sub,
@@ -108,6 +122,8 @@ def issue_context_token(
     }
     if sid is not None:
         claims["sid"] = sid
+    if cnf_jwk is not None:
+        claims["cnf"] = {"jwk": cnf_jwk}
     if signing_key is None:
         if keys.secret is None:
             raise ConfigurationError("HS256 is not enabled; pass a signing key")
@@ -171,3 +187,90 @@ def verify_context_token(token: str, keys: ContextKeys, *, check_expiry: bool = 
         )
     except ValueError as exc:
         raise Unauthenticated() from exc
+
+
+# -- call binding (RFC 7800 `cnf` + a per-call proof, DPoP-style) --------------------------
+
+CALL_PROOF_TYPE = "ratifier-call+jws"
+PROOF_ALGORITHMS = frozenset({"EdDSA", "ES256"})
+_PROOF_JWS = jwt.PyJWS(algorithms=sorted(PROOF_ALGORITHMS))
+
+
+def _sha256_b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def call_proof_claims(
+    *, call_id: str, idempotency_key: str, tool: str, arguments: Any, context: str
+) -> dict[str, str]:
+    """What a call proof signs: the call's identity and content, and the token it is made
+    with (``ath``), so that neither the token nor the proof can be moved to another call."""
+    return {
+        "call_id": call_id,
+        "idempotency_key": idempotency_key,
+        "tool": tool,
+        "arguments_sha256": _sha256_b64(canonical_json(arguments).encode()),
+        "ath": _sha256_b64(context.encode()),
+    }
+
+
+def sign_call_proof(
+    private_key: Any,
+    *,
+    call_id: str,
+    idempotency_key: str,
+    tool: str,
+    arguments: Any,
+    context: str,
+    algorithm: str = "EdDSA",
+    now: float | None = None,
+) -> str:
+    """The agent runtime's proof for one call, signed with the key its token names in
+    ``cnf``. ``arguments`` are the normalized arguments (what the validator passes on)."""
+    claims: dict[str, Any] = call_proof_claims(
+        call_id=call_id,
+        idempotency_key=idempotency_key,
+        tool=tool,
+        arguments=arguments,
+        context=context,
+    )
+    claims["iat"] = int(time.time() if now is None else now)
+    return _PROOF_JWS.encode(
+        canonical_json(claims).encode(),
+        private_key,
+        algorithm=algorithm,
+        headers={"typ": CALL_PROOF_TYPE},
+    )
+
+
+def call_binding_problem(call: ValidatedCall, tenant: str, keys: ContextKeys) -> bool:
+    """Whether ``call`` fails the binding its tenant requires: its (already verified) token
+    must name a key in ``cnf.jwk`` and its proof must be signed with that key over this very
+    call. A token copied from `calls.proposed` onto a new call mints nothing."""
+    if not keys.binding_required(tenant):
+        return False
+    if not call.proof:
+        return True
+    try:
+        claims = jwt.decode(call.context, options={"verify_signature": False})
+        jwk = claims["cnf"]["jwk"]
+        header = _PROOF_JWS.get_unverified_header(call.proof)
+        alg = header.get("alg")
+        if header.get("typ") != CALL_PROOF_TYPE or alg not in PROOF_ALGORITHMS:
+            return True
+        key = jwt.PyJWK(jwk, algorithm=alg)
+        payload = _PROOF_JWS.decode_complete(call.proof, key=key.key, algorithms=[alg])["payload"]
+        signed = json.loads(payload)
+    except (jwt.PyJWTError, KeyError, TypeError, ValueError):
+        return True
+    expected = call_proof_claims(
+        call_id=call.call_id,
+        idempotency_key=call.idempotency_key,
+        tool=call.tool,
+        arguments=call.arguments,
+        context=call.context,
+    )
+    iat = signed.get("iat") if isinstance(signed, dict) else None
+    if not isinstance(iat, int) or iat > time.time() + keys.leeway_seconds:
+        return True
+    return {k: signed.get(k) for k in expected} != expected

@@ -29,6 +29,9 @@ class Settings(BaseSettings):
     context_audience: str = "ratifier"
     context_issuer: str = "ratifier-local"
     clock_skew_seconds: int = Field(default=30, ge=0, le=300)
+    # Tenants (comma-separated, "*" for all) whose calls must be bound to the agent runtime's
+    # key: the context token names it (`cnf`) and each call carries a proof signed with it.
+    call_binding_tenants: str = ""
     catalog: str = "commands.reference:catalog"
     # Directory with *.cedar policies and one *.cedarschema.json; default: commands/policies.
     policy_dir: str | None = None
@@ -62,6 +65,28 @@ class Settings(BaseSettings):
     approval_ttl_seconds: int = Field(default=15 * 60, ge=1)
     approval_hold_seconds: int = Field(default=60, ge=1)
     http_port: int = Field(default=6066, ge=0, le=65535)  # 0: no HTTP endpoint
+    # Signed decisions (docs/approvals.md). The approval service signs decisions of the
+    # humans it authenticated, and receipts, with one private key (PEM, Ed25519 or P-256)
+    # under ``approval_signing_kid``. Without a key file the key is DERIVED from
+    # ``approval_signing_seed`` (local development only: every process of a local deployment
+    # derives the same key; production sets the file). Older service public keys (rotation)
+    # and approvers' own keys (EdDSA / ES256, each entry naming its ``sub``, ``tenant`` and
+    # ``roles``) are trusted from JWKS files.
+    approval_signing_key_file: str | None = None
+    approval_signing_kid: str = Field(default="ratifier-local-approvals-1", min_length=1)
+    approval_signing_seed: str = Field(
+        default="ratifier-local-approval-signing-seed-change-me", min_length=32
+    )
+    approval_service_jwks_file: str | None = None
+    approver_jwks_file: str | None = None
+    # How long a decision signed by the service stays usable, and how long a terminal
+    # approval state is kept after the request's expiry (besides the clock skew) before it
+    # is deleted: until then a replayed decision is still recognised as used.
+    # Approver rights (Cedar): a directory with *.cedar and approvers.cedarschema.json;
+    # default: the reference set in approvals/policies.
+    approver_policy_dir: str | None = None
+    approval_decision_validity_seconds: int = Field(default=15 * 60, ge=1)
+    approval_retention_margin_seconds: int = Field(default=300, ge=0)
     # `ratifier dashboard` serves the web dashboard here, on 127.0.0.1.
     dashboard_port: int = Field(default=6070, ge=1, le=65535)
     # `ratifier mcp` serves the catalog over MCP (streamable HTTP) here, on /mcp.

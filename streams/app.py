@@ -16,6 +16,8 @@ from typing import Any
 import faust
 from pydantic import ValidationError
 
+from approvals.http import install_approval_api
+from approvals.inbox import ApprovalInbox
 from commands.catalog import Catalog
 from commands.policy_feed import PolicyFeed
 from commands.validate import Limits
@@ -30,8 +32,6 @@ from schemas.settings import Settings
 from streams.approval_join import install_approval_join
 from streams.authorizer import on_validated_batch
 from streams.emit import Emit
-from streams.http import install_approval_api
-from streams.inbox import ApprovalInbox
 from streams.observe import StageObserver
 from streams.offsets import install_rewind_fix
 from streams.publisher import StagePublisher, position

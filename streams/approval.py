@@ -1,31 +1,46 @@
 """Approval-join stage: `calls.authorized` + `approvals.decided` → `commands.committed`.
 
-Auto-routed calls are committed at once. A call that needs a human becomes a pending approval
-(kept in a changelog-backed table keyed by call id) with an `approvals.requested` record and an
-`awaiting_approval` outcome. A decision commits the command only when the approver's token
-verifies with the approver role in the call's tenant, the approver is not the requester (unless
-the tool allows it), the fingerprint is the pending one, the request has not expired, and the
-approval has not been used. Everything here is pure: state in, state and records out.
+Auto-routed calls are committed at once (with a signed receipt naming the policy when their
+effect would need an approval). A call that needs a human becomes a pending approval (kept in
+a changelog-backed table keyed by call id) with an `approvals.requested` record and an
+`awaiting_approval` outcome. A decision is a signed statement (`approvals.signing`); it
+commits the command only when it verifies, names this call, its tenant and fingerprint, was
+not used before, the approver has the rights (`approvals.rights`) and enough distinct
+approvers approved. Anything else is refused with a typed reason in the audit and changes
+nothing. Terminal states are forgotten (deleted) once no reuse could arrive any more.
+Everything here is pure: state in, state and records out.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
+from approvals.rights import ApproverRights, PendingCall, RoleRights
+from approvals.signing import (
+    ApprovalKeys,
+    DecisionRefusal,
+    VerifiedDecision,
+    sign_receipt,
+)
 from commands.catalog import Tool
+from commands.policy import APPROVAL_EFFECTS
 from schemas.envelopes import (
-    Actor,
     ApprovalDecision,
     ApprovalReceipt,
     ApprovalRequest,
     ApprovalVerdict,
     AuthorizedCall,
     CommittedCommand,
+    DeadLetter,
+    DecisionStatement,
+    ErrorInfo,
     Part,
     Route,
+    SourcePosition,
     Stage,
     Status,
 )
@@ -34,7 +49,9 @@ from schemas.names import Topic
 from streams.emit import Emit, outcome
 
 DEFAULT_APPROVAL_TTL = timedelta(minutes=15)
-APPROVER_ROLE = "approver"
+DEFAULT_RIGHTS = RoleRights()
+# Decisions held for a request not seen yet, per call: a flood of them cannot grow the state.
+MAX_HELD = 8
 
 
 class Phase(StrEnum):
@@ -56,6 +73,12 @@ class ApprovalState(Part):
     held: tuple[ApprovalDecision, ...] = ()
     held_until: datetime | None = None
     decided_by: str | None = None
+    # Distinct approvers who approved so far, and every decision id that counted.
+    approvals: tuple[str, ...] = ()
+    decision_ids: tuple[str, ...] = ()
+    required_approvals: int = 1
+    # A terminal state is deleted at this time (no decision can still be replayed usefully).
+    forget_at: datetime | None = None
     # The `traceparent` of the hop that asked for the approval: decisions and expiry ticks
     # arrive in traces of their own, the call's trace continues from here.
     traceparent: str | None = None
@@ -75,8 +98,19 @@ class EditRequest:
     authorized again (I/O: the resource is re-loaded) before anything is committed."""
 
     state: ApprovalState
-    decision: ApprovalDecision
-    approver: Actor
+    statement: DecisionStatement
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rules:
+    """What the join decides with besides the state: keys to sign receipts, approver rights,
+    default TTL, how long a decision waits for its request, how long terminal states stay."""
+
+    keys: ApprovalKeys
+    rights: ApproverRights = DEFAULT_RIGHTS
+    ttl: timedelta = DEFAULT_APPROVAL_TTL
+    hold: timedelta = timedelta(seconds=60)
+    retention: timedelta = timedelta(minutes=5)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,7 +163,13 @@ def _audit(kind: str, call: AuthorizedCall | None, call_id: str, **detail: Any) 
     )
 
 
-def _ended(call: AuthorizedCall, status: Status, code: ErrorCode, now: datetime) -> Emit:
+def _ended(
+    call: AuthorizedCall,
+    status: Status,
+    code: ErrorCode,
+    now: datetime,
+    error: ErrorInfo | None = None,
+) -> Emit:
     return outcome(
         call_id=call.call_id,
         tool=call.tool,
@@ -141,6 +181,50 @@ def _ended(call: AuthorizedCall, status: Status, code: ErrorCode, now: datetime)
         policy_version=call.policy_version,
         operation_id=call.operation_id,
         trace_id=call.trace_id,
+        error=error,
+    )
+
+
+def _forget_at(state: ApprovalState, now: datetime, rules: Rules) -> datetime:
+    """When a terminal state may go: after the request's expiry (no decision signed by the
+    service outlives it), plus the allowed clock skew, plus the retention margin."""
+    skew = timedelta(seconds=rules.keys.leeway_seconds)
+    return max(state.expires_at or now, now) + skew + rules.retention
+
+
+def _terminal(
+    state: ApprovalState, phase: Phase, now: datetime, rules: Rules, **update: Any
+) -> ApprovalState:
+    base = state.model_copy(update={"phase": phase, **update})
+    return base.model_copy(update={"forget_at": _forget_at(base, now, rules)})
+
+
+def _receipt(
+    call: AuthorizedCall,
+    *,
+    approvers: tuple[str, ...],
+    decision_ids: tuple[str, ...],
+    decided_at: datetime,
+    expires_at: datetime,
+    basis: str,
+    keys: ApprovalKeys,
+    auto_policy: str | None = None,
+) -> ApprovalReceipt:
+    return sign_receipt(
+        ApprovalReceipt(
+            approver=approvers[-1],
+            decided_at=decided_at,
+            expires_at=expires_at,
+            fingerprint=call.fingerprint,
+            call_id=call.call_id,
+            tenant=call.tenant,
+            policy_version=call.policy_version,
+            approvers=approvers,
+            decision_ids=decision_ids,
+            basis=basis,
+            auto_policy=auto_policy,
+        ),
+        keys,
     )
 
 
@@ -150,14 +234,34 @@ def on_authorized(
     *,
     tool: Tool | None,
     now: datetime,
-    ttl: timedelta = DEFAULT_APPROVAL_TTL,
+    rules: Rules,
 ) -> Step:
     """An authorized call arrives: commit it, or open an approval request."""
     if call.route is Route.AUTO:
-        return Step(state=state, emits=(commit(call, now=now),))
+        if call.effect not in APPROVAL_EFFECTS or call.auto_approved_by is None:
+            return Step(state=state, emits=(commit(call, now=now),))
+        # `@approval("auto")` on an effect that needs an approval: the policy is the approver.
+        approver = f"policy:{call.auto_approved_by}"
+        receipt = _receipt(
+            call,
+            approvers=(approver,),
+            decision_ids=(f"auto-{call.call_id}",),
+            decided_at=now,
+            expires_at=now + rules.ttl,
+            basis="auto",
+            keys=rules.keys,
+            auto_policy=call.auto_approved_by,
+        )
+        return Step(
+            state=state,
+            emits=(commit(call, now=now, receipt=receipt),),
+            audits=(_audit("approval_auto", call, call.call_id, policy=call.auto_approved_by),),
+        )
     if state is not None and state.phase is not Phase.HELD:
         return Step(state=state)  # redelivery: this call already has its request
-    ttl = tool.approval_ttl if tool is not None and tool.approval_ttl else ttl
+    pending_call = PendingCall(call=call, tool=tool, owner=call.resource_owner)
+    ttl = rules.rights.ttl(pending_call) or rules.ttl
+    required = rules.rights.required_approvals(pending_call)
     request = ApprovalRequest(
         call_id=call.call_id,
         operation_id=call.operation_id,
@@ -170,9 +274,15 @@ def on_authorized(
         policy_version=call.policy_version,
         requested_by=call.actor.sub,
         expires_at=now + ttl,
+        subject=call.resource_owner,
+        required_approvals=required,
     )
     pending = ApprovalState(
-        call_id=call.call_id, phase=Phase.PENDING, authorized=call, expires_at=request.expires_at
+        call_id=call.call_id,
+        phase=Phase.PENDING,
+        authorized=call,
+        expires_at=request.expires_at,
+        required_approvals=required,
     )
     return Step(
         state=pending,
@@ -198,119 +308,162 @@ def on_authorized(
                 call.call_id,
                 requested_by=call.actor.sub,
                 expires_at=request.expires_at.isoformat(),
+                required_approvals=required,
             ),
         ),
         replay=state.held if state is not None else (),
     )
 
 
-def decision_problem(
+def decision_refusal(
     state: ApprovalState,
-    decision: ApprovalDecision,
-    approver: Actor | None,
+    statement: DecisionStatement,
     *,
+    tool: Tool | None,
     now: datetime,
-    allow_self_approval: bool,
-) -> str | None:
-    """Why ``decision`` may not act on ``state``; None when it may."""
+    rights: ApproverRights,
+) -> DecisionRefusal | None:
+    """Why a verified ``statement`` may not act on ``state``; None when it may."""
     call = state.authorized
-    if call is None:
-        return "no pending request"
-    if state.phase is not Phase.PENDING:
-        return f"approval already {state.phase.value}"
-    if approver is None:
-        return "approver token does not verify"
-    if approver.tenant != call.tenant:
-        return "approver belongs to another tenant"
-    if APPROVER_ROLE not in approver.roles:
-        return "approver lacks the approver role"
-    if approver.sub == call.actor.sub and not allow_self_approval:
-        return "requester cannot approve their own call"
-    if decision.fingerprint != call.fingerprint:
-        return "fingerprint does not match the pending request"
-    if state.expires_at is not None and decision.decided_at >= state.expires_at:
-        return "decided after the request expired"
-    if state.expires_at is not None and now >= state.expires_at:
-        return "arrived after the request expired"
-    if decision.decision is ApprovalVerdict.EDIT and not decision.arguments:
-        return "an edit needs arguments"
+    if statement.decision_id in state.decision_ids:
+        return DecisionRefusal.DECISION_REUSED
+    if call is None or state.phase is not Phase.PENDING:
+        return DecisionRefusal.NOT_PENDING
+    if statement.call_id != call.call_id:
+        return DecisionRefusal.CALL_MISMATCH
+    if statement.tenant != call.tenant:
+        return DecisionRefusal.TENANT_MISMATCH
+    if statement.fingerprint != call.fingerprint:
+        return DecisionRefusal.FINGERPRINT_MISMATCH
+    if state.expires_at is not None and (
+        now >= state.expires_at or statement.issued_at >= state.expires_at
+    ):
+        return DecisionRefusal.REQUEST_EXPIRED
+    refused = rights.refusal(
+        statement, PendingCall(call=call, tool=tool, owner=call.resource_owner)
+    )
+    if refused is not None:
+        return refused
+    if statement.decision is ApprovalVerdict.APPROVE and statement.approver.sub in state.approvals:
+        return DecisionRefusal.SAME_APPROVER
+    if statement.decision is ApprovalVerdict.EDIT and (
+        not statement.arguments or state.required_approvals > 1
+    ):
+        # An edit replaces the arguments others approved: only where one approver suffices.
+        return DecisionRefusal.EDIT_WITHOUT_ARGUMENTS
     return None
 
 
 def on_decided(
     state: ApprovalState | None,
     decision: ApprovalDecision,
-    approver: Actor | None,
+    verified: VerifiedDecision | DecisionRefusal,
     *,
+    call_id: str,
     tool: Tool | None,
     now: datetime,
-    hold: timedelta,
+    rules: Rules,
 ) -> Step:
-    """A human's decision arrives (or is replayed after its request arrived)."""
+    """A decision arrives (or is replayed after its request arrived). ``call_id`` is the
+    Kafka key: the call whose state this is."""
+    call = state.authorized if state is not None else None
+    if isinstance(verified, DecisionRefusal):
+        return Step(
+            state=state,
+            audits=(_refused(call, call_id, decision, None, verified),),
+        )
+    statement = verified.statement
     if state is None or state.phase is Phase.HELD:
-        held = (*(state.held if state else ()), decision)
+        held = (*(state.held if state else ()), decision)[-MAX_HELD:]
         return Step(
             state=ApprovalState(
-                call_id=decision.call_id,
+                call_id=call_id,
                 phase=Phase.HELD,
                 held=held,
-                held_until=state.held_until if state and state.held_until else now + hold,
+                held_until=state.held_until if state and state.held_until else now + rules.hold,
             ),
             audits=(
                 AuditEntry(
                     kind="approval_decision_held",
-                    tenant=approver.tenant if approver else None,
-                    call_id=decision.call_id,
-                    detail=_decision_detail(decision, approver, "request not seen yet"),
+                    tenant=statement.tenant,
+                    call_id=call_id,
+                    detail=_statement_detail(decision, statement, "request not seen yet"),
                 ),
             ),
         )
-    problem = decision_problem(
-        state,
-        decision,
-        approver,
-        now=now,
-        allow_self_approval=tool.allow_self_approval if tool is not None else False,
-    )
-    call = state.authorized
-    if problem is not None or call is None or approver is None:
+    refusal = decision_refusal(state, statement, tool=tool, now=now, rights=rules.rights)
+    if refusal is not None or call is None:
         return Step(
             state=state,
             audits=(
-                _audit(
-                    "approval_decision_invalid",
-                    call,
-                    decision.call_id,
-                    **_decision_detail(decision, approver, problem or "invalid"),
+                _refused(
+                    call, call_id, decision, statement, refusal or DecisionRefusal.NOT_PENDING
                 ),
             ),
         )
     valid = _audit(
         "approval_decision",
         call,
-        decision.call_id,
-        **_decision_detail(decision, approver, decision.reason or ""),
+        call_id,
+        **_statement_detail(decision, statement, statement.reason or ""),
     )
-    if decision.decision is ApprovalVerdict.REJECT:
+    sub = statement.approver.sub
+    used = (*state.decision_ids, statement.decision_id)
+    if statement.decision is ApprovalVerdict.REJECT:
         return Step(
-            state=state.model_copy(update={"phase": Phase.REJECTED, "decided_by": approver.sub}),
-            emits=(_ended(call, Status.REJECTED, ErrorCode.APPROVAL_REJECTED, now),),
+            state=_terminal(state, Phase.REJECTED, now, rules, decided_by=sub, decision_ids=used),
+            emits=(
+                _ended(
+                    call,
+                    Status.REJECTED,
+                    ErrorCode.APPROVAL_REJECTED,
+                    now,
+                    error=ErrorInfo.approver_rejected(statement.reason),
+                ),
+            ),
             audits=(valid,),
         )
-    if decision.decision is ApprovalVerdict.EDIT:
+    if statement.decision is ApprovalVerdict.EDIT:
+        marked = state.model_copy(update={"decision_ids": used})
         return Step(
-            state=state,
+            state=marked,
             audits=(valid,),
-            edit=EditRequest(state=state, decision=decision, approver=approver),
+            edit=EditRequest(state=marked, statement=statement),
         )
-    receipt = ApprovalReceipt(
-        approver=approver.sub,
-        decided_at=decision.decided_at,
+    approvals = (*state.approvals, sub)
+    if len(approvals) < state.required_approvals:
+        return Step(
+            state=state.model_copy(update={"approvals": approvals, "decision_ids": used}),
+            audits=(
+                _audit(
+                    "approval_decision",
+                    call,
+                    call_id,
+                    **_statement_detail(decision, statement, statement.reason or ""),
+                    approvals=len(approvals),
+                    required_approvals=state.required_approvals,
+                ),
+            ),
+        )
+    receipt = _receipt(
+        call,
+        approvers=approvals,
+        decision_ids=used,
+        decided_at=statement.issued_at,
         expires_at=state.expires_at or now,
-        fingerprint=call.fingerprint,
+        basis=statement.kind.value,
+        keys=rules.keys,
     )
     return Step(
-        state=state.model_copy(update={"phase": Phase.COMMITTED, "decided_by": approver.sub}),
+        state=_terminal(
+            state,
+            Phase.COMMITTED,
+            now,
+            rules,
+            decided_by=sub,
+            approvals=approvals,
+            decision_ids=used,
+        ),
         emits=(commit(call, now=now, receipt=receipt),),
         audits=(valid,),
     )
@@ -321,15 +474,17 @@ def edited(
     reauthorized: AuthorizedCall | tuple[ErrorCode, Status],
     *,
     now: datetime,
+    rules: Rules,
 ) -> Step:
     """Finish an edit: commit the re-authorized arguments bound to the editor's decision, or
     end the call with the typed reason the edit failed for."""
-    state, call = edit.state, edit.state.authorized
+    state, call, statement = edit.state, edit.state.authorized, edit.statement
     assert call is not None
+    sub = statement.approver.sub
     if isinstance(reauthorized, tuple):
         code, status = reauthorized
         return Step(
-            state=state.model_copy(update={"phase": Phase.DENIED, "decided_by": edit.approver.sub}),
+            state=_terminal(state, Phase.DENIED, now, rules, decided_by=sub),
             emits=(_ended(call, status, code, now),),
             audits=(
                 _audit(
@@ -337,23 +492,28 @@ def edited(
                     call,
                     call.call_id,
                     code=code.value,
-                    approver=edit.approver.sub,
+                    approver=sub,
                 ),
             ),
         )
-    receipt = ApprovalReceipt(
-        approver=edit.approver.sub,
-        decided_at=edit.decision.decided_at,
+    receipt = _receipt(
+        reauthorized,
+        approvers=(sub,),
+        decision_ids=state.decision_ids,
+        decided_at=statement.issued_at,
         expires_at=state.expires_at or now,
-        fingerprint=reauthorized.fingerprint,
+        basis=statement.kind.value,
+        keys=rules.keys,
     )
     return Step(
-        state=state.model_copy(
-            update={
-                "phase": Phase.COMMITTED,
-                "decided_by": edit.approver.sub,
-                "authorized": reauthorized,
-            }
+        state=_terminal(
+            state,
+            Phase.COMMITTED,
+            now,
+            rules,
+            decided_by=sub,
+            approvals=(sub,),
+            authorized=reauthorized,
         ),
         emits=(commit(reauthorized, now=now, receipt=receipt),),
         audits=(
@@ -361,23 +521,23 @@ def edited(
                 "approval_edit_committed",
                 reauthorized,
                 call.call_id,
-                approver=edit.approver.sub,
+                approver=sub,
                 original_fingerprint=call.fingerprint,
             ),
         ),
     )
 
 
-def on_tick(state: ApprovalState | None, *, now: datetime) -> Step:
+def on_tick(state: ApprovalState | None, *, now: datetime, rules: Rules) -> Step:
     """The timer's nudge: expire a request nobody decided in time; drop decisions whose own
-    hold time passed without their request."""
+    hold time passed without their request; forget terminal states whose time is up."""
     if state is None:
         return Step(state=None)
     if state.phase is Phase.PENDING and state.expires_at and now >= state.expires_at:
         call = state.authorized
         assert call is not None
         return Step(
-            state=state.model_copy(update={"phase": Phase.EXPIRED}),
+            state=_terminal(state, Phase.EXPIRED, now, rules),
             emits=(_ended(call, Status.EXPIRED, ErrorCode.APPROVAL_EXPIRED, now),),
             audits=(
                 _audit(
@@ -392,13 +552,18 @@ def on_tick(state: ApprovalState | None, *, now: datetime) -> Step:
                 AuditEntry(
                     kind="approval_decision_dropped",
                     tenant=None,
-                    call_id=d.call_id,
-                    detail=_decision_detail(d, None, "request never arrived"),
+                    call_id=state.call_id,
+                    detail={"decision_id": d.decision_id, "reason": "request never arrived"},
                 )
                 for d in state.held
             ),
         )
+    if state.phase in TERMINAL_PHASES and state.forget_at is not None and now >= state.forget_at:
+        return Step(state=None)  # deleted: a tombstone on the changelog
     return Step(state=state)
+
+
+TERMINAL_PHASES = frozenset({Phase.COMMITTED, Phase.REJECTED, Phase.EXPIRED, Phase.DENIED})
 
 
 def due(state: ApprovalState, now: datetime) -> bool:
@@ -407,17 +572,65 @@ def due(state: ApprovalState, now: datetime) -> bool:
         return state.expires_at is not None and now >= state.expires_at
     if state.phase is Phase.HELD:
         return state.held_until is not None and now >= state.held_until
-    return False
+    return state.forget_at is not None and now >= state.forget_at
 
 
-def _decision_detail(
-    decision: ApprovalDecision, approver: Actor | None, reason: str
+def _statement_detail(
+    decision: ApprovalDecision, statement: DecisionStatement | None, reason: str
 ) -> dict[str, Any]:
-    return {
-        "decision": decision.decision.value,
-        "approver": approver.sub if approver else None,
-        "approver_tenant": approver.tenant if approver else None,
-        "decision_fingerprint": decision.fingerprint,
-        "decided_at": decision.decided_at.isoformat(),
+    """An audit's view of a decision: identities and ids, never the signed statement (it is
+    no credential, but the audit needs none of it)."""
+    detail: dict[str, Any] = {
+        "decision_id": decision.decision_id,
+        "decision_call_id": decision.call_id,
         "reason": reason,
     }
+    if statement is not None:
+        detail.update(
+            decision=statement.decision.value,
+            decision_kind=statement.kind.value,
+            approver=statement.approver.sub,
+            approver_tenant=statement.approver.tenant,
+            decision_fingerprint=statement.fingerprint,
+            decided_at=statement.issued_at.isoformat(),
+        )
+    return detail
+
+
+def _refused(
+    call: AuthorizedCall | None,
+    call_id: str,
+    decision: ApprovalDecision,
+    statement: DecisionStatement | None,
+    refusal: DecisionRefusal,
+) -> AuditEntry:
+    return _audit(
+        "approval_decision_refused",
+        call,
+        call_id,
+        **_statement_detail(decision, statement, refusal.value),
+        refusal=refusal.value,
+    )
+
+
+def decision_dead_letter(
+    raw: bytes | None, *, reason: str, key: str | None, source: SourcePosition, at: datetime
+) -> Emit:
+    """A dead letter for an unusable `approvals.decided` record: its digest and size only.
+    Unlike other dead letters it keeps no prefix: an old (v1) decision carried the approver's
+    bearer token, which must not be copied to another topic."""
+    data = raw or b""
+    return Emit(
+        topic=Topic.DEADLETTER,
+        key=key,
+        value=DeadLetter(
+            call_id=None,
+            reason=reason[:512],
+            raw_base64="",
+            raw_sha256=hashlib.sha256(data).hexdigest(),
+            raw_size=len(data),
+            raw_truncated=bool(data),
+            source=source,
+            at=at,
+        ),
+    )

@@ -8,7 +8,6 @@ partition of the event being processed.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -20,10 +19,13 @@ from typing import Any
 import faust
 from pydantic import ValidationError
 
+from approvals.policy import PolicyRights
+from approvals.signing import approval_keys, verify_decision
 from commands.catalog import Catalog
 from commands.policy import authorize
 from commands.policy_feed import PolicyFeed
 from commands.validate import Limits, Rejection, validate
+from runtime.retry import retrying
 from schemas.envelopes import (
     Actor,
     ApprovalDecision,
@@ -32,15 +34,17 @@ from schemas.envelopes import (
     SourcePosition,
     Status,
 )
-from schemas.errors import ErrorCode, StorageUnavailable, Unauthenticated
+from schemas.errors import ErrorCode, StorageUnavailable
 from schemas.fingerprint import fingerprint
-from schemas.identity import ContextKeys, verify_context_token
+from schemas.identity import ContextKeys
 from schemas.names import Topic
 from schemas.settings import Settings
 from streams.approval import (
     ApprovalState,
     EditRequest,
+    Rules,
     Step,
+    decision_dead_letter,
     due,
     edited,
     on_authorized,
@@ -80,8 +84,13 @@ def install_approval_join(
         value_type=bytes,
         partitions=settings.topic_partitions,
     )
-    ttl = timedelta(seconds=settings.approval_ttl_seconds)
-    hold = timedelta(seconds=settings.approval_hold_seconds)
+    rules = Rules(
+        keys=approval_keys(settings),
+        ttl=timedelta(seconds=settings.approval_ttl_seconds),
+        hold=timedelta(seconds=settings.approval_hold_seconds),
+        retention=timedelta(seconds=settings.approval_retention_margin_seconds),
+        rights=PolicyRights.for_settings(settings),
+    )
     names = {
         settings.topic(t): t
         for t in (Topic.AUTHORIZED, Topic.APPROVALS_DECIDED, Topic.APPROVAL_TIMERS)
@@ -90,14 +99,7 @@ def install_approval_join(
     ticked: dict[str, float] = {}
 
     def load(key: bytes) -> ApprovalState | None:
-        raw = table.get(key)
-        return ApprovalState.model_validate_json(raw) if raw else None
-
-    def approver_of(decision: ApprovalDecision) -> Actor | None:
-        try:
-            return verify_context_token(decision.approver, keys)
-        except Unauthenticated:
-            return None
+        return readable_state(table.get(key))
 
     async def reauthorize(edit: EditRequest) -> AuthorizedCall | tuple[ErrorCode, Status]:
         """An edit's arguments pass the same validation and policy as a proposal."""
@@ -107,7 +109,7 @@ def install_approval_join(
             call_id=call.call_id,
             idempotency_key=call.idempotency_key,
             tool=call.tool,
-            arguments=edit.decision.arguments,
+            arguments=edit.statement.arguments,
             context="approval-edit",
             proposed_at=call.proposed_at,
         )
@@ -115,7 +117,7 @@ def install_approval_join(
         if isinstance(checked, Rejection):
             return checked.code, Status.REJECTED
         actor = Actor(sub=call.actor.sub, tenant=call.tenant, roles=call.actor.roles)
-        resource = await storage.fetch(checked.tool, call.tenant, checked.arguments)
+        resource = await storage.fetch(checked.tool, actor, checked.arguments)
         if checked.tool.load is not None and resource is None:
             return ErrorCode.NOT_FOUND, Status.DENIED
         policies = feed.current
@@ -142,41 +144,80 @@ def install_approval_join(
         )
 
     async def decide(
-        state: ApprovalState | None, decision: ApprovalDecision, now: datetime
+        state: ApprovalState | None, decision: ApprovalDecision, call_id: str, now: datetime
     ) -> Step:
         tool = catalog.get(state.authorized.tool) if state and state.authorized else None
-        step = on_decided(state, decision, approver_of(decision), tool=tool, now=now, hold=hold)
+        verified = verify_decision(decision, kafka_key=call_id, keys=rules.keys, now=now)
+        step = on_decided(
+            state, decision, verified, call_id=call_id, tool=tool, now=now, rules=rules
+        )
         if step.edit is not None:
-            finished = edited(step.edit, await reauthorize(step.edit), now=now)
+            finished = edited(step.edit, await reauthorize(step.edit), now=now, rules=rules)
             step = Step(
                 state=finished.state, emits=finished.emits, audits=step.audits + finished.audits
             )
         return step
 
-    async def handle(event: Any) -> tuple[ApprovalState | None, list[Step]]:
+    def unusable_decision(raw: bytes | None, key: bytes | None) -> str | None:
+        """Why a record on `approvals.decided` cannot even be looked at; None if it can."""
+        if not key:
+            return "approval-join: decision without a key"
+        if len(raw or b"") > settings.max_record_bytes:
+            return "approval-join: oversized decision"
+        try:
+            ApprovalDecision.model_validate_json(raw or b"")
+        except (ValidationError, ValueError):
+            try:
+                old = json.loads(raw or b"")
+            except ValueError:
+                old = None
+            if isinstance(old, dict) and "approver" in old:
+                return "approval-join: unsigned decision (v1 record with a bearer token)"
+            return "approval-join: unreadable decision"
+        return None
+
+    async def handle(
+        event: Any, position: SourcePosition
+    ) -> tuple[ApprovalState | None, list[Step]]:
         message = event.message
         kind = names.get(message.topic)
         key: bytes = event.key or b""
-        state = load(key)
         now = datetime.now(UTC)
+        if kind is Topic.APPROVALS_DECIDED:
+            refused = unusable_decision(event.value, event.key)
+            if refused is not None:
+                letter = decision_dead_letter(
+                    event.value,
+                    reason=refused,
+                    key=key.decode(errors="replace") or None,
+                    source=position,
+                    at=now,
+                )
+                # The call's own state is untouched: a poison record under its key is no
+                # reason to forget (or change) its pending approval.
+                untouched = load(key) if key else None
+                return untouched, [Step(state=untouched, emits=(letter,))]
+        if not key:
+            raise ValueError("a record without a key")
+        state = load(key)
+        call_id = key.decode(errors="replace")
         steps: list[Step] = []
         if kind is Topic.AUTHORIZED:
             call = AuthorizedCall.model_validate_json(event.value or b"")
-            step = on_authorized(state, call, tool=catalog.get(call.tool), now=now, ttl=ttl)
+            step = on_authorized(state, call, tool=catalog.get(call.tool), now=now, rules=rules)
             steps.append(step)
             state = step.state
             for held in step.replay:
-                step = await decide(state, held, now)
+                step = await decide(state, held, call_id, now)
                 steps.append(step)
                 state = step.state
         elif kind is Topic.APPROVALS_DECIDED:
-            step = await decide(
-                state, ApprovalDecision.model_validate_json(event.value or b""), now
-            )
+            decision = ApprovalDecision.model_validate_json(event.value or b"")
+            step = await decide(state, decision, call_id, now)
             steps.append(step)
             state = step.state
         else:
-            step = on_tick(state, now=now)
+            step = on_tick(state, now=now, rules=rules)
             steps.append(step)
             state = step.state
         return state, steps
@@ -191,9 +232,9 @@ def install_approval_join(
             event_key = f"{position.topic}:{position.partition}:{position.offset}"
             started = time.time_ns()
             parent = traceparent_of(message.headers)
-            before = table.get(event.key or b"")
+            before = table.get(event.key) if event.key else None
             try:
-                state, steps = await handle(event)
+                state, steps = await handle(event, position)
             except (ValidationError, ValueError):
                 letter = dead_letter(
                     event.value,
@@ -201,6 +242,7 @@ def install_approval_join(
                     call_id=None,
                     source=position,
                     at=datetime.now(UTC),
+                    key=event.key.decode(errors="replace") if event.key else None,
                 )
                 hop = observer.finished(
                     "approve", (letter,), parent=parent, start_ns=started, end_ns=time.time_ns()
@@ -211,7 +253,11 @@ def install_approval_join(
             audits = [a for s in steps for a in s.audits]
             # The audit comes first: a record whose audit could not be written is retried,
             # never published unrecorded.
-            await _retrying(partial(storage.audit, audits, event_key=event_key))
+            await retrying(
+                partial(storage.audit, audits, event_key=event_key),
+                retry_on=(StorageUnavailable,),
+                what="audit storage",
+            )
             call = state.authorized if state is not None else None
             trace_id = call.trace_id if call is not None else None
             stored = state.traceparent if state is not None else None
@@ -231,7 +277,8 @@ def install_approval_join(
             if state is not None and call is not None and stored is None:
                 state = state.model_copy(update={"traceparent": hop.decode()})
             after = state.model_dump_json().encode() if state is not None else None
-            if after != before:
+            # Never a keyless table record: Kafka refuses it on a compacted changelog.
+            if event.key and after != before:
                 if after is None:
                     table.pop(event.key, None)
                 else:
@@ -242,9 +289,9 @@ def install_approval_join(
         now = datetime.now(UTC)
         clock = time.monotonic()
         for key, raw in list(table.items()):
-            if not raw:
+            state = readable_state(raw)
+            if state is None:
                 continue
-            state = ApprovalState.model_validate_json(raw)
             if not due(state, now) or clock - ticked.get(state.call_id, 0.0) < RETICK_AFTER:
                 continue
             ticked[state.call_id] = clock
@@ -258,15 +305,14 @@ def install_approval_join(
     del approval_join, nudge_due_approvals  # registered with the app
 
 
-async def _retrying(step: Callable[[], Awaitable[None]]) -> None:
-    delays = (0.2, 0.5, 1.0, 2.0, 5.0)
-    attempt = 0
-    while True:
-        try:
-            await step()
-            return
-        except StorageUnavailable:
-            delay = delays[min(attempt, len(delays) - 1)]
-            attempt += 1
-            log.warning("audit storage unavailable; retrying in %.1fs", delay)
-            await asyncio.sleep(delay)
+def readable_state(raw: bytes | None) -> ApprovalState | None:
+    """A stored state, or None. A state this version cannot read (one written before
+    decisions were signed, holding v1 decisions) is treated as absent, never a crash: held
+    decisions are re-sent by the approvers' tools; pending states of v1 still read."""
+    if not raw:
+        return None
+    try:
+        return ApprovalState.model_validate_json(raw)
+    except ValidationError:
+        log.warning("approval state unreadable by this version; treated as absent")
+        return None

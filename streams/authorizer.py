@@ -14,12 +14,13 @@ from datetime import datetime
 
 from pydantic import ValidationError
 
+from approvals.auto import auto_approving_policy, resource_owner
 from commands.catalog import Catalog, Resource, Tool, ToolArguments
 from commands.policy import AuthorizationRequest, Decision, PolicySet, authorize_batch
 from schemas.envelopes import Actor, ActorRef, AuthorizedCall, Stage, Status, ValidatedCall
 from schemas.errors import ErrorCode, Unauthenticated
 from schemas.fingerprint import fingerprint, operation_id
-from schemas.identity import ContextKeys, verify_context_token
+from schemas.identity import ContextKeys, call_binding_problem, verify_context_token
 from schemas.names import Topic
 from streams.emit import Emit, outcome
 
@@ -68,6 +69,8 @@ async def _prepare(
         actor = verify_context_token(call.context, keys)
     except Unauthenticated:
         return _ended(call, code=ErrorCode.UNAUTHENTICATED, tenant=None, now=now, policies=policies)
+    if call_binding_problem(call, actor.tenant, keys):  # a token copied onto another call
+        return _ended(call, code=ErrorCode.UNAUTHENTICATED, tenant=None, now=now, policies=policies)
     tool = catalog.get(call.tool)
     if tool is None:  # the catalog changed between validation and now
         return _ended(
@@ -102,7 +105,7 @@ async def _prepare(
     )
 
 
-def _routed(pending: _Pending, decision: Decision, now: datetime) -> Emit:
+def _routed(pending: _Pending, decision: Decision, now: datetime, policies: PolicySet) -> Emit:
     call, request = pending.call, pending.request
     actor, tool = request.actor, request.tool
     if not decision.permitted or decision.route is None:
@@ -142,6 +145,8 @@ def _routed(pending: _Pending, decision: Decision, now: datetime) -> Emit:
             authorized_at=now,
             trace_id=call.trace_id,
             policies=tuple(p[:128] for p in decision.policy_ids[:16]),
+            auto_approved_by=auto_approving_policy(policies, tool.effect, decision),
+            resource_owner=resource_owner(request.resource),
         ),
     )
 
@@ -165,7 +170,8 @@ async def on_validated_batch(
     pending = [p for p in prepared if isinstance(p, _Pending)]
     decisions = iter(authorize_batch([p.request for p in pending], policies))
     return [
-        (_routed(p, next(decisions), now),) if isinstance(p, _Pending) else (p,) for p in prepared
+        (_routed(p, next(decisions), now, policies),) if isinstance(p, _Pending) else (p,)
+        for p in prepared
     ]
 
 

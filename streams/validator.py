@@ -91,6 +91,7 @@ def on_proposed(
                 proposed_at=parsed.proposed_at,
                 validated_at=now,
                 trace_id=trace_id,
+                proof=parsed.proof,
             ),
         ),
     )

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
 
+from approvals.signing import approval_keys, sign_decision, statement_for
 from schemas.envelopes import ApprovalDecision, ApprovalVerdict
-from schemas.identity import context_keys, issue_context_token
+from schemas.identity import context_keys, issue_context_token, verify_context_token
 from schemas.names import Topic
 from schemas.settings import Settings
 from tests.e2e.conftest import Pipeline
@@ -27,8 +30,25 @@ def token(
 
 def propose(pipeline: Pipeline, n: int = 1, **change: Any) -> list[dict[str, Any]]:
     """Propose ``n`` refunds as agent-1 (refund role); return their approval requests."""
+    ids = propose_only(pipeline, n, **change)
+    records = run(
+        read_until(
+            pipeline.settings,
+            [Topic.APPROVALS_REQUESTED],
+            lambda recs: set(ids) <= {json.loads(r.value)["call_id"] for r in recs},
+            timeout=45,
+        )
+    )
+    found = {json.loads(r.value)["call_id"]: json.loads(r.value) for r in records}
+    return [found[cid] for cid in ids]
+
+
+def propose_only(
+    pipeline: Pipeline, n: int = 1, roles: tuple[str, ...] = ("refund",), **change: Any
+) -> list[str]:
+    """Propose ``n`` refunds as agent-1; return their call ids."""
     settings = pipeline.settings
-    requester = token(settings, "agent-1", roles=("refund",))
+    requester = token(settings, "agent-1", roles=roles)
     ids = [f"ap-{uuid.uuid4().hex[:12]}" for _ in range(n)]
     run(
         publish(
@@ -51,16 +71,43 @@ def propose(pipeline: Pipeline, n: int = 1, **change: Any) -> list[dict[str, Any
             ],
         )
     )
-    records = run(
-        read_until(
-            settings,
-            [Topic.APPROVALS_REQUESTED],
-            lambda recs: set(ids) <= {json.loads(r.value)["call_id"] for r in recs},
-            timeout=45,
+    return ids
+
+
+def signed_decision(
+    pipeline: Pipeline,
+    request: dict[str, Any],
+    approver_token: str,
+    verdict: ApprovalVerdict = ApprovalVerdict.APPROVE,
+    **change: Any,
+) -> ApprovalDecision:
+    """What the approval service publishes for a human: it verifies the approver's token,
+    then signs a statement about the request (``change`` overrides statement fields)."""
+    settings = pipeline.settings
+    approver = verify_context_token(approver_token, context_keys(settings))
+    keys = approval_keys(settings)
+    body: dict[str, Any] = {
+        "call_id": request["call_id"],
+        "tenant": request["tenant"],
+        "fingerprint": request["fingerprint"],
+        "approver": approver,
+        "verdict": verdict,
+        "now": datetime.now(UTC),
+        "validity": keys.decision_validity,
+    }
+    return sign_decision(statement_for(**{**body, **change}), keys)
+
+
+def publish_decision(
+    pipeline: Pipeline, decision: ApprovalDecision, key: str | None = None
+) -> None:
+    run(
+        publish(
+            pipeline.settings,
+            [(key or decision.call_id, decision.to_bytes())],
+            Topic.APPROVALS_DECIDED,
         )
     )
-    found = {json.loads(r.value)["call_id"]: json.loads(r.value) for r in records}
-    return [found[cid] for cid in ids]
 
 
 def decide(
@@ -69,20 +116,27 @@ def decide(
     approver_token: str,
     verdict: ApprovalVerdict = ApprovalVerdict.APPROVE,
     **change: Any,
-) -> None:
-    body: dict[str, Any] = {
-        "call_id": request["call_id"],
-        "fingerprint": request["fingerprint"],
-        "decision": verdict,
-        "approver": approver_token,
-        "decided_at": datetime.now(UTC),
-    }
-    decision = ApprovalDecision.model_validate({**body, **change})
-    run(
-        publish(
-            pipeline.settings, [(decision.call_id, decision.to_bytes())], Topic.APPROVALS_DECIDED
-        )
-    )
+) -> ApprovalDecision:
+    decision = signed_decision(pipeline, request, approver_token, verdict, **change)
+    publish_decision(pipeline, decision)
+    return decision
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 30) -> None:
+    """Poll ``condition`` until it holds (the audit is written asynchronously)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.2)
+
+
+def refusals(pipeline: Pipeline, call_id: str) -> list[str]:
+    return [
+        str(d.get("refusal"))
+        for k, d in audit(pipeline, call_id)
+        if k == "approval_decision_refused"
+    ]
 
 
 def terminal_outcomes(

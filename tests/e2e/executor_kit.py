@@ -10,8 +10,9 @@ from typing import Any
 
 import psycopg
 
+from approvals.signing import approval_keys, receipt_for
 from commands.policy import PolicySet
-from schemas.envelopes import ActorRef, ApprovalReceipt, CommittedCommand, Effect
+from schemas.envelopes import ActorRef, CommittedCommand, Effect
 from schemas.fingerprint import fingerprint
 from schemas.names import Topic
 from schemas.settings import Settings
@@ -19,6 +20,8 @@ from tests.services import outcomes_by_call, publish, read_until, run
 
 POLICIES = PolicySet.from_directory()
 PAYMENTS = [f"pay_T{n}" for n in range(20)]
+# Receipts are signed with the local deployment's approval key (the executor verifies them).
+RECEIPT_KEYS = approval_keys(Settings())
 
 
 def seed_payments(settings: Settings) -> None:
@@ -49,9 +52,10 @@ def refund_command(
         policy_version=POLICIES.version,
     )
     now = datetime.now(UTC)
+    call_id = call_id or f"x-{uuid.uuid4().hex[:16]}"
     return CommittedCommand(
         operation_id=f"tenant-a:{key}",
-        call_id=call_id or f"x-{uuid.uuid4().hex[:16]}",
+        call_id=call_id,
         tenant="tenant-a",
         actor=ActorRef(sub="agent-1", roles=("refund",)),
         tool="propose_refund",
@@ -59,8 +63,15 @@ def refund_command(
         fingerprint=fp,
         effect=Effect.EXTERNAL_WRITE,
         policy_version=POLICIES.version,
-        approval=ApprovalReceipt(
-            approver="boss", decided_at=now, expires_at=now + timedelta(minutes=30), fingerprint=fp
+        approval=receipt_for(
+            call_id=call_id,
+            tenant="tenant-a",
+            fingerprint=fp,
+            policy_version=POLICIES.version,
+            approver="boss",
+            decided_at=now,
+            expires_at=now + timedelta(minutes=30),
+            keys=RECEIPT_KEYS,
         ),
         committed_at=now,
     )

@@ -18,8 +18,12 @@ from tests.e2e.approvals_kit import (
     committed,
     decide,
     propose,
+    publish_decision,
+    refusals,
+    signed_decision,
     terminal_outcomes,
     token,
+    wait_for,
 )
 from tests.e2e.conftest import Pipeline
 from tests.e2e.executor_kit import provider_stats
@@ -31,8 +35,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 def test_valid_approval_runs_once_with_its_receipt(pipeline: Pipeline) -> None:
     (request,) = propose(pipeline)
     boss = token(pipeline.settings, "boss")
-    decide(pipeline, request, boss)
-    decide(pipeline, request, boss)  # double confirmation
+    first = decide(pipeline, request, boss)
+    decide(pipeline, request, boss)  # double confirmation: a second decision
+    publish_decision(pipeline, first)  # the same decision replayed
     call_id = request["call_id"]
     found = terminal_outcomes(pipeline, {call_id})[call_id]
     assert len(found) == 1, found
@@ -44,14 +49,18 @@ def test_valid_approval_runs_once_with_its_receipt(pipeline: Pipeline) -> None:
     assert len(committed(pipeline, {call_id})[call_id]) == 1
     kinds = [k for k, _ in audit(pipeline, call_id)]
     assert kinds[:2] == ["approval_requested", "approval_decision"]
-    assert "approval_decision_invalid" in kinds
     assert kinds.count("executed") == 1
+    wait_for(lambda: len(refusals(pipeline, call_id)) == 2)
+    assert sorted(refusals(pipeline, call_id)) == ["decision_reused", "not_pending"]
 
 
 def test_two_approvers_at_once_commit_one_command(pipeline: Pipeline) -> None:
     (request,) = propose(pipeline)
     tokens = [token(pipeline.settings, f"boss-{n}") for n in range(2)]
     threads = [threading.Thread(target=decide, args=(pipeline, request, t)) for t in tokens]
+    # ... and one decision sent three times at once.
+    same = signed_decision(pipeline, request, tokens[0])
+    threads += [threading.Thread(target=publish_decision, args=(pipeline, same)) for _ in range(3)]
     for t in threads:
         t.start()
     for t in threads:
@@ -78,23 +87,16 @@ def invalid_then_rejected(
     )
     call_id = request["call_id"]
     outcomes = terminal_outcomes(pipeline, {call_id})[call_id]
-    reasons = [
-        d.get("reason", "") for k, d in audit(pipeline, call_id) if k == "approval_decision_invalid"
-    ]
-    return outcomes, reasons
+    return outcomes, refusals(pipeline, call_id)
 
 
 @pytest.mark.parametrize(
     ("who", "change", "reason"),
     [
-        (("agent-1", "tenant-a", ("approver",)), {}, "requester cannot approve their own call"),
-        (("boss-b", "tenant-b", ("approver",)), {}, "approver belongs to another tenant"),
-        (("clerk", "tenant-a", ("support",)), {}, "approver lacks the approver role"),
-        (
-            ("boss", "tenant-a", ("approver",)),
-            {"fingerprint": "0" * 64},
-            "fingerprint does not match the pending request",
-        ),
+        (("agent-1", "tenant-a", ("approver",)), {}, "self_approval"),
+        (("boss-b", "tenant-b", ("approver",)), {}, "approver_not_permitted"),
+        (("clerk", "tenant-a", ("support",)), {}, "approver_not_permitted"),
+        (("boss", "tenant-a", ("approver",)), {"fingerprint": "0" * 64}, "fingerprint_mismatch"),
     ],
     ids=["self-approval", "other-tenant", "no-approver-role", "replayed-fingerprint"],
 )
@@ -125,7 +127,7 @@ def test_changed_amount_voids_the_old_consent(pipeline: Pipeline) -> None:
         pipeline, changed, token(pipeline.settings, "boss"), fingerprint=first["fingerprint"]
     )
     assert outcomes[0]["error"]["code"] == "approval_rejected"
-    assert reasons == ["fingerprint does not match the pending request"]
+    assert reasons == ["fingerprint_mismatch"]
     assert committed(pipeline, {changed["call_id"]})[changed["call_id"]] == []
 
 
@@ -196,18 +198,9 @@ def test_expired_request_and_late_approval(pipeline: Pipeline) -> None:
     )[call_id]
     assert (o["status"], o["error"]["code"]) == ("expired", "approval_expired")
     decide(pipeline, request, token(pipeline.settings, "boss"))  # too late
-    # The late approval is recorded as invalid and commits nothing.
-    import time
-
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        kinds = [k for k, _ in audit(pipeline, call_id)]
-        if "approval_decision_invalid" in kinds:
-            break
-        time.sleep(0.2)
-    assert [
-        d["reason"] for k, d in audit(pipeline, call_id) if k == "approval_decision_invalid"
-    ] == ["approval already expired"]
+    # The late approval is refused and commits nothing.
+    wait_for(lambda: refusals(pipeline, call_id) != [])
+    assert refusals(pipeline, call_id) in (["not_pending"], ["statement_expired"])
     assert committed(pipeline, {call_id})[call_id] == []
 
 

@@ -178,7 +178,7 @@ def test_audit_show_reconstructs_an_approved_refund(audited: Pipeline) -> None:
             "requested_by",
             "agent-1",
             "decision received: approve",
-            "approver-7 @ tenant-a (roles: approver; token verified)",
+            "approver-7",
             "decision accepted: approve by approver-7",
             "command committed for execution",
             "approved by approver-7",

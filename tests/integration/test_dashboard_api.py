@@ -15,6 +15,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from psycopg.types.json import Jsonb
 
+from approvals.signing import VerifiedDecision, approval_keys, verify_decision
 from dashboard.reads import read_only_pool
 from dashboard.server import create_app
 from ratifier.topics import delete_topics, ensure_topics
@@ -306,11 +307,23 @@ async def test_decisions_are_published_signed_and_bound(
         for r in records
         if json.loads(r.value)["call_id"] == ids["pend"]
     ]
-    assert decision.decision.value == "edit"
-    assert decision.arguments == edited
-    assert decision.fingerprint == "a" * 64
-    assert decision.reason == "half"
-    assert decision.approver == headers["Authorization"].removeprefix("Bearer ")
+    verified = verify_decision(
+        decision,
+        kafka_key=ids["pend"],
+        keys=approval_keys(dash_settings),
+        now=datetime.now(UTC),
+    )
+    assert isinstance(verified, VerifiedDecision)
+    statement = verified.statement
+    assert statement.decision.value == "edit"
+    assert statement.arguments == edited
+    assert statement.fingerprint == "a" * 64
+    assert statement.reason == "half"
+    assert statement.approver.sub == "boss"
+    # The approver's bearer token is verified by the dashboard and never published.
+    assert headers["Authorization"].removeprefix("Bearer ") not in json.dumps(
+        [r.value.decode() for r in records]
+    )
 
 
 async def test_reads_cannot_write(settings: Settings) -> None:

@@ -10,12 +10,13 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 from redis.asyncio import Redis
 
+from approvals.signing import approval_keys, receipt_for
 from commands.policy import PolicySet
 from commands.reference import catalog
 from executors.claims import ClaimStore
 from executors.executor import CommandExecutor
 from executors.reconciler import Reconciler
-from schemas.envelopes import ActorRef, ApprovalReceipt, CommittedCommand, Outcome, Status
+from schemas.envelopes import ActorRef, CommittedCommand, Outcome, Status
 from schemas.errors import ErrorCode
 from schemas.fingerprint import fingerprint
 from schemas.settings import Settings
@@ -39,9 +40,10 @@ def command(
     now = datetime.now(UTC)
     found = catalog.get(tool)
     assert found is not None
+    call_id = f"c-{uuid.uuid4().hex[:12]}"
     return CommittedCommand(
         operation_id=f"{tenant}:{key}",
-        call_id=f"c-{uuid.uuid4().hex[:12]}",
+        call_id=call_id,
         tenant=tenant,
         actor=ActorRef(sub="agent-1", roles=roles),
         tool=tool,
@@ -49,8 +51,15 @@ def command(
         fingerprint=fp,
         effect=found.effect,
         policy_version=POLICIES.version,
-        approval=ApprovalReceipt(
-            approver="boss", decided_at=now, expires_at=now + timedelta(minutes=5), fingerprint=fp
+        approval=receipt_for(
+            call_id=call_id,
+            tenant=tenant,
+            fingerprint=fp,
+            policy_version=POLICIES.version,
+            approver="boss",
+            decided_at=now,
+            expires_at=now + timedelta(minutes=5),
+            keys=approval_keys(Settings()),
         )
         if approved
         else None,

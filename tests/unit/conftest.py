@@ -4,6 +4,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from approvals.signing import ApprovalKeys, local_signing_key
 from commands.catalog import Catalog
 from commands.policy import PolicySet
 from commands.reference import catalog as reference_catalog
@@ -47,3 +48,17 @@ PAYMENT_ATTRS = {
     "refundable_minor": 4900,
     "status": "captured",
 }
+
+
+def _signing_keys() -> ApprovalKeys:
+    key = local_signing_key("unit-test-approval-signing-seed-long-enough")
+    return ApprovalKeys(
+        signing_key=key,
+        kid="unit-1",
+        algorithm="EdDSA",
+        service_keys={"unit-1": (key.public_key(), "EdDSA")},
+    )
+
+
+# The approval service's keys in unit tests (decisions and receipts).
+SIGNING = _signing_keys()

@@ -13,6 +13,7 @@ PACKAGES = (
     "telemetry",
     "runtime",
     "commands",
+    "approvals",
     "streams",
     "executors",
     "audit",

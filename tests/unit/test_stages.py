@@ -23,10 +23,10 @@ from schemas.envelopes import (
 from schemas.errors import ErrorCode
 from schemas.fingerprint import fingerprint
 from schemas.names import Topic
-from streams.approval import on_authorized
+from streams.approval import Rules, on_authorized
 from streams.authorizer import on_validated
 from streams.validator import on_proposed
-from tests.unit.conftest import KEYS, NOW, PAYMENT_ATTRS, token
+from tests.unit.conftest import KEYS, NOW, PAYMENT_ATTRS, SIGNING, token
 
 SOURCE = SourcePosition(topic="ratifier.calls.proposed", partition=3, offset=42)
 
@@ -164,7 +164,7 @@ async def test_refund_goes_to_approval(catalog: Catalog, policies: PolicySet) ->
     )
     assert isinstance(emit.value, AuthorizedCall)
     request, waiting = on_authorized(
-        None, emit.value, tool=catalog.get(emit.value.tool), now=NOW
+        None, emit.value, tool=catalog.get(emit.value.tool), now=NOW, rules=Rules(keys=SIGNING)
     ).emits
     assert isinstance(request.value, ApprovalRequest)
     assert request.value.fingerprint == emit.value.fingerprint
@@ -184,7 +184,9 @@ async def test_auto_route_commits_keyed_by_operation(catalog: Catalog, policies:
         now=NOW,
     )
     assert isinstance(emit.value, AuthorizedCall)
-    (committed,) = on_authorized(None, emit.value, tool=catalog.get(emit.value.tool), now=NOW).emits
+    (committed,) = on_authorized(
+        None, emit.value, tool=catalog.get(emit.value.tool), now=NOW, rules=Rules(keys=SIGNING)
+    ).emits
     assert committed.topic is Topic.COMMITTED
     assert committed.key == "tenant-a:k-1"
     assert isinstance(committed.value, CommittedCommand)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import REGISTRY
 
+from approvals.signing import verify_decision
 from commands.catalog import Catalog
 from commands.policy import PolicySet
 from commands.validate import Limits
@@ -41,8 +42,8 @@ from telemetry.tracing import (
     traceparent_of,
     tracer_from,
 )
-from tests.unit.conftest import KEYS
-from tests.unit.test_approval import BOSS, HOLD, authorized, decision
+from tests.unit.conftest import KEYS, SIGNING
+from tests.unit.test_approval import RULES, authorized, decision
 from tests.unit.test_stages import PAYMENT, SOURCE, FakeStore, proposed, validated
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -311,17 +312,19 @@ async def test_every_stream_stage_outcome_carries_the_calls_trace(
         seen += [e.value for e in emits if isinstance(e.value, Outcome)]
     asked = authorized().model_copy(update={"trace_id": TRACE})
     tool = catalog.get("propose_refund")
-    waiting = on_authorized(None, asked, tool=tool, now=NOW)
+    waiting = on_authorized(None, asked, tool=tool, now=NOW, rules=RULES)
     assert waiting.state is not None
+    rejection = decision(asked, ApprovalVerdict.REJECT)
     rejected = on_decided(
         waiting.state,
-        decision(asked, ApprovalVerdict.REJECT),
-        BOSS,
+        rejection,
+        verify_decision(rejection, kafka_key=asked.call_id, keys=SIGNING, now=NOW),
+        call_id=asked.call_id,
         tool=tool,
         now=NOW,
-        hold=HOLD,
+        rules=RULES,
     )
-    expired = on_tick(waiting.state, now=NOW + timedelta(days=1))
+    expired = on_tick(waiting.state, now=NOW + timedelta(days=1), rules=RULES)
     for step in (waiting, rejected, expired):
         seen += [e.value for e in step.emits if isinstance(e.value, Outcome)]
     assert [(o.stage.value, o.status.value) for o in seen] == [

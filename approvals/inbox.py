@@ -13,21 +13,34 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from pydantic import ValidationError
 
-from commands.topic_reader import TopicReader
+from approvals.pending import is_pending, pending_order
+from approvals.rights import APPROVER_ROLE
+from approvals.signing import ApprovalKeys, sign_decision, statement_for
+from runtime.reader import TopicReader
 from schemas.envelopes import (
     TERMINAL_STATUSES,
     Actor,
     ApprovalDecision,
     ApprovalRequest,
     ApprovalVerdict,
+    DecisionKind,
 )
-from schemas.errors import PolicyDenied, ResourceNotFound, Unauthenticated
+from schemas.errors import ErrorCode, PolicyDenied, ResourceNotFound, Unauthenticated
 from schemas.identity import ContextKeys, verify_context_token
 from schemas.names import Topic
 from schemas.settings import Settings
-from streams.approval import APPROVER_ROLE
 
 _TERMINAL = {s.value for s in TERMINAL_STATUSES}
+
+# The one status map of the approver surfaces (this package's HTTP API and the dashboard).
+HTTP_STATUS: dict[ErrorCode, int] = {
+    ErrorCode.UNAUTHENTICATED: 401,
+    ErrorCode.POLICY_DENIED: 403,
+    ErrorCode.NOT_FOUND: 404,
+    ErrorCode.APPROVAL_EXPIRED: 410,
+    ErrorCode.INVALID_ARGUMENTS: 400,
+    ErrorCode.RETRYABLE_ERROR: 503,
+}
 
 
 def approver_from(token: str | None, keys: ContextKeys) -> Actor:
@@ -38,6 +51,13 @@ def approver_from(token: str | None, keys: ContextKeys) -> Actor:
     if APPROVER_ROLE not in actor.roles:
         raise PolicyDenied("This token does not carry the approver role.")
     return actor
+
+
+def subject_from(token: str | None, keys: ContextKeys) -> Actor:
+    """The end user named by ``token`` (no role needed: ownership is checked per request)."""
+    if not token:
+        raise Unauthenticated()
+    return verify_context_token(token, keys)
 
 
 class ApprovalInbox:
@@ -72,14 +92,21 @@ class ApprovalInbox:
     def pending(self, tenant: str, now: datetime | None = None) -> list[ApprovalRequest]:
         now = now or datetime.now(UTC)
         return sorted(
-            (r for r in self._pending.values() if r.tenant == tenant and r.expires_at > now),
-            key=lambda r: r.expires_at,
+            (r for r in self._pending.values() if is_pending(r, now=now, tenant=tenant)),
+            key=pending_order,
         )
 
     def get(self, tenant: str, call_id: str) -> ApprovalRequest:
         """The pending request; absent and other tenants' look the same."""
         request = self._pending.get(call_id)
         if request is None or request.tenant != tenant:
+            raise ResourceNotFound()
+        return request
+
+    def for_subject(self, subject: Actor, call_id: str) -> ApprovalRequest:
+        """The pending request a subject may confirm: theirs only; others' look absent."""
+        request = self.get(subject.tenant, call_id)
+        if request.subject is None or request.subject != subject.sub:
             raise ResourceNotFound()
         return request
 
@@ -95,22 +122,32 @@ class ApprovalInbox:
 def decision_for(
     request: ApprovalRequest,
     *,
-    token: str,
+    approver: Actor,
+    keys: ApprovalKeys,
     verdict: ApprovalVerdict,
     reason: str | None = None,
     arguments: dict[str, Any] | None = None,
     fingerprint: str | None = None,
+    kind: DecisionKind = DecisionKind.APPROVER,
+    now: datetime | None = None,
 ) -> ApprovalDecision:
-    """A decision bound to the request the human saw (its fingerprint)."""
-    return ApprovalDecision(
+    """A decision about the request the human saw (its call, tenant and fingerprint), by the
+    approver the caller authenticated, signed with the approval service's key. The approver's
+    token stays with the caller: it is never part of the decision."""
+    statement = statement_for(
         call_id=request.call_id,
+        tenant=request.tenant,
         fingerprint=fingerprint or request.fingerprint,
-        decision=verdict,
-        arguments=arguments,
+        approver=approver,
+        verdict=verdict,
+        now=now or datetime.now(UTC),
+        validity=keys.decision_validity,
+        not_after=request.expires_at,
         reason=reason,
-        approver=token,
-        decided_at=datetime.now(UTC),
+        arguments=arguments,
+        kind=kind,
     )
+    return sign_decision(statement, keys)
 
 
 async def publish_decision(settings: Settings, decision: ApprovalDecision) -> None:

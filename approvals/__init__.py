@@ -1,0 +1,1 @@
+"""Approvals: signed decisions bound to one call, the approver surface, approver rights."""
