@@ -36,6 +36,7 @@ from psycopg.types.json import Jsonb
 from redis.asyncio import Redis
 
 from approvals.signing import approval_keys, sign_decision, statement_for
+from bench import approval_state
 from bench import idle as idle_bench
 from bench.common import (
     RESULTS,
@@ -1212,6 +1213,7 @@ def render(report: Report, total_seconds: float) -> str:
     ]
     lines += _cpu_budget(v, e2e_cpu)
     lines += _profile_section(v)
+    lines += _approval_state_section()
     lines += _capacity_section(v)
     if report.errors:
         lines += ["## Failed or skipped steps", ""]
@@ -1224,6 +1226,48 @@ def render(report: Report, total_seconds: float) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _approval_state_section() -> list[str]:
+    """The approval-join's bounded state (`make bench-approvals`), when it was measured."""
+    try:
+        r = dict(json.loads(approval_state.RESULT_FILE.read_text()))
+    except (OSError, ValueError):
+        return []
+    mb = 1024 * 1024
+    return [
+        "## Approval-join state",
+        "",
+        f"`{r['command']}` ({r['finished']}; the join's pure state machine with signed "
+        "decisions on a simulated clock, no brokers): terminal states are deleted with a "
+        f"tombstone {r['retention_s']:,.0f} s after their request (TTL + clock skew + "
+        "retention margin), so the table and the compacted changelog's live records stay at "
+        "rate × retention whatever the total.",
+        "",
+        table(
+            [
+                ["approvals", f"{r['approvals']:,.0f} at {r['rate_per_s']:,.0f}/s"],
+                [
+                    "table at the end",
+                    f"{r['table_entries_end']:,.0f} states, {r['table_bytes_end'] / mb:,.0f} MB "
+                    f"({r['bytes_per_state']:,.0f} bytes each)",
+                ],
+                [
+                    "table at its peak",
+                    f"{r['table_entries_peak']:,.0f} states, {r['table_bytes_peak'] / mb:,.0f} MB",
+                ],
+                [
+                    "changelog written (before compaction)",
+                    f"{r['changelog_values_written']:,.0f} values, "
+                    f"{r['changelog_bytes_written'] / mb:,.0f} MB, "
+                    f"{r['changelog_tombstones']:,.0f} tombstones",
+                ],
+                ["run time", f"{r['seconds']:,.0f} s"],
+            ],
+            ["measure", "value"],
+        ),
+        "",
+    ]
 
 
 def _idle_result() -> dict[str, Any]:

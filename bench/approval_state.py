@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import argparse
 import heapq
+import json
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from approvals.signing import (
     ApprovalKeys,
@@ -141,13 +143,28 @@ def run(approvals: int, rate: float) -> dict[str, float]:
     }
 
 
+RESULT_FILE = Path(__file__).parent / "approval-state-result.json"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--approvals", type=int, default=20_000)
     parser.add_argument("--rate", type=float, default=100.0, help="approvals per second")
+    parser.add_argument(
+        "--write", action="store_true", help=f"also write {RESULT_FILE.name} (RESULTS.md reads it)"
+    )
     args = parser.parse_args()
-    for name, value in run(args.approvals, args.rate).items():
+    result = run(args.approvals, args.rate)
+    for name, value in result.items():
         print(f"{name:28} {value:,.1f}")
+    if args.write:
+        command = (
+            f"python -m bench.approval_state --approvals {args.approvals} --rate {args.rate:g}"
+        )
+        finished = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+        RESULT_FILE.write_text(
+            json.dumps({**result, "command": command, "finished": finished}, indent=2) + "\n"
+        )
 
 
 if __name__ == "__main__":
