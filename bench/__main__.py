@@ -980,7 +980,10 @@ def render(report: Report, total_seconds: float) -> str:
         "",
         f"Command: `{COMMAND}` — took {total_seconds / 60:.1f} min.",
         "",
-        table(machine(), ["machine", ""]),
+        table(
+            [tuple(row) for row in v["machine"]] if v.get("machine") else machine(),
+            ["machine", ""],
+        ),
         "",
         "## Settings used (safe settings only)",
         "",
@@ -1426,6 +1429,8 @@ async def main_async() -> int:
     except Exception as exc:
         report.errors["whole pipeline"] = f"{type(exc).__name__}: {exc}"[:300]
     total = time.monotonic() - report.started
+    # The machine as it was during the run: a later --render must not describe another one.
+    report.values["machine"] = machine()
     VALUES.write_text(
         json.dumps(
             {
