@@ -48,6 +48,7 @@ from ratifier.client import (
     RatifierClient,
     idempotency_key_for,
 )
+from schemas.envelopes import Outcome
 from schemas.providers import is_error, result_text
 
 ContextSource = str | Callable[[Mapping[str, Any]], str]
@@ -58,6 +59,7 @@ class _ToolCall:
     handle: CallHandle
     awaiting: AwaitingApproval | None = None
     decided: bool = False
+    outcome: Outcome | None = None  # the final one, once the node answered with it
 
 
 def approval_payload(tool: str, awaiting: AwaitingApproval) -> dict[str, Any]:
@@ -145,7 +147,7 @@ class RatifierToolNode:
         call.decided = True
 
     async def _reply(self, call: _ToolCall, tool: str, tool_call_id: str) -> ToolMessage:
-        outcome = await call.handle.result(within=self.within)
+        outcome = call.outcome or await call.handle.result(within=self.within)
         if isinstance(outcome, Pending):
             body = {
                 "status": outcome.status.value if outcome.status else "pending",
@@ -157,6 +159,8 @@ class RatifierToolNode:
                 tool_call_id=tool_call_id,
                 name=tool,
             )
+        call.outcome = outcome
+        self.client.forget(call.handle.call_id)  # final: the client stops tracking it
         return ToolMessage(
             content=result_text(outcome),
             tool_call_id=tool_call_id,

@@ -110,6 +110,7 @@ def tool_definitions(definitions: Sequence[Mapping[str, Any]]) -> list[ToolDefin
 class _ToolCall:
     handle: CallHandle
     awaiting: AwaitingApproval | None = None
+    outcome: Outcome | None = None  # the final one, once the tool returned it
 
 
 class RatifierAgentTools:
@@ -157,10 +158,11 @@ class RatifierAgentTools:
             call = await self._submitted(
                 name, arguments, tool_context.tool_call_id, tool_context.context
             )
-            outcome = await call.handle.result(within=self._within)
+            outcome = call.outcome or await call.handle.result(within=self._within)
             if isinstance(outcome, Pending):
                 return pending_text(outcome)
-            self._client.forget(call.handle.call_id)
+            call.outcome = outcome
+            self._client.forget(call.handle.call_id)  # final: the client stops tracking it
             return result_text(outcome)
 
         return FunctionTool(
@@ -232,4 +234,6 @@ class RatifierAgentTools:
     async def outcome(self, item: ToolApprovalItem, within: float = 0.0) -> Outcome | Pending:
         """The ratifier outcome of an interrupted tool call (e.g. after a rejection)."""
         call = self._calls[item.call_id or ""]
+        if call.outcome is not None:
+            return call.outcome
         return await call.handle.result(within=within)
