@@ -318,6 +318,7 @@ def cmd_dashboard(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_mcp(settings: Settings, args: argparse.Namespace) -> int:
     from commands.catalog import load_catalog
+    from ratifier.adapters.confirmation import ConfirmationApi
     from ratifier.client import RatifierClient
     from ratifier.mcp_gateway import McpGateway, serve_http, serve_stdio
     from schemas.identity import context_keys, verify_context_token
@@ -334,7 +335,16 @@ def cmd_mcp(settings: Settings, args: argparse.Namespace) -> int:
     async def serve() -> None:
         async with RatifierClient.from_settings(settings) as client:
             catalog = load_catalog(settings.catalog)
-            gateway = McpGateway(catalog=catalog, client=client, keys=keys, fixed_context=fixed)
+            approvals_url = args.approvals_url or (
+                f"http://127.0.0.1:{settings.http_port}" if settings.http_port else None
+            )
+            gateway = McpGateway(
+                catalog=catalog,
+                client=client,
+                keys=keys,
+                fixed_context=fixed,
+                confirmations=ConfirmationApi(base_url=approvals_url) if approvals_url else None,
+            )
             if args.transport == "stdio":
                 await serve_stdio(gateway)
             else:
@@ -490,6 +500,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     mcp.add_argument(
         "--context-token-file", help="stdio: the local user's signed context token, in a file"
+    )
+    mcp.add_argument(
+        "--approvals-url",
+        help="the approval API end users confirm through (MCP elicitation); "
+        "default: http://127.0.0.1:RATIFIER_HTTP_PORT",
     )
     mcp.set_defaults(func=cmd_mcp)
     schemas = sub.add_parser("schemas", help="write JSON Schema files of the contract")

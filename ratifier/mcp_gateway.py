@@ -8,7 +8,15 @@
   comes from ``_meta`` or the arguments. The answer is the call's final outcome rendered as a
   ``CallToolResult`` (`schemas.providers`): refusals are ``isError`` with the code and the
   message that is safe to show the model.
-- A call that waits for approval answers at once with a pending result naming the call id;
+- A call that waits for the end user's confirmation (the approval request's ``subject`` is
+  the caller) asks the user through MCP elicitation when the client supports it: with the
+  handshake protocols a form ``elicitation/create`` request on the session, with 2026-07-28 an
+  ``InputRequiredResult`` whose input request is that form and whose ``request_state`` is the
+  call id (the client retries ``tools/call`` with the answer). Accept publishes the user's
+  signed confirmation through the approval API (``POST /confirmations/{call_id}`` with the
+  caller's own bearer token; the approval service verifies and signs it), decline a refusal;
+  the tool call then answers with the final outcome. Cancel, no elicitation support, or a
+  call that waits for staff: a pending result naming the call id, and
   ``ratifier_call_status`` answers with the final outcome once there is one.
 
 Over streamable HTTP the bearer token is required on every request (401 without it). Over
@@ -29,10 +37,13 @@ from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
+from mcp.shared.exceptions import MCPError
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.applications import Starlette
 
 from commands.catalog import Catalog
 from commands.export import ExportFormat, export_catalog
+from ratifier.adapters.confirmation import ConfirmationApi, ConfirmationRefused
 from ratifier.client import Pending, RatifierClient
 from schemas.envelopes import Outcome, Status
 from schemas.errors import Unauthenticated
@@ -42,6 +53,18 @@ from schemas.providers import to_mcp_call_tool_result
 log = logging.getLogger("ratifier.mcp")
 
 STATUS_TOOL = "ratifier_call_status"
+CONFIRM_INPUT = "confirm"  # the key of the confirmation form among the input requests
+CONFIRM_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "confirm": {
+            "type": "boolean",
+            "title": "Confirm",
+            "description": "Confirm exactly this action",
+        }
+    },
+    "required": ["confirm"],
+}
 SERVER_NAME = "ratifier"
 
 
@@ -76,6 +99,8 @@ class McpGateway:
     wait_seconds: float = 30.0
     # For stdio: the context token of the local user, read at start.
     fixed_context: str | None = None
+    # Where end users confirm (the streams worker's approval API); None: no elicitation.
+    confirmations: ConfirmationApi | None = None
     # Calls this gateway published, by id, with the principal (tenant/subject) that may ask
     # about them.
     _owners: dict[str, str] = field(default_factory=dict)
@@ -113,8 +138,8 @@ class McpGateway:
         )
         return tools
 
-    def _principal(self) -> tuple[str, str] | None:
-        """The verified context token of this request and its principal, or None."""
+    def _principal(self) -> tuple[str, str, str] | None:
+        """The verified context token of this request, its principal and subject, or None."""
         access = get_access_token()
         token = access.token if access is not None else self.fixed_context
         if token is None:
@@ -123,7 +148,7 @@ class McpGateway:
             actor = verify_context_token(token, self.keys)
         except Unauthenticated:
             return None
-        return token, f"{actor.tenant}/{actor.sub}"
+        return token, f"{actor.tenant}/{actor.sub}", actor.sub
 
     async def list_tools(
         self, _ctx: ServerRequestContext[Any], _params: types.PaginatedRequestParams | None
@@ -131,18 +156,90 @@ class McpGateway:
         return types.ListToolsResult(tools=self.tools())
 
     async def call_tool(
-        self, _ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
-    ) -> types.CallToolResult:
+        self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult | types.InputRequiredResult:
         principal = self._principal()
         if principal is None:
             return _error("unauthenticated", "No verified context token came with this call.")
-        context, owner = principal
+        context, owner, subject = principal
         arguments: Mapping[str, Any] = params.arguments or {}
         if params.name == STATUS_TOOL:
             return await self._status(str(arguments.get("call_id", "")), owner)
+        if params.request_state is not None:
+            # 2026-07-28: the retry carrying the user's answer to our confirmation form.
+            return await self._confirmed(params, context, owner)
         handle = await self.client.submit(params.name, arguments, context=context)
         self._owners[handle.call_id] = owner
+        await self.client.awaiting_approval(handle.call_id, within=self.wait_seconds)
+        waiting = await self.client.wait(handle.call_id, within=0.05)
+        if isinstance(waiting, Pending) and self._user_confirms(ctx, waiting, subject):
+            return await self._elicit(ctx, waiting, context)
         return await self._answer(handle.call_id)
+
+    def _user_confirms(self, ctx: ServerRequestContext[Any], pending: Pending, sub: str) -> bool:
+        """Whether to ask the caller to confirm: the call waits for its subject, who is the
+        caller, and the client can show a form."""
+        return (
+            self.confirmations is not None
+            and pending.status is Status.AWAITING_APPROVAL
+            and pending.approval is not None
+            and pending.approval.subject == sub
+            and ctx.session.check_client_capability(
+                types.ClientCapabilities(elicitation=types.ElicitationCapability())
+            )
+        )
+
+    async def _elicit(
+        self, ctx: ServerRequestContext[Any], pending: Pending, context: str
+    ) -> types.CallToolResult | types.InputRequiredResult:
+        assert pending.approval is not None
+        message = "Confirm this action:\n" + "\n".join(pending.approval.preview)
+        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            form = types.ElicitRequest(
+                params=types.ElicitRequestFormParams(
+                    message=message, requested_schema=CONFIRM_SCHEMA
+                )
+            )
+            return types.InputRequiredResult(
+                input_requests={CONFIRM_INPUT: form}, request_state=pending.call_id
+            )
+        try:
+            answer = await ctx.session.elicit_form(
+                message, CONFIRM_SCHEMA, related_request_id=ctx.request_id
+            )
+        except MCPError:
+            log.warning("elicitation failed for %s; answering pending", pending.call_id)
+            return await self._answer(pending.call_id)
+        return await self._decide(pending.call_id, answer, context)
+
+    async def _confirmed(
+        self, params: types.CallToolRequestParams, context: str, owner: str
+    ) -> types.CallToolResult:
+        call_id = params.request_state or ""
+        if self._owners.get(call_id) != owner:
+            return _error("not_found", "No call with this id is pending for you.")
+        answer = (params.input_responses or {}).get(CONFIRM_INPUT)
+        if not isinstance(answer, types.ElicitResult):
+            return await self._answer(call_id)
+        return await self._decide(call_id, answer, context)
+
+    async def _decide(
+        self, call_id: str, answer: types.ElicitResult, context: str
+    ) -> types.CallToolResult:
+        """The user's answer to the form, as their signed confirmation; then the outcome."""
+        if answer.action == "cancel" or self.confirmations is None:
+            return await self._answer(call_id)  # no decision: still pending
+        approve = answer.action == "accept" and bool((answer.content or {}).get("confirm"))
+        try:
+            await self.confirmations.confirm(
+                call_id,
+                user_token=context,
+                approve=approve,
+                reason=None if approve else "declined by the user",
+            )
+        except (ConfirmationRefused, OSError) as exc:
+            log.warning("confirmation of %s not accepted: %s", call_id, exc)
+        return await self._answer(call_id, wait_final=True)
 
     async def _status(self, call_id: str, owner: str) -> types.CallToolResult:
         if self._owners.get(call_id) != owner:
@@ -150,10 +247,14 @@ class McpGateway:
             return _error("not_found", "No call with this id is pending for you.")
         return await self._answer(call_id)
 
-    async def _answer(self, call_id: str) -> types.CallToolResult:
-        # Answer as soon as the call is final or waits for a human, whichever comes first.
-        await self.client.awaiting_approval(call_id, within=self.wait_seconds)
-        outcome = await self.client.wait(call_id, within=0.05)
+    async def _answer(self, call_id: str, *, wait_final: bool = False) -> types.CallToolResult:
+        # Answer as soon as the call is final or waits for a human, whichever comes first
+        # (after a confirmation: when it is final).
+        if wait_final:
+            outcome = await self.client.wait(call_id, within=self.wait_seconds)
+        else:
+            await self.client.awaiting_approval(call_id, within=self.wait_seconds)
+            outcome = await self.client.wait(call_id, within=0.05)
         if isinstance(outcome, Pending):
             return _pending(outcome)
         self.client.forget(call_id)

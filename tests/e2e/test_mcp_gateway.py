@@ -33,7 +33,16 @@ def _free_port() -> int:
 def gateway(pipeline: Pipeline) -> Iterator[str]:
     port = _free_port()
     worker: WorkerProcess = start_worker_args(
-        ["mcp", "--port", str(port)], name="mcp", log_dir=pipeline.log_dir, env=pipeline.env
+        [
+            "mcp",
+            "--port",
+            str(port),
+            "--approvals-url",
+            f"http://127.0.0.1:{pipeline.http_port}",
+        ],
+        name="mcp",
+        log_dir=pipeline.log_dir,
+        env=pipeline.env,
     )
     url = f"http://127.0.0.1:{port}/mcp"
     deadline = time.monotonic() + 30
@@ -50,11 +59,13 @@ def gateway(pipeline: Pipeline) -> Iterator[str]:
         worker.stop()
 
 
-async def _session(url: str, bearer: str | None, steps: Any) -> Any:
+async def _session(url: str, bearer: str | None, steps: Any, elicitation: Any = None) -> Any:
     headers = {"Authorization": f"Bearer {bearer}"} if bearer else None
     async with (
         create_mcp_http_client(headers=headers) as http,
-        Client(streamable_http_client(url, http_client=http)) as client,
+        Client(
+            streamable_http_client(url, http_client=http), elicitation_callback=elicitation
+        ) as client,
     ):
         return await steps(client)
 
@@ -141,6 +152,30 @@ def test_a_write_waiting_for_approval_is_pending_then_answered_by_the_status_too
     answered, _ = run(_session(gateway, bearer, status))
     assert not answered.is_error, answered
     assert "succeeded" in answered.content[0].text
+
+
+def test_the_user_confirms_their_own_refund_through_elicitation(
+    pipeline: Pipeline, gateway: str
+) -> None:
+    settings = pipeline.settings
+    # Bob asks for a refund of his own payment (pay_A1002): he is the subject who confirms.
+    bob = token(settings, "bob@example.com", roles=("refund",))
+    asked: list[types.ElicitRequestParams] = []
+
+    async def accept(_context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        asked.append(params)
+        return types.ElicitResult(action="accept", content={"confirm": True})
+
+    async def propose(client: Client) -> types.CallToolResult:
+        return await client.call_tool("propose_refund", REFUND)
+
+    result = run(_session(gateway, bob, propose, elicitation=accept))
+    assert len(asked) == 1
+    assert isinstance(asked[0], types.ElicitRequestFormParams)
+    assert "pay_A1002" in asked[0].message or "0.10" in asked[0].message, asked[0].message
+    assert not result.is_error, result
+    body = _structured(result)
+    assert body["status"] == "succeeded", body
 
 
 def _request_of(pipeline: Pipeline, call_id: str) -> dict[str, Any]:

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 
 from approvals.policy import PolicyRights
-from approvals.rights import PendingCall
+from approvals.rights import PendingCall, RoleRights
 from approvals.signing import DecisionRefusal, statement_for
 from commands.catalog import Catalog
-from schemas.envelopes import Actor, ApprovalVerdict, DecisionKind, Effect
+from schemas.envelopes import Actor, ActorRef, ApprovalVerdict, DecisionKind, Effect
 from streams.approval import Rules, on_authorized
 from tests.unit.conftest import NOW, SIGNING
 from tests.unit.test_approval import authorized
@@ -155,3 +155,35 @@ def test_the_request_names_its_subject_and_approvers(catalog: Catalog) -> None:
     assert getattr(request, "subject", None) == "bob@example.com"
     assert getattr(request, "required_approvals", None) == 2
     assert step.state is not None and step.state.expires_at == NOW + timedelta(hours=1)
+
+
+def test_the_owner_confirms_a_call_they_asked_for_themselves(catalog: Catalog) -> None:
+    """End-user confirmation is the subject's own say (an MCP user asking for a refund of
+    their own payment, then confirming it); staff still never approve their own request."""
+    target = pending(catalog, arguments=SMALL)
+    own = PendingCall(
+        call=target.call.model_copy(
+            update={"actor": ActorRef(sub="bob@example.com", roles=("refund", "approver"))}
+        ),
+        tool=target.tool,
+        owner=target.owner,
+    )
+
+    def decided(kind: DecisionKind) -> tuple[DecisionRefusal | None, DecisionRefusal | None]:
+        statement = statement_for(
+            call_id=own.call.call_id,
+            tenant=own.call.tenant,
+            fingerprint=own.call.fingerprint,
+            approver=actor("bob@example.com", "approver"),
+            verdict=ApprovalVerdict.APPROVE,
+            now=NOW,
+            validity=timedelta(minutes=5),
+            kind=kind,
+        )
+        return RIGHTS.refusal(statement, own), RoleRights().refusal(statement, own)
+
+    assert decided(DecisionKind.CONFIRMATION) == (None, None)
+    assert decided(DecisionKind.APPROVER) == (
+        DecisionRefusal.SELF_APPROVAL,
+        DecisionRefusal.SELF_APPROVAL,
+    )
