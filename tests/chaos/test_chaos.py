@@ -199,6 +199,7 @@ class Suite:
         self.decided: set[str] = set()
         self.calls: dict[str, Call] = {}
         self.pending_at_fault = 0  # approvals pending when the streams worker was killed
+        self.poison_sent = self.poison_refused = 0
 
     # --- reading answers and deciding approvals -------------------------------------------
 
@@ -425,6 +426,15 @@ class Suite:
             "approvals_pending_at_fault": self.pending_at_fault
             if name == "streams_kill9"
             else None,
+            "poison": (
+                {
+                    "published": self.poison_sent,
+                    "refused_by_broker": self.poison_refused,
+                    "dead_letters": sum(self.answers.dead_letters.values()),
+                }
+                if name == "poison"
+                else None
+            ),
             "unexpected_outcomes": dict(unexpected),
             "examples": {
                 "lost": lost[:5],
@@ -494,11 +504,18 @@ class Suite:
         try:
             for topic in Topic:
                 for key, value in _poison_records(topic):
-                    await producer.send_and_wait(
-                        self.settings.topic(topic),
-                        key=key.encode() if key else None,
-                        value=value,
-                    )
+                    try:
+                        await producer.send_and_wait(
+                            self.settings.topic(topic),
+                            key=key.encode() if key else None,
+                            value=value,
+                        )
+                    except KafkaError:
+                        # The broker itself refuses some (a key-less record on a compacted
+                        # topic): nothing reached a consumer.
+                        self.poison_refused += 1
+                    else:
+                        self.poison_sent += 1
         finally:
             await producer.stop()
 
