@@ -50,8 +50,8 @@ from aiokafka.errors import KafkaError
 from ratifier.migrate import migrate
 from ratifier.processes import FAKE_PROVIDER_MODULE, start_worker_args
 from ratifier.topics import ensure_topics
-from runtime.clients import kafka_consumer, kafka_producer
-from schemas.names import Topic
+from runtime.clients import kafka_admin, kafka_consumer, kafka_producer
+from schemas.names import STREAMS_APP_ID, Topic
 from schemas.settings import Settings
 from tests.e2e.approvals_kit import decide, token
 from tests.e2e.conftest import ARTIFACTS, Pipeline, SigningKeys, free_port, wait_http
@@ -79,6 +79,8 @@ ONLY = {n for n in os.environ.get("RATIFIER_CHAOS_ONLY", "").split(",") if n}
 SETTLE_SECONDS = 240
 OUTAGE_SECONDS = 20
 APPROVAL_DELAY = 3.0  # approvals stay pending this long, so a crash always finds some
+# What the streams worker consumes in its group (its committed offsets are checked).
+STREAMS_INPUTS = (Topic.PROPOSED, Topic.VALIDATED, Topic.AUTHORIZED, Topic.APPROVALS_DECIDED)
 RECONCILER = {
     "RATIFIER_RECONCILE_BACKOFF_SECONDS": "0.5",
     "RATIFIER_RECONCILE_BACKOFF_CAP_SECONDS": "5",
@@ -356,10 +358,45 @@ class Suite:
             while time.monotonic() < deadline and self._open(name):  # noqa: ASYNC110
                 await asyncio.sleep(0.5)
             await asyncio.sleep(2)  # late repeats of outcomes, if any, are read too
-            return self.check(name, sent, fault_started, fault_ended, in_flight)
+            row = self.check(name, sent, fault_started, fault_ended, in_flight)
+            row["streams_commit_lag"] = await self.streams_commit_lag()
+            return row
         finally:
             stop.set()
             await asyncio.gather(*background, return_exceptions=True)
+
+    async def streams_commit_lag(self, timeout: float = 45) -> dict[str, int]:
+        """Once every call is answered, the streams worker has processed every record of its
+        input topics: its group's committed offset must reach each partition's end (issue 17:
+        after a broker bounce one partition stopped committing). Partitions still behind
+        after ``timeout`` s, with their lag; empty when none."""
+        group = self.settings.group(STREAMS_APP_ID)
+        inputs = {self.settings.topic(t) for t in STREAMS_INPUTS}
+        admin = kafka_admin(self.settings)
+        consumer = kafka_consumer(self.settings, group=None)
+        await admin.start()
+        await consumer.start()
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                committed = {
+                    tp: meta.offset
+                    for tp, meta in (await admin.list_consumer_group_offsets(group)).items()
+                    if tp.topic in inputs
+                }
+                ends = await consumer.end_offsets(list(committed))
+                behind = {
+                    f"{tp.topic.removeprefix(self.settings.topic_prefix)}[{tp.partition}]": ends[tp]
+                    - offset
+                    for tp, offset in committed.items()
+                    if ends[tp] > offset
+                }
+                if not behind or time.monotonic() > deadline:
+                    return behind
+                await asyncio.sleep(1)
+        finally:
+            await consumer.stop()
+            await admin.close()
 
     def _mine(self, name: str) -> dict[str, Call]:
         return {
@@ -554,13 +591,13 @@ EXPERIMENTS: list[tuple[str, Callable[[Suite], Callable[[], Awaitable[None]]]]] 
 def _print_table(rows: list[dict[str, Any]]) -> None:
     header = (
         "| experiment | calls | lost | duplicate effects | effects = ledger "
-        "| recovery (s) | max latency (s) |"
+        "| recovery (s) | max latency (s) | streams commit lag |"
     )
-    lines = [header, "|---|---:|---:|---:|---|---:|---:|"]
+    lines = [header, "|---|---:|---:|---:|---|---:|---:|---:|"]
     lines += [
         f"| {r['experiment']} | {r['calls']} | {r['lost']} | {r['duplicate_effects']} "
         f"| {'yes' if r['effects_equal_ledger'] else 'NO'} | {r['recovery_seconds']} "
-        f"| {r['max_latency_seconds']} |"
+        f"| {r['max_latency_seconds']} | {sum(r['streams_commit_lag'].values())} |"
         for r in rows
     ]
     print("\n".join(lines))
@@ -602,6 +639,7 @@ def test_chaos(signing_keys: SigningKeys) -> None:
         or r["two_final_outcomes"]
         or r["history_problems"]
         or not r["effects_equal_ledger"]
+        or r["streams_commit_lag"]
     ]
     assert not failures, f"guarantees violated in {failures}: see test-artifacts/chaos.json"
     assert not [a for a in alive if a], f"processes exited: {[a for a in alive if a]}"
