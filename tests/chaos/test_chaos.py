@@ -458,7 +458,14 @@ class Suite:
             "history_problems": len(problems),
             "fault_seconds": round(fault_ended - fault_started, 1),
             "in_flight_at_fault_end": len(in_flight),
-            "recovery_seconds": round(max(recovered) - fault_ended, 1) if recovered else 0.0,
+            # None: a call in flight at the fault's end never got its final outcome.
+            "recovery_seconds": (
+                None
+                if len(recovered) < len(in_flight)
+                else round(max(recovered) - fault_ended, 1)
+                if recovered
+                else 0.0
+            ),
             "max_latency_seconds": round(max(latencies), 1) if latencies else 0.0,
             "approvals_pending_at_fault": self.pending_at_fault
             if name == "streams_kill9"
@@ -588,6 +595,10 @@ EXPERIMENTS: list[tuple[str, Callable[[Suite], Callable[[], Awaitable[None]]]]] 
 ]
 
 
+def _never(seconds: float | None) -> str:
+    return "never" if seconds is None else str(seconds)
+
+
 def _print_table(rows: list[dict[str, Any]]) -> None:
     header = (
         "| experiment | calls | lost | duplicate effects | effects = ledger "
@@ -596,7 +607,7 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
     lines = [header, "|---|---:|---:|---:|---|---:|---:|---:|"]
     lines += [
         f"| {r['experiment']} | {r['calls']} | {r['lost']} | {r['duplicate_effects']} "
-        f"| {'yes' if r['effects_equal_ledger'] else 'NO'} | {r['recovery_seconds']} "
+        f"| {'yes' if r['effects_equal_ledger'] else 'NO'} | {_never(r['recovery_seconds'])} "
         f"| {r['max_latency_seconds']} | {sum(r['streams_commit_lag'].values())} |"
         for r in rows
     ]
