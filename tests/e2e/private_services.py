@@ -251,7 +251,9 @@ class PrivateKafka:
                 port=self.port, controller=self.controller_port, data=self.folder / "data"
             )
         )
-        cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster = "-"
+        while cluster.startswith("-"):  # StorageTool would read "-…" as an option
+            cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         subprocess.run(
             self._java("kafka.tools.StorageTool", "format", "-t", cluster, "-c", str(props)),
             check=True,
