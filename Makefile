@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 PYTEST := $(BIN)/pytest
 export RATIFIER_BIN := $(CURDIR)/$(BIN)/ratifier
 
-.PHONY: help install up down status lint contract format schemas unit fuzz soak integration browser e2e cluster manifests test dashboard demo bench bench-idle bench-approvals bench-validator bench-authorizer bench-executor clean
+.PHONY: help install up down status lint contract format schemas unit fuzz soak integration browser e2e cluster chaos manifests test dashboard demo bench bench-idle bench-approvals bench-validator bench-authorizer bench-executor clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -87,6 +87,9 @@ fuzz: up ## ≥100k fuzzed inputs through the pure stages, 10k records through t
 
 soak: up ## 10 min at half capacity, duplicates, approvals, invalid calls, restarts → test-artifacts/soak.json
 	$(PYTEST) tests/soak -m soak -q -s
+
+chaos: install ## kill -9s, broker/Redis/PostgreSQL outages, provider faults, poison on PRIVATE services (~20 min) → test-artifacts/chaos.json
+	flock /tmp/ratifier-e2e.lock $(PYTEST) tests/chaos -m chaos -q -s -p no:cacheprovider
 
 bench: up ## every baseline and ratifier benchmark in one run (< 20 min) → bench/RESULTS.md
 	$(BIN)/python -m bench

@@ -78,8 +78,8 @@ async def publish(
     topic: Topic = Topic.PROPOSED,
 ) -> None:
     producer = kafka_producer(settings)
-    await producer.start()
     try:
+        await producer.start()  # a broker away fails here: the producer is closed all the same
         for key, value in records:
             await producer.send(
                 settings.topic(topic), key=key.encode() if key else None, value=value

@@ -251,7 +251,9 @@ class PrivateKafka:
                 port=self.port, controller=self.controller_port, data=self.folder / "data"
             )
         )
-        cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster = "-"
+        while cluster.startswith("-"):  # StorageTool would read "-…" as an option
+            cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         subprocess.run(
             self._java("kafka.tools.StorageTool", "format", "-t", cluster, "-c", str(props)),
             check=True,
@@ -299,4 +301,80 @@ def private_kafka() -> Iterator[PrivateKafka]:
         yield broker
     finally:
         broker.kill()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@dataclass
+class PrivateRedis:
+    """A throwaway redis-server on a free port and its own folder (append-only file on, so a
+    restart keeps what it had; FLUSHALL is the data-loss experiment)."""
+
+    folder: Path
+    port: int
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        with (self.folder / "redis.out").open("ab") as out:
+            self.process = subprocess.Popen(
+                [
+                    "redis-server",
+                    "--port",
+                    str(self.port),
+                    "--bind",
+                    "127.0.0.1",
+                    "--dir",
+                    str(self.folder),
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "yes",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + 30
+        while True:
+            assert self.process.poll() is None, (self.folder / "redis.out").read_text()[-2000:]
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as sock:
+                    sock.sendall(b"PING\r\n")
+                    if sock.recv(64).startswith(b"+PONG"):
+                        return
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "private Redis did not start"
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        """SIGTERM: redis-server flushes its append-only file and exits."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+
+
+def redis_server_binary() -> str | None:
+    return shutil.which("redis-server")
+
+
+@contextmanager
+def private_redis() -> Iterator[PrivateRedis]:
+    """A redis-server on a free port and a temporary folder, started; removed afterwards."""
+    if redis_server_binary() is None:
+        raise RuntimeError("no redis-server installed")
+    folder = Path(tempfile.mkdtemp(prefix="ratifier-redis-"))
+    server = PrivateRedis(folder=folder, port=free_port())
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
         shutil.rmtree(folder, ignore_errors=True)
