@@ -28,7 +28,7 @@ from audit.masking import Masker, TokenVerifier
 from audit.records import AuditRow, KafkaRecord, audit_row, unparseable
 from commands.catalog import Catalog
 from commands.sql import named_query
-from runtime.clients import kafka_consumer, pg_pool
+from runtime.clients import database_conninfo, kafka_consumer, pg_pool
 from runtime.loop import ConsumerLoop, Handled
 from runtime.signals import stop_on_signals
 from schemas.envelopes import Actor
@@ -158,7 +158,7 @@ class AuditSink:
         topics = [settings.topic(t) for t in AUDITED_TOPICS]
         group = settings.group(AUDIT_SINK_GROUP)
         consumer = kafka_consumer(settings, *topics, group=group, max_poll_records=500)
-        pool = pg_pool(settings.database_url, max_size=2)
+        pool = pg_pool(database_conninfo(settings), max_size=2)
         loop = self._loop = ConsumerLoop(
             settings,
             consumer,

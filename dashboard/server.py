@@ -28,6 +28,7 @@ from pydantic import ValidationError
 
 from dashboard import shaping
 from dashboard.reads import DashboardReads, read_only_pool
+from runtime.clients import database_conninfo
 from schemas.envelopes import Actor, ApprovalVerdict
 from schemas.errors import (
     ErrorCode,
@@ -207,7 +208,7 @@ async def decide(request: web.Request) -> web.Response:
 
 def create_app(settings: Settings, *, keys: ContextKeys | None = None) -> web.Application:
     app = web.Application(middlewares=[_errors_and_headers], client_max_size=256 * 1024)
-    pool = read_only_pool(settings.database_url)
+    pool = read_only_pool(database_conninfo(settings))
     app[_READS] = DashboardReads(pool, prefix=settings.topic_prefix)
     app[_SETTINGS] = settings
     app[_KEYS] = keys or context_keys(settings)
@@ -231,11 +232,12 @@ def create_app(settings: Settings, *, keys: ContextKeys | None = None) -> web.Ap
 
 
 def run_dashboard(settings: Settings, *, port: int | None = None) -> None:
-    """Serve until SIGINT/SIGTERM, on loopback only."""
+    """Serve until SIGINT/SIGTERM, on ``metrics_host`` (loopback unless configured)."""
     chosen = settings.dashboard_port if port is None else port
+    host = settings.metrics_host
     print(
-        f"dashboard: http://127.0.0.1:{chosen}/  (topic prefix {settings.topic_prefix!r})",
+        f"dashboard: http://{host}:{chosen}/  (topic prefix {settings.topic_prefix!r})",
         flush=True,
     )
     # No access log: the page polls every 2 s; decisions are logged on their own.
-    web.run_app(create_app(settings), host="127.0.0.1", port=chosen, print=None, access_log=None)
+    web.run_app(create_app(settings), host=host, port=chosen, print=None, access_log=None)

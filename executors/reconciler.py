@@ -47,6 +47,7 @@ from commands.catalog import Catalog, Connection, EffectRequest, HandlerResult
 from commands.sql import named_query
 from executors.ledger import CommandLedger
 from executors.service import crash_hook
+from runtime.clients import database_conninfo, kafka_consumer, kafka_producer
 from schemas.envelopes import ErrorInfo, Outcome, Stage, Status
 from schemas.errors import (
     ErrorCode,
@@ -514,7 +515,7 @@ async def publish_outcomes(
 
 def _new_pool(settings: Settings) -> AsyncConnectionPool[Any]:
     return AsyncConnectionPool(
-        settings.database_url,
+        database_conninfo(settings),
         min_size=1,
         max_size=2,
         open=False,
@@ -525,19 +526,13 @@ def _new_pool(settings: Settings) -> AsyncConnectionPool[Any]:
 
 
 def _new_consumer(settings: Settings) -> AIOKafkaConsumer:
-    return AIOKafkaConsumer(
-        settings.topic(Topic.UNKNOWN),
-        bootstrap_servers=settings.kafka_bootstrap,
-        group_id=settings.group(RECONCILER_GROUP),
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
+    return kafka_consumer(
+        settings, settings.topic(Topic.UNKNOWN), group=settings.group(RECONCILER_GROUP)
     )
 
 
 def _new_producer(settings: Settings) -> AIOKafkaProducer:
-    return AIOKafkaProducer(
-        bootstrap_servers=settings.kafka_bootstrap, acks="all", enable_idempotence=True
-    )
+    return kafka_producer(settings)
 
 
 async def _start(client: AIOKafkaConsumer | AIOKafkaProducer) -> None:

@@ -30,7 +30,7 @@ from commands.policy_feed import PolicyFeed
 from executors.cancellations import CancelledCalls
 from executors.claims import ClaimStore
 from executors.executor import CommandExecutor
-from runtime.clients import kafka_consumer, kafka_producer, pg_pool, redis_client
+from runtime.clients import database_conninfo, kafka_consumer, kafka_producer, pg_pool, redis_client
 from runtime.emit import Emit
 from runtime.loop import ConsumerLoop, Handled, by_key
 from runtime.retry import retrying
@@ -140,7 +140,7 @@ class ExecutorService:
             settings, settings.topic(Topic.COMMITTED), group=group, max_poll_records=200
         )
         producer = kafka_producer(settings)
-        pool = pg_pool(settings.database_url, max_size=POOL_SIZE, dict_rows=True)
+        pool = pg_pool(database_conninfo(settings), max_size=POOL_SIZE, dict_rows=True)
         redis = redis_client(settings)
         owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         claims = ClaimStore(

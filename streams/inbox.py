@@ -10,10 +10,10 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from aiokafka import AIOKafkaProducer
 from pydantic import ValidationError
 
 from commands.topic_reader import TopicReader
+from runtime.clients import kafka_producer
 from schemas.envelopes import (
     TERMINAL_STATUSES,
     Actor,
@@ -114,7 +114,7 @@ def decision_for(
 
 
 async def publish_decision(settings: Settings, decision: ApprovalDecision) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all")
+    producer = kafka_producer(settings)
     await producer.start()
     try:
         await producer.send_and_wait(
