@@ -19,6 +19,8 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.abc import AbstractTokenProvider
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.conn import create_conn
+from aiokafka.errors import KafkaConnectionError, KafkaError, SaslAuthenticationFailed
 from aiokafka.helpers import create_ssl_context
 from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
@@ -35,6 +37,8 @@ HEARTBEAT_INTERVAL_MS = 1500
 # A few ms of linger lets the producer batch; without it every record is a request.
 LINGER_MS = 2
 FETCH_MAX_BYTES = 52_428_800  # aiokafka's default: a whole poll
+# How long the probe of a refused connection waits for each broker's answer.
+REFUSAL_PROBE_SECONDS = 5.0
 
 
 def fetch_bytes(settings: Settings) -> int:
@@ -159,6 +163,50 @@ def kafka_producer(settings: Settings, **options: Any) -> AIOKafkaProducer:
 
 def kafka_admin(settings: Settings, **options: Any) -> AIOKafkaAdminClient:
     return AIOKafkaAdminClient(**(kafka_security(settings.kafka) | options))
+
+
+async def kafka_refusal(connection: KafkaConnection) -> ConfigurationError | None:
+    """Why the brokers refuse ``connection``, when they do: authentication (wrong user or
+    password, a token refused) or TLS trust (a broker certificate the CA does not sign).
+    None when a broker accepts it, or when none answers (an unreachable broker is waited
+    out; a refusal is not)."""
+    security = kafka_security(connection)
+    del security["bootstrap_servers"]
+    for address in connection.bootstrap.split(","):
+        host, _, port = address.strip().rpartition(":")
+        try:
+            conn = await asyncio.wait_for(
+                create_conn(host, int(port), **security), REFUSAL_PROBE_SECONDS
+            )
+        except SaslAuthenticationFailed as exc:
+            who = f" as {connection.sasl_username!r}" if connection.sasl_username else ""
+            return ConfigurationError(
+                f"Kafka authentication failed at {host}:{port} "
+                f"({connection.sasl_mechanism}{who}): {exc}; check RATIFIER_KAFKA__SASL_* "
+                "(user, password or token)"
+            )
+        except ssl.SSLCertVerificationError as exc:
+            return ConfigurationError(
+                f"Kafka TLS: the certificate of {host}:{port} is not trusted "
+                f"({exc.verify_message}); check RATIFIER_KAFKA__SSL_CAFILE"
+            )
+        except (OSError, KafkaError, TimeoutError, ValueError):
+            continue
+        conn.close()
+        return None
+    return None
+
+
+async def start_kafka_client(client: Any, connection: KafkaConnection) -> None:
+    """Start an aiokafka client; when the brokers refuse it (authentication, TLS), raise a
+    :class:`ConfigurationError` that says so instead of aiokafka's "Unable to bootstrap"."""
+    try:
+        await client.start()
+    except KafkaConnectionError as exc:
+        refusal = await kafka_refusal(connection)
+        if refusal is not None:
+            raise refusal from exc
+        raise
 
 
 def redis_options(settings: Settings) -> dict[str, Any]:
