@@ -91,9 +91,14 @@ def cmd_executor(settings: Settings, _args: argparse.Namespace) -> int:
 
     _setup_logging(settings)
     require_current_schema(database_conninfo(settings), catalog=settings.catalog)
-    asyncio.run(ensure_topics(settings))
     feed = PolicyFeed(settings, local_policies(settings))
-    run_executor(settings, catalog=load_catalog(settings.catalog), policies=feed)
+    # Topics are created once the broker answers (health is served meanwhile).
+    run_executor(
+        settings,
+        catalog=load_catalog(settings.catalog),
+        policies=feed,
+        prepare=lambda: ensure_topics(settings),
+    )
     return 0
 
 

@@ -179,7 +179,15 @@ class Settings(BaseSettings):
     executor_metrics_port: int = Field(default=9102, ge=0, le=65535)
     reconciler_metrics_port: int = Field(default=9103, ge=0, le=65535)
     audit_metrics_port: int = Field(default=9104, ge=0, le=65535)
+    # The address every HTTP endpoint of a service binds: metrics, /healthz and /readyz, the
+    # streams worker's web app, the dashboard (the k8s manifests set 0.0.0.0).
     metrics_host: str = "127.0.0.1"
+    # Health (docs/operations.md, "Health"): a service whose loop has not turned for
+    # health_stale_seconds is not alive; one whose consumer has not polled for
+    # health_poll_seconds, or lags more than health_max_lag records, is not ready.
+    health_stale_seconds: float = Field(default=60.0, gt=0)
+    health_poll_seconds: float = Field(default=30.0, gt=0)
+    health_max_lag: int = Field(default=10_000, ge=0)
     otel_exporter: str = Field(default="", pattern=r"^(|otlp|console|jsonl:.+)$")
     otel_endpoint: str = "http://127.0.0.1:4318/v1/traces"
 

@@ -29,6 +29,7 @@ from runtime.clients import (
     kafka_ssl_context,
     token_provider,
 )
+from runtime.health import Health
 from runtime.loop import text_key
 from runtime.retry import retrying
 from schemas.envelopes import Stage, ValidatedCall
@@ -148,6 +149,7 @@ def create_app(
         for t in Topic
     }
 
+    health = Health.of("streams", settings)
     observer = StageObserver(tracer_from(settings, service="streams"))
     publisher = StagePublisher(topics)
 
@@ -267,6 +269,14 @@ def create_app(
     @app.timer(interval=LAG_REFRESH_SECONDS)  # type: ignore[untyped-decorator]  # faust's is untyped
     async def refresh_lag() -> None:
         await refresh_consumer_lag(app.consumer, settings.group(STREAMS_APP_ID))
+        # Health: faust fetches in its own service; this timer turning is the worker's loop
+        # turning, and the consumer's assignment and lag are read as the executor's are.
+        if app.rebalancing:
+            health.waiting_for("rebalancing")
+        else:
+            health.running()
+            health.polled()
+            await health.observe(app.consumer)
 
     del refresh_lag  # registered with the app
 
@@ -280,6 +290,18 @@ def create_app(
     if settings.http_port > 0:
         inbox = ApprovalInbox(settings)
         install_approval_api(app, settings, inbox=inbox, keys=keys)
+
+        @app.page("/healthz")
+        async def healthz(view: Any, _request: Any) -> Any:
+            alive, body = health.liveness()
+            return view.json(body, status=200 if alive else 503)
+
+        @app.page("/readyz")
+        async def readyz(view: Any, _request: Any) -> Any:
+            ready, body = health.readiness()
+            return view.json(body, status=200 if ready else 503)
+
+        del healthz, readyz  # registered with the app
 
         @app.page("/metrics")
         async def metrics(view: Any, _request: Any) -> Any:
