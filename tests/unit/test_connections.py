@@ -16,6 +16,7 @@ from cryptography.x509.oid import NameOID
 from faust.auth import OAuthCredentials, SASLCredentials, SSLCredentials
 from pydantic import ValidationError
 
+from ratifier.client import RatifierClient
 from runtime.clients import (
     FileTokenProvider,
     database_conninfo,
@@ -248,3 +249,22 @@ def write_self_signed_ca(directory: Path) -> Path:
     path = directory / "ca.pem"
     path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     return path
+
+
+def test_the_agent_client_takes_the_same_connection() -> None:
+    secured = Settings(
+        kafka=KafkaConnection(
+            bootstrap="b1:9093",
+            security_protocol="SASL_PLAINTEXT",
+            sasl_mechanism="SCRAM-SHA-512",
+            sasl_username="agent",
+            sasl_password="agent-secret",
+        )
+    )
+    client = RatifierClient.from_settings(secured)
+    assert client._connection == secured.kafka
+    legacy = RatifierClient(bootstrap="b2:9092")
+    assert legacy._connection == KafkaConnection(bootstrap="b2:9092")
+    moved = RatifierClient(bootstrap="b3:9093", connection=secured.kafka)
+    assert moved._connection.bootstrap == "b3:9093"
+    assert moved._connection.sasl_username == "agent"
