@@ -10,12 +10,12 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from aiokafka import AIOKafkaProducer
 from pydantic import ValidationError
 
 from approvals.pending import is_pending, pending_order
 from approvals.rights import APPROVER_ROLE
 from approvals.signing import ApprovalKeys, sign_decision, statement_for
+from runtime.clients import kafka_producer
 from runtime.reader import TopicReader
 from schemas.envelopes import (
     TERMINAL_STATUSES,
@@ -151,7 +151,7 @@ def decision_for(
 
 
 async def publish_decision(settings: Settings, decision: ApprovalDecision) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all")
+    producer = kafka_producer(settings)
     await producer.start()
     try:
         await producer.send_and_wait(

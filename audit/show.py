@@ -14,6 +14,7 @@ from audit.masking import Masker
 from audit.story import Story, build_story, render
 from commands.catalog import Catalog
 from commands.sql import named_query
+from runtime.clients import database_conninfo
 from schemas.errors import StorageUnavailable
 from schemas.settings import Settings
 
@@ -31,7 +32,7 @@ def load_story(
         "tenant": tenant,
     }
     try:
-        with psycopg.connect(settings.database_url, row_factory=dict_row) as conn:
+        with psycopg.connect(database_conninfo(settings), row_factory=dict_row) as conn:
             records = conn.execute(named_query(_PKG, "records_of_call"), params).fetchall()
             log = conn.execute(named_query(_PKG, "audit_log_of_call"), params).fetchall()
             operations = sorted(

@@ -28,7 +28,8 @@ from audit.masking import Masker, TokenVerifier
 from audit.records import AuditRow, KafkaRecord, audit_row, unparseable
 from commands.catalog import Catalog
 from commands.sql import named_query
-from runtime.clients import kafka_consumer, pg_pool
+from runtime.clients import database_conninfo, kafka_consumer, pg_pool
+from runtime.health import Health, serve_health
 from runtime.loop import ConsumerLoop, Handled
 from runtime.signals import stop_on_signals
 from schemas.envelopes import Actor
@@ -36,7 +37,7 @@ from schemas.errors import RatifierError
 from schemas.identity import context_keys, verify_context_token
 from schemas.names import AUDIT_SINK_GROUP, Topic
 from schemas.settings import Settings
-from telemetry.metrics import count_records, serve_metrics
+from telemetry.metrics import count_records
 
 log = logging.getLogger("ratifier.audit")
 
@@ -91,6 +92,7 @@ class AuditSink:
         self.seen = 0  # records consumed (duplicates of earlier deliveries included)
         self._loop: ConsumerLoop | None = None
         self._reported = time.monotonic()
+        self.health = Health.of("audit-sink", settings)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -158,7 +160,7 @@ class AuditSink:
         topics = [settings.topic(t) for t in AUDITED_TOPICS]
         group = settings.group(AUDIT_SINK_GROUP)
         consumer = kafka_consumer(settings, *topics, group=group, max_poll_records=500)
-        pool = pg_pool(settings.database_url, max_size=2)
+        pool = pg_pool(database_conninfo(settings), max_size=2)
         loop = self._loop = ConsumerLoop(
             settings,
             consumer,
@@ -169,6 +171,7 @@ class AuditSink:
             retry_on=(psycopg.OperationalError, PoolTimeout),
             poll_ms=500,
             max_records=500,
+            health=self.health,
         )
         if self._stopping.is_set():
             loop.stop()
@@ -202,7 +205,9 @@ def run_audit_sink(settings: Settings, catalog: Catalog) -> None:
 
     async def main() -> None:
         stop_on_signals(sink.stop)
-        close_metrics = await serve_metrics(settings.metrics_host, settings.audit_metrics_port)
+        close_metrics = await serve_health(
+            settings.metrics_host, settings.audit_metrics_port, sink.health
+        )
         try:
             await sink.run()
         finally:

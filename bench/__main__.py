@@ -1336,6 +1336,18 @@ def _cpu_budget(v: dict[str, Any], e2e_cpu: float) -> list[str]:
     ]
 
 
+# What each stage pod requests (deploy/k8s/base): one worker at 60 % of one core; memory is
+# the manifests' figure, not a measured one.
+POD_CPU_MILLI = 600
+POD_MEMORY_MI = 256
+
+
+def _requests(workers: int) -> str:
+    cpu = workers * POD_CPU_MILLI / 1000
+    memory = workers * POD_MEMORY_MI / 1024
+    return f"{workers} × ({POD_CPU_MILLI}m, {POD_MEMORY_MI} Mi) = {cpu:,.1f} CPU, {memory:,.2f} GiB"
+
+
 def _capacity_section(v: dict[str, Any]) -> list[str]:
     stages = {
         s: v.get(f"stage_{s}_cpu_us")
@@ -1345,17 +1357,24 @@ def _capacity_section(v: dict[str, Any]) -> list[str]:
     if not all(isinstance(x, int | float) for x in stages.values()):
         return [*lines, "Not computed: a stage measurement is missing.", ""]
     rows = []
+    resources = []
     partitions: dict[int, int] = {}
     for target in (10_000, 100_000):
         row = [f"{target:,} calls/s"]
+        requested = [f"{target:,} calls/s"]
         most = 1
+        total_workers = 0
         for us in stages.values():
             cores = target * float(us or 0) / 1e6
             # One worker process is one core (asyncio, one thread); plan at 60 % busy.
             workers = max(1, math.ceil(cores / 0.6))
             most = max(most, workers)
+            total_workers += workers
             row.append(f"{cores:,.1f} cores → {workers} workers")
+            requested.append(_requests(workers))
         rows.append(row)
+        requested.append(f"{total_workers} pods: {_requests(total_workers)}")
+        resources.append(requested)
         # Room to double the largest group without repartitioning.
         partitions[target] = 2 ** math.ceil(math.log2(most * 2))
     lines += [
@@ -1366,6 +1385,13 @@ def _capacity_section(v: dict[str, Any]) -> list[str]:
         "these shared virtual cores, which divides the counts accordingly.",
         "",
         table(rows, ["load", *stages.keys()]),
+        "",
+        f"Resources (requests of the stage Deployments in deploy/k8s/base: {POD_CPU_MILLI}m CPU "
+        f"— one worker at 60 % of the one core it may use, its limit — and {POD_MEMORY_MI} Mi "
+        f"memory, limit {2 * POD_MEMORY_MI} Mi; memory was not measured by this benchmark: "
+        "revise it from `process_resident_memory_bytes` under load):",
+        "",
+        table(resources, ["load", *stages.keys(), "total"]),
         "",
     ]
     b5 = v.get("B5_grouped") or v.get("B5_plain")

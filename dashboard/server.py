@@ -24,14 +24,18 @@ from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
 
+import psycopg
 from aiohttp import web
 from aiokafka.errors import KafkaError
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from pydantic import ValidationError
 
 from approvals.inbox import HTTP_STATUS, approver_from, decision_for, publish_decision
 from approvals.signing import ApprovalKeys, approval_keys
 from dashboard import shaping
 from dashboard.reads import DashboardReads, read_only_pool
+from runtime.clients import database_conninfo
+from runtime.health import health_response
 from schemas.envelopes import Actor, ApprovalVerdict
 from schemas.errors import (
     InvalidArguments,
@@ -206,9 +210,12 @@ async def decide(request: web.Request) -> web.Response:
     )
 
 
+READY_TIMEOUT_SECONDS = 2.0
+
+
 def create_app(settings: Settings, *, keys: ContextKeys | None = None) -> web.Application:
     app = web.Application(middlewares=[_errors_and_headers], client_max_size=256 * 1024)
-    pool = read_only_pool(settings.database_url)
+    pool = read_only_pool(database_conninfo(settings))
     app[_READS] = DashboardReads(pool, prefix=settings.topic_prefix)
     app[_SETTINGS] = settings
     app[_KEYS] = keys or context_keys(settings)
@@ -220,6 +227,24 @@ def create_app(settings: Settings, *, keys: ContextKeys | None = None) -> web.Ap
         await pool.close()
 
     app.cleanup_ctx.append(lifecycle)
+
+    async def healthz(_request: web.Request) -> web.Response:
+        # The dashboard has no loop of its own: answering is being alive.
+        return health_response((True, {"service": "dashboard", "alive": True}))
+
+    async def readyz(_request: web.Request) -> web.Response:
+        # Ready when PostgreSQL answers (every page and API reads it).
+        why = None
+        try:
+            async with pool.connection(timeout=READY_TIMEOUT_SECONDS) as conn:
+                await AsyncConnectionPool.check_connection(conn)
+        except (psycopg.Error, PoolTimeout) as exc:
+            why = f"database: {type(exc).__name__}"
+        body = {"service": "dashboard", "ready": why is None, "why": why}
+        return health_response((why is None, body))
+
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
     app.router.add_get("/", page)
     app.router.add_get("/static/{name}", static_file)
     app.router.add_get("/api/overview", overview)
@@ -233,11 +258,12 @@ def create_app(settings: Settings, *, keys: ContextKeys | None = None) -> web.Ap
 
 
 def run_dashboard(settings: Settings, *, port: int | None = None) -> None:
-    """Serve until SIGINT/SIGTERM, on loopback only."""
+    """Serve until SIGINT/SIGTERM, on ``metrics_host`` (loopback unless configured)."""
     chosen = settings.dashboard_port if port is None else port
+    host = settings.metrics_host
     print(
-        f"dashboard: http://127.0.0.1:{chosen}/  (topic prefix {settings.topic_prefix!r})",
+        f"dashboard: http://{host}:{chosen}/  (topic prefix {settings.topic_prefix!r})",
         flush=True,
     )
     # No access log: the page polls every 2 s; decisions are logged on their own.
-    web.run_app(create_app(settings), host="127.0.0.1", port=chosen, print=None, access_log=None)
+    web.run_app(create_app(settings), host=host, port=chosen, print=None, access_log=None)

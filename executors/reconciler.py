@@ -47,6 +47,8 @@ from commands.catalog import Catalog, Connection, EffectRequest, HandlerResult
 from commands.sql import named_query
 from executors.ledger import CommandLedger
 from executors.service import crash_hook
+from runtime.clients import database_conninfo, kafka_consumer, kafka_producer
+from runtime.health import Health, serve_health
 from schemas.envelopes import ErrorInfo, Outcome, Stage, Status
 from schemas.errors import (
     ErrorCode,
@@ -61,7 +63,6 @@ from telemetry.metrics import (
     RECONCILIATIONS,
     observe_record,
     refresh_consumer_lag,
-    serve_metrics,
     set_reconciliation_queue,
 )
 from telemetry.tracing import (
@@ -514,7 +515,7 @@ async def publish_outcomes(
 
 def _new_pool(settings: Settings) -> AsyncConnectionPool[Any]:
     return AsyncConnectionPool(
-        settings.database_url,
+        database_conninfo(settings),
         min_size=1,
         max_size=2,
         open=False,
@@ -525,19 +526,13 @@ def _new_pool(settings: Settings) -> AsyncConnectionPool[Any]:
 
 
 def _new_consumer(settings: Settings) -> AIOKafkaConsumer:
-    return AIOKafkaConsumer(
-        settings.topic(Topic.UNKNOWN),
-        bootstrap_servers=settings.kafka_bootstrap,
-        group_id=settings.group(RECONCILER_GROUP),
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
+    return kafka_consumer(
+        settings, settings.topic(Topic.UNKNOWN), group=settings.group(RECONCILER_GROUP)
     )
 
 
 def _new_producer(settings: Settings) -> AIOKafkaProducer:
-    return AIOKafkaProducer(
-        bootstrap_servers=settings.kafka_bootstrap, acks="all", enable_idempotence=True
-    )
+    return kafka_producer(settings)
 
 
 async def _start(client: AIOKafkaConsumer | AIOKafkaProducer) -> None:
@@ -573,7 +568,10 @@ async def run_reconciler(
         loop.add_signal_handler(sig, stopping.set)
     crash = crash_hook(settings.reconciler_crash_at)
     await catalog.start(settings)
-    close_metrics = await serve_metrics(settings.metrics_host, settings.reconciler_metrics_port)
+    health = Health.of("reconciler", settings)
+    close_metrics = await serve_health(
+        settings.metrics_host, settings.reconciler_metrics_port, health
+    )
     tracer = tracer_from(settings, service="reconciler")
     group = settings.group(RECONCILER_GROUP)
     parents: dict[str, TraceParent] = {}
@@ -611,7 +609,10 @@ async def run_reconciler(
                     )
                 # New unknown operations are already in the ledger as `unknown`; the topic is
                 # a wake-up call, and its offsets are committed once they are seen.
+                if not health.started:
+                    health.running()
                 batches = await consumer.getmany(timeout_ms=500, max_records=500)
+                health.polled()
                 for records in batches.values():
                     for record in records:
                         parent = traceparent_of(record.headers)
@@ -629,11 +630,14 @@ async def run_reconciler(
                 if time.monotonic() >= metrics_due:
                     metrics_due = time.monotonic() + METRICS_REFRESH_SECONDS
                     await refresh_consumer_lag(consumer, group)
+                    await health.observe(consumer)
                     await reconciler.refresh_queue_metrics()
                 if failures:
                     log.info("reconciler recovered after %d failed cycles", failures)
                 failures = 0
             except DependencyError as exc:
+                health.waiting_for(f"{type(exc).__name__}: {str(exc) or 'no answer in time'}")
+                health.started = False
                 failures += 1
                 delay = outage_retry_seconds(failures)
                 log.warning(

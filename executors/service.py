@@ -17,7 +17,7 @@ import random
 import signal
 import socket
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -30,16 +30,16 @@ from commands.policy_feed import PolicyFeed
 from executors.cancellations import CancelledCalls
 from executors.claims import ClaimStore
 from executors.executor import CommandExecutor
-from runtime.clients import kafka_consumer, kafka_producer, pg_pool, redis_client
+from runtime.clients import database_conninfo, kafka_consumer, kafka_producer, pg_pool, redis_client
 from runtime.emit import Emit
+from runtime.health import Health, connect_retrying, serve_health
 from runtime.loop import ConsumerLoop, Handled, by_key
-from runtime.retry import retrying
+from runtime.retry import Stopped, retrying
 from runtime.signals import stop_on_signals
 from schemas.envelopes import CommittedCommand, Outcome, Stage
 from schemas.errors import StorageUnavailable
 from schemas.names import EXECUTOR_GROUP, Topic
 from schemas.settings import Settings
-from telemetry.metrics import serve_metrics
 from telemetry.tracing import new_trace_id, traceparent_of, tracer_from
 
 log = logging.getLogger("ratifier.executor")
@@ -66,8 +66,16 @@ def crash_hook(spec: str | None) -> Any:
 class ExecutorService:
     """The executor's handler on the runtime's consumer loop (runtime/loop.py)."""
 
-    def __init__(self, settings: Settings, *, catalog: Catalog, policies: PolicyFeed) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        catalog: Catalog,
+        policies: PolicyFeed,
+        health: Health | None = None,
+    ) -> None:
         self._settings = settings
+        self.health = health or Health.of("executor", settings)
         self._catalog = catalog
         self._policies = policies
         self._stopping = asyncio.Event()
@@ -83,6 +91,10 @@ class ExecutorService:
     @property
     def processed(self) -> int:
         return self._loop.processed if self._loop is not None else 0
+
+    @property
+    def stopping(self) -> asyncio.Event:
+        return self._stopping
 
     def stop(self) -> None:
         self._stopping.set()
@@ -140,7 +152,7 @@ class ExecutorService:
             settings, settings.topic(Topic.COMMITTED), group=group, max_poll_records=200
         )
         producer = kafka_producer(settings)
-        pool = pg_pool(settings.database_url, max_size=POOL_SIZE, dict_rows=True)
+        pool = pg_pool(database_conninfo(settings), max_size=POOL_SIZE, dict_rows=True)
         redis = redis_client(settings)
         owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         claims = ClaimStore(
@@ -176,6 +188,7 @@ class ExecutorService:
             answers=Stage.EXECUTE,
             # Offsets move only after every outcome is acknowledged (crash tests kill here).
             before_commit=lambda: self._crash("after_publish"),
+            health=self.health,
         )
         if self._stopping.is_set():
             loop.stop()
@@ -191,7 +204,6 @@ class ExecutorService:
         await claims.heartbeat()
         followers.append(asyncio.create_task(self._keep_alive(claims)))
         await consumer.start()
-        close_metrics = await serve_metrics(settings.metrics_host, settings.executor_metrics_port)
         log.info("executor %s started on %s", owner, settings.topic(Topic.COMMITTED))
         try:
             await loop.run()
@@ -204,16 +216,36 @@ class ExecutorService:
             await self._catalog.stop()
             await pool.close()
             await redis.aclose()
-            await close_metrics()
             self._tracer.shutdown()
 
 
-def run_executor(settings: Settings, *, catalog: Catalog, policies: PolicyFeed) -> None:
+def run_executor(
+    settings: Settings,
+    *,
+    catalog: Catalog,
+    policies: PolicyFeed,
+    prepare: Callable[[], Awaitable[object]] | None = None,
+) -> None:
+    """Serve health and metrics at once, then ``prepare`` (topics) and catch up on the
+    policies until the broker answers (alive, not ready meanwhile), then run."""
     service = ExecutorService(settings, catalog=catalog, policies=policies)
 
-    async def main() -> None:
+    async def start() -> None:
+        if prepare is not None:
+            await prepare()
         await policies.catch_up()
+
+    async def main() -> None:
         stop_on_signals(service.stop)
-        await service.run()
+        close = await serve_health(
+            settings.metrics_host, settings.executor_metrics_port, service.health
+        )
+        try:
+            await connect_retrying(start, service.health, what="kafka", stop=service.stopping)
+            await service.run()
+        except Stopped:
+            log.info("executor stopped before it connected")
+        finally:
+            await close()
 
     asyncio.run(main())

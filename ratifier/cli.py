@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
+from runtime.clients import database_conninfo
 from schemas.errors import RatifierError
 from schemas.settings import Settings
 
@@ -37,7 +38,7 @@ def cmd_topics(settings: Settings, _args: argparse.Namespace) -> int:
 def cmd_migrate(settings: Settings, _args: argparse.Namespace) -> int:
     from ratifier.migrate import migrate
 
-    applied = migrate(settings.database_url)
+    applied = migrate(database_conninfo(settings))
     print(
         f"migrate: {len(applied)} applied"
         + (f": {', '.join(applied)}" if applied else " (up to date)")
@@ -69,7 +70,7 @@ def cmd_streams(settings: Settings, _args: argparse.Namespace) -> int:
     from ratifier.topics import ensure_topics
     from streams.app import create_app
 
-    require_current_schema(settings.database_url, catalog=settings.catalog)
+    require_current_schema(database_conninfo(settings), catalog=settings.catalog)
     asyncio.run(ensure_topics(settings))
     feed = PolicyFeed(settings, local_policies(settings))
     asyncio.run(feed.catch_up())  # start on the newest published policy set
@@ -89,10 +90,15 @@ def cmd_executor(settings: Settings, _args: argparse.Namespace) -> int:
     from ratifier.topics import ensure_topics
 
     _setup_logging(settings)
-    require_current_schema(settings.database_url, catalog=settings.catalog)
-    asyncio.run(ensure_topics(settings))
+    require_current_schema(database_conninfo(settings), catalog=settings.catalog)
     feed = PolicyFeed(settings, local_policies(settings))
-    run_executor(settings, catalog=load_catalog(settings.catalog), policies=feed)
+    # Topics are created once the broker answers (health is served meanwhile).
+    run_executor(
+        settings,
+        catalog=load_catalog(settings.catalog),
+        policies=feed,
+        prepare=lambda: ensure_topics(settings),
+    )
     return 0
 
 
@@ -246,7 +252,7 @@ def cmd_reconciler(settings: Settings, _args: argparse.Namespace) -> int:
 
     async def prepare() -> None:
         await asyncio.to_thread(
-            require_current_schema, settings.database_url, catalog=settings.catalog
+            require_current_schema, database_conninfo(settings), catalog=settings.catalog
         )
         await ensure_topics(settings)
 
@@ -294,7 +300,7 @@ def cmd_audit(settings: Settings, args: argparse.Namespace) -> int:
         from ratifier.migrate import require_current_schema
         from ratifier.topics import ensure_topics
 
-        require_current_schema(settings.database_url, catalog=settings.catalog)
+        require_current_schema(database_conninfo(settings), catalog=settings.catalog)
         asyncio.run(ensure_topics(settings))
         run_audit_sink(settings, load_catalog(settings.catalog))
         return 0

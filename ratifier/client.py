@@ -49,9 +49,10 @@ from aiokafka.errors import KafkaError
 from aiokafka.partitioner import murmur2
 from pydantic import ValidationError
 
+from runtime.clients import kafka_security
 from schemas.envelopes import ApprovalRequest, Outcome, Status
 from schemas.names import TRACEPARENT_HEADER, Topic, topic_name
-from schemas.settings import Settings
+from schemas.settings import KafkaConnection, Settings
 
 log = logging.getLogger("ratifier.client")
 
@@ -139,12 +140,19 @@ class RatifierClient:
     def __init__(
         self,
         *,
-        bootstrap: str,
+        bootstrap: str | None = None,
+        connection: KafkaConnection | None = None,
         topic_prefix: str = "ratifier.",
         home_partitions: int = 1,
         client_id: str | None = None,
     ) -> None:
-        self._bootstrap = bootstrap
+        """``connection``: the broker and its security (TLS, SASL), as the services take it;
+        ``bootstrap`` alone: a plaintext broker list (or, with ``connection``, its override)."""
+        if connection is None:
+            connection = KafkaConnection(bootstrap=bootstrap or "127.0.0.1:9092")
+        elif bootstrap is not None:
+            connection = connection.model_copy(update={"bootstrap": bootstrap})
+        self._connection = connection
         self._prefix = topic_prefix
         self._home_count = max(1, home_partitions)
         self._client_id = client_id or f"agent-client-{uuid.uuid4().hex[:8]}"
@@ -158,9 +166,7 @@ class RatifierClient:
 
     @classmethod
     def from_settings(cls, settings: Settings, **options: Any) -> RatifierClient:
-        return cls(
-            bootstrap=settings.kafka_bootstrap, topic_prefix=settings.topic_prefix, **options
-        )
+        return cls(connection=settings.kafka, topic_prefix=settings.topic_prefix, **options)
 
     @property
     def home_partitions(self) -> tuple[int, ...]:
@@ -182,14 +188,14 @@ class RatifierClient:
         outcomes = topic_name(self._prefix, Topic.OUTCOMES)
         requests = topic_name(self._prefix, Topic.APPROVALS_REQUESTED)
         self._producer = AIOKafkaProducer(
-            bootstrap_servers=self._bootstrap,
+            **kafka_security(self._connection),
             client_id=self._client_id,
             acks="all",
             enable_idempotence=True,
             linger_ms=2,
         )
         self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=self._bootstrap,
+            **kafka_security(self._connection),
             client_id=self._client_id,
             group_id=None,
             enable_auto_commit=False,

@@ -30,7 +30,7 @@ from ratifier.processes import (
     wait_for_log,
 )
 from ratifier.topics import ensure_topics
-from runtime.clients import kafka_consumer, kafka_producer
+from runtime.clients import database_conninfo, kafka_consumer, kafka_producer
 from schemas.envelopes import Actor, ApprovalVerdict, Outcome
 from schemas.identity import context_keys, issue_context_token
 from schemas.names import Topic
@@ -405,7 +405,7 @@ def _summary(settings: Settings, seen: dict[str, tuple[Step, str]], url: str) ->
 
 
 def run_demo(settings: Settings, *, timeout: float = 120.0) -> int:
-    migrate(settings.database_url)
+    migrate(database_conninfo(settings))
     asyncio.run(ensure_topics(settings))
     _stop_previous_demo()
     run_id = f"{datetime.now(UTC):%H%M%S}-{uuid.uuid4().hex[:4]}"

@@ -6,14 +6,13 @@ import logging
 from datetime import datetime
 from typing import Any
 
-from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
-from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from commands.catalog import load_catalog
 from commands.sql import named_query
 from executors.reconciler import Reconciler
+from runtime.clients import database_conninfo, kafka_producer, pg_pool
 from schemas.envelopes import Outcome
 from schemas.settings import Settings
 
@@ -21,9 +20,7 @@ log = logging.getLogger("ratifier.ops")
 
 
 def _pool(settings: Settings) -> AsyncConnectionPool[Any]:
-    return AsyncConnectionPool(
-        settings.database_url, min_size=1, max_size=2, open=False, kwargs={"row_factory": dict_row}
-    )
+    return pg_pool(database_conninfo(settings), max_size=2, dict_rows=True)
 
 
 async def list_unknown(settings: Settings, *, tenant: str | None) -> list[dict[str, Any]]:
@@ -91,7 +88,7 @@ async def resolve_operation(
         if outcome is not None:
             # Owed to every call waiting on the operation, recorded with the resolution;
             # should publishing fail here, the reconciler publishes them from the outbox.
-            producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all")
+            producer = kafka_producer(settings)
             try:
                 await producer.start()
                 await reconciler.publish_owed(producer, settings, operation_id=operation_id)

@@ -22,7 +22,7 @@ from psycopg_pool import AsyncConnectionPool
 from commands.catalog import Catalog
 from commands.policy import AuthorizationRequest, Decision, PolicySet, authorize_batch
 from commands.validate import Limits, Malformed, Validated, parse_envelope, validate
-from runtime.clients import kafka_consumer, pg_pool
+from runtime.clients import database_conninfo, kafka_consumer, pg_pool
 from schemas.errors import Unauthenticated
 from schemas.identity import ContextKeys, verify_context_token
 from schemas.names import Topic
@@ -105,7 +105,7 @@ async def replay(
         max_string_length=settings.max_string_length,
     )
     consumer = kafka_consumer(settings, settings.topic(Topic.PROPOSED), group=None)
-    pool = pg_pool(settings.database_url, max_size=2, dict_rows=True, autocommit=True)
+    pool = pg_pool(database_conninfo(settings), max_size=2, dict_rows=True, autocommit=True)
     await consumer.start()
     await pool.open(wait=True, timeout=30)
     try:

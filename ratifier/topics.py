@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiokafka.admin import NewTopic
 
-from runtime.clients import kafka_admin
+from runtime.clients import kafka_admin, start_kafka_client
 from schemas.names import COMPACTED_TOPICS, Topic
 from schemas.settings import Settings
 
@@ -16,7 +16,7 @@ async def ensure_topics(
     ``replication_factor=3, min_insync_replicas=2`` (deploy/local/kafka-cluster, the
     three-broker test): an `acks=all` write then survives the loss of one broker."""
     admin = kafka_admin(settings)
-    await admin.start()
+    await start_kafka_client(admin, settings.kafka)
     try:
         existing = set(await admin.list_topics())
         wanted = []
@@ -52,7 +52,7 @@ async def ensure_topics(
 async def delete_topics(settings: Settings) -> None:
     """Delete this prefix's topics (tests use a throw-away prefix)."""
     admin = kafka_admin(settings)
-    await admin.start()
+    await start_kafka_client(admin, settings.kafka)
     try:
         existing = set(await admin.list_topics())
         names = [n for n in existing if n.startswith(settings.topic_prefix)]

@@ -49,6 +49,7 @@ from aiokafka.errors import (
 from pydantic import ValidationError
 
 from runtime.emit import Emit
+from runtime.health import Health
 from runtime.hop import record_hop, status_of, trace_id_in
 from runtime.publish import Answer, IsolatedPublisher, Publication
 from runtime.retry import Stopped, retrying
@@ -212,6 +213,7 @@ class ConsumerLoop:
         tick: Tick | None = None,
         poll_ms: int = 200,
         max_records: int = 200,
+        health: Health | None = None,
     ) -> None:
         self._settings = settings
         self._consumer = consumer
@@ -226,6 +228,7 @@ class ConsumerLoop:
         self._tick = tick
         self._poll_ms = poll_ms
         self._max_records = max_records
+        self._health = health
         self.stopping = asyncio.Event()
         self._publisher = (
             IsolatedPublisher(self._send, what=stage, stop=self.stopping)
@@ -242,13 +245,20 @@ class ConsumerLoop:
         """Poll, handle, publish, commit until stopped. The consumer and producer are the
         caller's (started before, stopped after)."""
         lag_due = 0.0
+        health = self._health
+        if health is not None:
+            health.running()
         while not self.stopping.is_set():
             batches = await self._consumer.getmany(
                 timeout_ms=self._poll_ms, max_records=self._max_records
             )
+            if health is not None:
+                health.polled()
             if time.monotonic() >= lag_due:
                 lag_due = time.monotonic() + LAG_REFRESH_SECONDS
                 await refresh_consumer_lag(self._consumer, self._group)
+                if health is not None:
+                    await health.observe(self._consumer)
             try:
                 if batches:
                     records = [r for recs in batches.values() for r in recs]

@@ -2,22 +2,122 @@
 
 from __future__ import annotations
 
-from typing import Literal
+import os
+from typing import Any, Literal
 
-from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
 from schemas.names import Topic, topic_name
 
+SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"]
+PostgresSslMode = Literal["disable", "allow", "prefer", "require", "verify-ca", "verify-full"]
+# The one environment variable of the bootstrap list before `RATIFIER_KAFKA__BOOTSTRAP`; still
+# read (a nested `RATIFIER_KAFKA__BOOTSTRAP` wins when both are set).
+LEGACY_BOOTSTRAP_ENV = "RATIFIER_KAFKA_BOOTSTRAP"
+
+
+class KafkaConnection(BaseModel):
+    """How every Kafka client of ratifier connects (aiokafka and faust alike; runtime/clients.py
+    applies it): the bootstrap list, the security protocol, TLS files and SASL credentials.
+    Read from ``RATIFIER_KAFKA__<FIELD>`` (docs/operations.md, "Secured connections")."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # host:port[,host:port...]
+    bootstrap: str = Field(default="127.0.0.1:9092", min_length=1)
+    security_protocol: SecurityProtocol = "PLAINTEXT"
+    # TLS (SSL, SASL_SSL): the CA bundle that signed the brokers' certificates (default: the
+    # system's), and a client certificate and key for mutual TLS.
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    ssl_key_password: SecretStr | None = None
+    ssl_check_hostname: bool = True
+    # SASL (SASL_PLAINTEXT, SASL_SSL).
+    sasl_mechanism: SaslMechanism | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    # OAUTHBEARER: a file holding the current token (re-read at every authentication, so a
+    # sidecar can rotate it), or "module:attribute" naming an aiokafka AbstractTokenProvider
+    # (class or zero-argument factory) that fetches tokens itself.
+    sasl_oauth_token_file: str | None = None
+    sasl_oauth_token_provider: str | None = Field(
+        default=None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"
+    )
+
+    @property
+    def uses_tls(self) -> bool:
+        return self.security_protocol in ("SSL", "SASL_SSL")
+
+    @property
+    def uses_sasl(self) -> bool:
+        return self.security_protocol in ("SASL_PLAINTEXT", "SASL_SSL")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> KafkaConnection:
+        tls_files = (self.ssl_cafile, self.ssl_certfile, self.ssl_keyfile)
+        if not self.uses_tls and any(f is not None for f in tls_files):
+            raise ValueError(f"TLS files given but security_protocol is {self.security_protocol}")
+        if self.ssl_keyfile is not None and self.ssl_certfile is None:
+            raise ValueError("ssl_keyfile needs ssl_certfile (the client certificate)")
+        if not self.uses_sasl:
+            if self.sasl_mechanism is not None:
+                raise ValueError(
+                    f"sasl_mechanism given but security_protocol is {self.security_protocol}"
+                )
+            return self
+        if self.sasl_mechanism is None:
+            raise ValueError(f"security_protocol {self.security_protocol} needs sasl_mechanism")
+        if self.sasl_mechanism == "OAUTHBEARER":
+            sources = [self.sasl_oauth_token_file, self.sasl_oauth_token_provider]
+            if sum(s is not None for s in sources) != 1:
+                raise ValueError(
+                    "OAUTHBEARER needs exactly one of sasl_oauth_token_file and "
+                    "sasl_oauth_token_provider"
+                )
+        elif self.sasl_username is None or self.sasl_password is None:
+            raise ValueError(f"{self.sasl_mechanism} needs sasl_username and sasl_password")
+        return self
+
+
+class _LegacyBootstrap(PydanticBaseSettingsSource):
+    """``RATIFIER_KAFKA_BOOTSTRAP`` → ``kafka.bootstrap`` (below the nested variables)."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        value = os.environ.get(LEGACY_BOOTSTRAP_ENV)
+        return {"kafka": {"bootstrap": value}} if value else {}
+
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="RATIFIER_", frozen=True, extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="RATIFIER_", frozen=True, extra="ignore", env_nested_delimiter="__"
+    )
 
-    kafka_bootstrap: str = "127.0.0.1:9092"
+    # Every Kafka client's connection: RATIFIER_KAFKA__BOOTSTRAP, RATIFIER_KAFKA__SECURITY_PROTOCOL,
+    # ... (RATIFIER_KAFKA_BOOTSTRAP still sets the bootstrap list).
+    kafka: KafkaConnection = KafkaConnection()
     topic_prefix: str = Field(default="ratifier.", pattern=r"^[A-Za-z0-9._-]*$", max_length=100)
     topic_partitions: int = Field(default=12, ge=1, le=1000)
+    # redis:// or rediss:// (TLS); an ACL user and its password (kept out of the URL, and out
+    # of logs); the CA bundle of a rediss:// server (default: the system's).
     redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_username: str | None = None
+    redis_password: SecretStr | None = None
+    redis_ssl_ca_file: str | None = None
     database_url: str = "postgresql://ratifier:ratifier@127.0.0.1:5432/ratifier"
+    # libpq's sslmode and CA bundle, added to database_url's (these win); unset: the URL's.
+    database_sslmode: PostgresSslMode | None = None
+    database_sslrootcert: str | None = None
     # Local-only HS256 secret; production configures its own (and, later, JWKS keys).
     context_secret: str = Field(
         default="ratifier-local-development-secret-change-me", min_length=32
@@ -104,7 +204,15 @@ class Settings(BaseSettings):
     executor_metrics_port: int = Field(default=9102, ge=0, le=65535)
     reconciler_metrics_port: int = Field(default=9103, ge=0, le=65535)
     audit_metrics_port: int = Field(default=9104, ge=0, le=65535)
+    # The address every HTTP endpoint of a service binds: metrics, /healthz and /readyz, the
+    # streams worker's web app, the dashboard (the k8s manifests set 0.0.0.0).
     metrics_host: str = "127.0.0.1"
+    # Health (docs/operations.md, "Health"): a service whose loop has not turned for
+    # health_stale_seconds is not alive; one whose consumer has not polled for
+    # health_poll_seconds, or lags more than health_max_lag records, is not ready.
+    health_stale_seconds: float = Field(default=60.0, gt=0)
+    health_poll_seconds: float = Field(default=30.0, gt=0)
+    health_max_lag: int = Field(default=10_000, ge=0)
     otel_exporter: str = Field(default="", pattern=r"^(|otlp|console|jsonl:.+)$")
     otel_endpoint: str = "http://127.0.0.1:4318/v1/traces"
 
@@ -118,6 +226,44 @@ class Settings(BaseSettings):
                 f"({self.max_record_bytes} > {self.kafka_max_message_bytes} / 2)"
             )
         return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (
+            init_settings,
+            env_settings,
+            _LegacyBootstrap(settings_cls),
+            dotenv_settings,
+            file_secret_settings,
+        )
+
+    @classmethod
+    def environment_names(cls) -> frozenset[str]:
+        """Every environment variable these settings read (nested ones with ``__``)."""
+        names = {LEGACY_BOOTSTRAP_ENV}
+        for name in cls.model_fields:
+            if name == "kafka":
+                names |= {f"RATIFIER_KAFKA__{n.upper()}" for n in KafkaConnection.model_fields}
+            else:
+                names.add(f"RATIFIER_{name.upper()}")
+        return frozenset(names)
+
+    @property
+    def kafka_bootstrap(self) -> str:
+        """The bootstrap list (``kafka.bootstrap``)."""
+        return self.kafka.bootstrap
+
+    def with_kafka(self, **changes: Any) -> Settings:
+        """These settings with ``kafka`` changed (validated again)."""
+        kafka = KafkaConnection.model_validate(self.kafka.model_dump() | changes)
+        return self.model_copy(update={"kafka": kafka})
 
     @property
     def stream_stages(self) -> frozenset[str]:

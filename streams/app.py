@@ -14,6 +14,8 @@ from functools import partial
 from typing import Any
 
 import faust
+from faust.auth import OAuthCredentials, SASLCredentials, SSLCredentials
+from faust.types.auth import CredentialsT as Credentials
 from pydantic import ValidationError
 
 from approvals.http import install_approval_api
@@ -21,14 +23,22 @@ from approvals.inbox import ApprovalInbox
 from commands.catalog import Catalog
 from commands.policy_feed import PolicyFeed
 from commands.validate import Limits
-from runtime.clients import HEARTBEAT_INTERVAL_MS, SESSION_TIMEOUT_MS, fetch_bytes
+from runtime.clients import (
+    HEARTBEAT_INTERVAL_MS,
+    SESSION_TIMEOUT_MS,
+    database_conninfo,
+    fetch_bytes,
+    kafka_ssl_context,
+    token_provider,
+)
+from runtime.health import Health
 from runtime.loop import text_key
 from runtime.retry import retrying
 from schemas.envelopes import Stage, ValidatedCall
 from schemas.errors import ConfigurationError, StorageUnavailable
 from schemas.identity import context_keys
 from schemas.names import STREAMS_APP_ID, Topic
-from schemas.settings import Settings
+from schemas.settings import KafkaConnection, Settings
 from streams.approval_join import install_approval_join
 from streams.authorizer import on_validated_batch
 from streams.emit import Emit
@@ -68,11 +78,33 @@ async def with_storage_retry(
     return await retrying(step, retry_on=(StorageUnavailable,), what="stage storage")
 
 
+def broker_credentials(connection: KafkaConnection) -> Credentials | None:
+    """Faust's form of ``connection``'s security (its aiokafka driver turns it back into the
+    same ``security_protocol`` / ``ssl_context`` / ``sasl_*`` options as runtime/clients.py)."""
+    context = kafka_ssl_context(connection)
+    if connection.security_protocol == "SSL":
+        return SSLCredentials(context)
+    if not connection.uses_sasl:
+        return None
+    if connection.sasl_mechanism == "OAUTHBEARER":
+        return OAuthCredentials(oauth_cb=token_provider(connection), ssl_context=context)
+    return SASLCredentials(
+        username=connection.sasl_username,
+        password=connection.sasl_password.get_secret_value()
+        if connection.sasl_password is not None
+        else None,
+        ssl_context=context,
+        mechanism=connection.sasl_mechanism,
+    )
+
+
 def faust_settings(settings: Settings) -> dict[str, Any]:
     """The broker, serialization and producer settings of every faust app (the stages' and
     the benchmark's faust baseline, which must match them)."""
+    # faust takes `host:port;host:port` (or a comma list) after its scheme.
     return {
-        "broker": f"kafka://{settings.kafka_bootstrap}",
+        "broker": f"kafka://{settings.kafka.bootstrap}",
+        "broker_credentials": broker_credentials(settings.kafka),
         "store": "memory://",
         "key_serializer": "raw",
         "value_serializer": "raw",
@@ -106,17 +138,18 @@ def create_app(
         table_standby_replicas=0,
         web_enabled=settings.http_port > 0,
         web_port=settings.http_port or 6066,
-        web_bind="127.0.0.1",
+        web_bind=settings.metrics_host,
         **faust_options,
     )
     limits = limits_from(settings)
     keys = context_keys(settings)
-    storage = StreamStorage(settings.database_url)
+    storage = StreamStorage(database_conninfo(settings))
     topics = {
         t: app.topic(settings.topic(t), key_type=bytes, value_type=bytes, internal=False)
         for t in Topic
     }
 
+    health = Health.of("streams", settings)
     observer = StageObserver(tracer_from(settings, service="streams"))
     publisher = StagePublisher(topics)
 
@@ -236,6 +269,14 @@ def create_app(
     @app.timer(interval=LAG_REFRESH_SECONDS)  # type: ignore[untyped-decorator]  # faust's is untyped
     async def refresh_lag() -> None:
         await refresh_consumer_lag(app.consumer, settings.group(STREAMS_APP_ID))
+        # Health: faust fetches in its own service; this timer turning is the worker's loop
+        # turning, and the consumer's assignment and lag are read as the executor's are.
+        if app.rebalancing:
+            health.waiting_for("rebalancing")
+        else:
+            health.running()
+            health.polled()
+            await health.observe(app.consumer)
 
     del refresh_lag  # registered with the app
 
@@ -249,6 +290,18 @@ def create_app(
     if settings.http_port > 0:
         inbox = ApprovalInbox(settings)
         install_approval_api(app, settings, inbox=inbox, keys=keys)
+
+        @app.page("/healthz")
+        async def healthz(view: Any, _request: Any) -> Any:
+            alive, body = health.liveness()
+            return view.json(body, status=200 if alive else 503)
+
+        @app.page("/readyz")
+        async def readyz(view: Any, _request: Any) -> Any:
+            ready, body = health.readiness()
+            return view.json(body, status=200 if ready else 503)
+
+        del healthz, readyz  # registered with the app
 
         @app.page("/metrics")
         async def metrics(view: Any, _request: Any) -> Any:

@@ -25,6 +25,7 @@ from psycopg.rows import dict_row
 from commands.catalog import Resource, load_catalog
 from commands.policy_feed import local_policies
 from ratifier.testing import Kit
+from runtime.clients import database_conninfo
 from schemas.envelopes import Actor, CallFormat, ProposedCall
 from schemas.errors import ConfigurationError
 from schemas.settings import Settings
@@ -60,7 +61,7 @@ async def check_call(settings: Settings, path: Path) -> Any:
         )
         return await kit._run(proposal, actor, resource=resource)
     async with await psycopg.AsyncConnection.connect(
-        settings.database_url, row_factory=dict_row
+        database_conninfo(settings), row_factory=dict_row
     ) as conn:
         await conn.set_read_only(True)
         return await kit._run(proposal, actor, conn=conn)

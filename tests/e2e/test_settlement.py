@@ -309,7 +309,7 @@ def test_reconciler_survives_a_broker_crash_and_publishes_what_it_settled(
     with private_kafka() as kafka:
         pipeline = start_executor_only(signing_keys, "kafkacrash", kafka_bootstrap=kafka.bootstrap)
         shared = pipeline.settings
-        pipeline.settings = shared.model_copy(update={"kafka_bootstrap": kafka.bootstrap})
+        pipeline.settings = shared.with_kafka(bootstrap=kafka.bootstrap)
         db = shared.database_url
         try:
             seed_payments(pipeline.settings)

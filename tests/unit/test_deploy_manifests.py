@@ -155,11 +155,19 @@ def test_services_and_autoscaler_point_at_existing_workloads(rendered: list[Reso
     assert 1 <= scaled["minReplicaCount"] <= scaled["maxReplicaCount"]
 
 
-def test_settings_in_the_config_are_real_settings(rendered: list[Resource]) -> None:
+def test_settings_in_the_config_are_real_settings(
+    rendered: list[Resource], monkeypatch: pytest.MonkeyPatch
+) -> None:
     config = of_kind(rendered, "ConfigMap")["ratifier-config"]["data"]
-    known = {f"RATIFIER_{name.upper()}" for name in Settings.model_fields}
+    known = Settings.environment_names()
     assert set(config) <= known, set(config) - known
-    Settings.model_validate({k.removeprefix("RATIFIER_").lower(): v for k, v in config.items()})
+    for name in known:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in config.items():
+        monkeypatch.setenv(name, value)
+    settings = Settings()
+    if "RATIFIER_KAFKA_BOOTSTRAP" in config:
+        assert settings.kafka.bootstrap == config["RATIFIER_KAFKA_BOOTSTRAP"]
 
 
 def test_committed_secrets_are_placeholders(rendered: list[Resource]) -> None:
