@@ -51,6 +51,7 @@ from pydantic import ValidationError
 
 from runtime.clients import kafka_security
 from schemas.envelopes import ApprovalRequest, Outcome, Status
+from schemas.identity import sign_call_proof
 from schemas.names import TRACEPARENT_HEADER, Topic, topic_name
 from schemas.settings import KafkaConnection, Settings
 
@@ -145,14 +146,21 @@ class RatifierClient:
         topic_prefix: str = "ratifier.",
         home_partitions: int = 1,
         client_id: str | None = None,
+        proof_key: Any = None,
+        proof_algorithm: str = "EdDSA",
     ) -> None:
         """``connection``: the broker and its security (TLS, SASL), as the services take it;
-        ``bootstrap`` alone: a plaintext broker list (or, with ``connection``, its override)."""
+        ``bootstrap`` alone: a plaintext broker list (or, with ``connection``, its override).
+        ``proof_key``: the agent runtime's private key that its context tokens name in
+        ``cnf`` (call binding, docs/approvals.md): every call then carries a proof signed
+        with it, so a token copied from `calls.proposed` mints nothing."""
         if connection is None:
             connection = KafkaConnection(bootstrap=bootstrap or "127.0.0.1:9092")
         elif bootstrap is not None:
             connection = connection.model_copy(update={"bootstrap": bootstrap})
         self._connection = connection
+        self._proof_key = proof_key
+        self._proof_algorithm = proof_algorithm
         self._prefix = topic_prefix
         self._home_count = max(1, home_partitions)
         self._client_id = client_id or f"agent-client-{uuid.uuid4().hex[:8]}"
@@ -251,18 +259,28 @@ class RatifierClient:
     def _envelope(
         self, call_id: str, tool: str, arguments: Mapping[str, Any], context: str, key: str
     ) -> bytes:
-        return json.dumps(
-            {
-                "v": 1,
-                "call_id": call_id,
-                "idempotency_key": key,
-                "tool": tool,
-                "arguments": dict(arguments),
-                "context": context,
-                "proposed_at": datetime.now(UTC).isoformat(),
-            },
-            separators=(",", ":"),
-        ).encode()
+        envelope: dict[str, Any] = {
+            "v": 1,
+            "call_id": call_id,
+            "idempotency_key": key,
+            "tool": tool,
+            "arguments": dict(arguments),
+            "context": context,
+            "proposed_at": datetime.now(UTC).isoformat(),
+        }
+        if self._proof_key is not None:
+            # The proof covers the arguments as the validator passes them on: send them
+            # complete (defaults included), as the tool's schema has them.
+            envelope["proof"] = sign_call_proof(
+                self._proof_key,
+                call_id=call_id,
+                idempotency_key=key,
+                tool=tool,
+                arguments=dict(arguments),
+                context=context,
+                algorithm=self._proof_algorithm,
+            )
+        return json.dumps(envelope, separators=(",", ":")).encode()
 
     def _track(self, call_id: str) -> _Tracked:
         tracked = self._calls.get(call_id)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric import ed25519
 from jwt.algorithms import OKPAlgorithm
 
+from ratifier.client import RatifierClient
 from schemas.envelopes import ValidatedCall
 from schemas.identity import call_binding_problem, issue_context_token, sign_call_proof
 from tests.unit.conftest import KEYS, NOW
@@ -67,3 +69,15 @@ def test_binding_is_per_tenant_and_needs_a_cnf_key() -> None:
     assert not call_binding_problem(call("c-1", unbound, None), "tenant-a", KEYS)
     everyone = replace(KEYS, binding_tenants=frozenset({"*"}))
     assert call_binding_problem(call("c-1", unbound, None), "tenant-z", everyone)
+
+
+def test_the_agent_client_signs_each_call_when_it_holds_the_runtime_key() -> None:
+    token = issue_context_token(BOUND, sub="agent-1", tenant="tenant-a", cnf_jwk=JWK)
+    signing = RatifierClient(bootstrap="127.0.0.1:1", proof_key=RUNTIME)
+    sent = json.loads(signing._envelope("c-9", "get_payment", ARGS, token, "c-9"))
+    assert not call_binding_problem(call("c-9", token, sent["proof"]), "tenant-a", BOUND)
+    unsigned = json.loads(
+        RatifierClient(bootstrap="127.0.0.1:1")._envelope("c-9", "get_payment", ARGS, token, "c-9")
+    )
+    assert "proof" not in unsigned
+    assert call_binding_problem(call("c-9", token, None), "tenant-a", BOUND)
