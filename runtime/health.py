@@ -28,7 +28,7 @@ from aiokafka.errors import KafkaError
 
 from runtime.retry import retrying
 from schemas.settings import Settings
-from telemetry.metrics import metrics_handler
+from telemetry.metrics import serve_metrics
 
 log = logging.getLogger("ratifier.health")
 
@@ -194,22 +194,6 @@ def add_health_routes(app: web.Application, health: Health) -> None:
 async def serve_health(host: str, port: int, health: Health) -> Callable[[], Awaitable[None]]:
     """Serve `/healthz`, `/readyz` and `/metrics` on ``host:port`` (0: nothing); return the
     closer. A port in use is logged, not fatal (as for metrics)."""
-    if port == 0:
-        return _nothing_to_close
-    app = web.Application()
-    add_health_routes(app, health)
-    app.router.add_get("/metrics", metrics_handler)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, host, port).start()
-    except OSError as exc:
-        log.error("health: cannot listen on %s:%d (%s); serving none", host, port, exc)
-        await runner.cleanup()
-        return _nothing_to_close
-    log.info("health and metrics on http://%s:%d/ (healthz, readyz, metrics)", host, port)
-    return runner.cleanup
-
-
-async def _nothing_to_close() -> None:
-    return None
+    return await serve_metrics(
+        host, port, more_routes=lambda app: add_health_routes(app, health), what="health"
+    )

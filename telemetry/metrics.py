@@ -196,23 +196,36 @@ async def metrics_handler(_request: web.Request) -> web.Response:
     return response
 
 
-async def serve_metrics(host: str, port: int) -> Callable[[], Awaitable[None]]:
-    """Serve ``GET /metrics`` on ``host:port`` (0: serve nothing); return the closer. A port
-    already in use is logged, not fatal: metrics never stop a service."""
+async def serve_metrics(
+    host: str,
+    port: int,
+    *,
+    more_routes: Callable[[web.Application], None] | None = None,
+    what: str = "metrics",
+) -> Callable[[], Awaitable[None]]:
+    """Serve ``GET /metrics`` (and whatever ``more_routes`` adds, e.g. health) on
+    ``host:port`` (0: serve nothing); return the closer. A port already in use is logged, not
+    fatal: metrics never stop a service."""
     if port == 0:
         return _nothing_to_close
     app = web.Application()
+    if more_routes is not None:
+        more_routes(app)
     app.router.add_get("/metrics", metrics_handler)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()
     except OSError as exc:
-        log.error("metrics: cannot listen on %s:%d (%s); serving none", host, port, exc)
+        log.error("%s: cannot listen on %s:%d (%s); serving none", what, host, port, exc)
         await runner.cleanup()
         return _nothing_to_close
-    log.info("metrics on http://%s:%d/metrics", host, port)
+    log.info("%s on http://%s:%d/ (%s)", what, host, port, ", ".join(sorted(_paths(app))))
     return runner.cleanup
+
+
+def _paths(app: web.Application) -> set[str]:
+    return {r.resource.canonical.lstrip("/") for r in app.router.routes() if r.resource}
 
 
 async def _nothing_to_close() -> None:

@@ -72,6 +72,21 @@ def proposal(
     }
 
 
+def keyed_call(call_id: str, tool: str, arguments: dict[str, Any], key: str, ctx: str) -> bytes:
+    """A `calls.proposed` record with its own idempotency key (load and chaos tests)."""
+    return json.dumps(
+        {
+            "v": 1,
+            "call_id": call_id,
+            "idempotency_key": key,
+            "tool": tool,
+            "arguments": arguments,
+            "context": ctx,
+            "proposed_at": datetime.now(UTC).isoformat(),
+        }
+    ).encode()
+
+
 async def publish(
     settings: Settings,
     records: Sequence[tuple[str | None, bytes | None]],

@@ -66,10 +66,11 @@ from tests.e2e.private_services import (
     private_postgres,
     private_redis,
     redis_server_binary,
+    required,
     server_binaries,
 )
 from tests.e2e.test_reconciliation import faults
-from tests.services import context_token, run, worker_env
+from tests.services import context_token, keyed_call, run, worker_env
 
 pytestmark = pytest.mark.chaos
 
@@ -113,20 +114,6 @@ class Services:
     redis: PrivateRedis
     postgres: PrivatePostgres
     pipeline: Pipeline
-
-
-def _envelope(call_id: str, tool: str, arguments: dict[str, Any], key: str, ctx: str) -> bytes:
-    return json.dumps(
-        {
-            "v": 1,
-            "call_id": call_id,
-            "idempotency_key": key,
-            "tool": tool,
-            "arguments": arguments,
-            "context": ctx,
-            "proposed_at": datetime.now(UTC).isoformat(),
-        }
-    ).encode()
 
 
 @contextmanager
@@ -273,26 +260,26 @@ class Suite:
             key = rng.choice(reads).key
             self.calls[call_id] = Call(kind="duplicate", key=key, expect="succeeded")
             arguments = {"payment_id": "pay_A1001"}
-            return call_id, _envelope(call_id, "get_payment", arguments, key, self.reader_ctx)
+            return call_id, keyed_call(call_id, "get_payment", arguments, key, self.reader_ctx)
         if roll < 0.2:
             arguments = {"payment_id": "pay_A1001", "tenant_id": "tenant-b"}
             self.calls[call_id] = Call(kind="invalid", key=call_id, expect="rejected")
-            return call_id, _envelope(call_id, "get_payment", arguments, call_id, self.reader_ctx)
+            return call_id, keyed_call(call_id, "get_payment", arguments, call_id, self.reader_ctx)
         if roll < 0.25 and refunds:  # a refund retried with its key and arguments
             key = rng.choice(refunds).key
             self.calls[call_id] = Call(kind="refund_retry", key=key, expect="succeeded")
-            return call_id, _envelope(
+            return call_id, keyed_call(
                 call_id, "propose_refund", self._refund_args(key), key, self.refund_ctx
             )
         if roll < 0.4:
             key = f"chaos-{exp}-refund-{n}"
             self.calls[call_id] = Call(kind="refund", key=key, expect="succeeded")
-            return call_id, _envelope(
+            return call_id, keyed_call(
                 call_id, "propose_refund", self._refund_args(key), key, self.refund_ctx
             )
         self.calls[call_id] = Call(kind="read", key=f"chaos-{exp}-{n}", expect="succeeded")
         arguments = {"payment_id": "pay_A1001"}
-        return call_id, _envelope(call_id, "get_payment", arguments, call_id, self.reader_ctx)
+        return call_id, keyed_call(call_id, "get_payment", arguments, call_id, self.reader_ctx)
 
     @staticmethod
     def _refund_args(key: str) -> dict[str, Any]:
@@ -614,12 +601,12 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
     print("\n".join(lines))
 
 
-@pytest.mark.skipif(
-    kafka_jars() is None or server_binaries() is None or redis_server_binary() is None,
-    reason="needs the Kafka jars and java, PostgreSQL server binaries and redis-server",
-)
 @pytest.mark.timeout(3600)
 def test_chaos(signing_keys: SigningKeys) -> None:
+    required(kafka_jars(), "the Kafka jars and java for a private broker")
+    required(server_binaries(), "PostgreSQL server binaries")
+    if redis_server_binary() is None:
+        pytest.fail("redis-server not found: run `make up` (deploy/local/up installs it)")
     chosen = [(n, f) for n, f in EXPERIMENTS if not ONLY or n in ONLY]
     assert chosen, f"RATIFIER_CHAOS_ONLY names no experiment of {[n for n, _ in EXPERIMENTS]}"
     rows: list[dict[str, Any]] = []

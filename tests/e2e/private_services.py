@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from tests.e2e.conftest import free_port
 
@@ -378,3 +379,11 @@ def private_redis() -> Iterator[PrivateRedis]:
     finally:
         server.stop()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def required(found: Path | None, what: str) -> Path:
+    """A private service's binaries, which `make up` installs: missing ones fail the test
+    with what to do, instead of skipping it (a skipped real-service test checks nothing)."""
+    if found is None:
+        pytest.fail(f"{what} not found: run `make up` (deploy/local/up installs it)")
+    return found

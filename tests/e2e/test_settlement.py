@@ -25,6 +25,7 @@ from tests.e2e.private_services import (
     kafka_jars,
     private_kafka,
     private_postgres,
+    required,
     server_binaries,
 )
 from tests.e2e.test_reconciliation import faults, park_leftovers
@@ -226,11 +227,11 @@ def cycle_failures(worker: WorkerProcess) -> int:
     return worker.log_path.read_text(errors="replace").count("reconciler cycle failed")
 
 
-@pytest.mark.skipif(server_binaries() is None, reason="no PostgreSQL server binaries installed")
 def test_reconciler_survives_postgres_restart_and_settles(signing_keys: SigningKeys) -> None:
     """On a private cluster (the shared server is never touched): the reconciler works on two
     unknown calls while the provider is down; PostgreSQL stops hard under it, the provider
     comes back meanwhile, PostgreSQL starts again: the same process settles both calls."""
+    required(server_binaries(), "PostgreSQL server binaries")
     with private_postgres() as server:
         migrate(server.url)
         pipeline = start_executor_only(signing_keys, "pgrestart", server.url)
@@ -298,10 +299,10 @@ def test_reconciler_survives_an_unreachable_broker_and_settles(executor_only: Pi
         broker.close()
 
 
-@pytest.mark.skipif(kafka_jars() is None, reason="no Kafka jars or java for a private broker")
 def test_reconciler_survives_a_broker_crash_and_publishes_what_it_settled(
     signing_keys: SigningKeys,
 ) -> None:
+    required(kafka_jars(), "the Kafka jars and java for a private broker")
     """On a private broker (the shared one is never touched): the reconciler works on two
     unknown calls; the broker is killed; the provider comes back, so the reconciler settles
     in the database but cannot publish; the broker restarts: the same process publishes both

@@ -20,7 +20,6 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,7 @@ from schemas.names import Topic
 from tests.e2e.approvals_kit import decide, token
 from tests.e2e.conftest import ARTIFACTS, Pipeline, SigningKeys, start_pipeline
 from tests.e2e.executor_kit import PAYMENTS, provider_stats, seed_payments
-from tests.services import context_token
+from tests.services import context_token, keyed_call
 
 pytestmark = pytest.mark.soak
 
@@ -73,20 +72,6 @@ def _rss_kib(pid: int) -> int | None:
     return None
 
 
-def _envelope(call_id: str, tool: str, arguments: dict[str, Any], key: str, ctx: str) -> bytes:
-    return json.dumps(
-        {
-            "v": 1,
-            "call_id": call_id,
-            "idempotency_key": key,
-            "tool": tool,
-            "arguments": arguments,
-            "context": ctx,
-            "proposed_at": datetime.now(UTC).isoformat(),
-        }
-    ).encode()
-
-
 class Soak:
     def __init__(self, pipeline: Pipeline, run_id: str) -> None:
         self.pipeline = pipeline
@@ -107,11 +92,11 @@ class Soak:
         if roll < 0.1 and self.ledger.reads:  # a retry: same key, same arguments
             key, arguments = self.rng.choice(self.ledger.reads)
             self.ledger.calls[call_id] = Call(kind="duplicate", key=key, expect="succeeded")
-            return call_id, _envelope(call_id, "get_payment", arguments, key, self.reader_ctx)
+            return call_id, keyed_call(call_id, "get_payment", arguments, key, self.reader_ctx)
         if roll < 0.2:
             arguments = {"payment_id": "pay_A1001", "tenant_id": "tenant-b"}
             self.ledger.calls[call_id] = Call(kind="invalid", key=call_id, expect="rejected")
-            return call_id, _envelope(call_id, "get_payment", arguments, call_id, self.reader_ctx)
+            return call_id, keyed_call(call_id, "get_payment", arguments, call_id, self.reader_ctx)
         if roll < 0.3:
             key = f"soak-{self.run_id}-refund-{n}"
             arguments = {
@@ -120,11 +105,11 @@ class Soak:
                 "reason": "soak",
             }
             self.ledger.calls[call_id] = Call(kind="refund", key=key, expect="succeeded")
-            return call_id, _envelope(call_id, "propose_refund", arguments, key, self.refund_ctx)
+            return call_id, keyed_call(call_id, "propose_refund", arguments, key, self.refund_ctx)
         arguments = {"payment_id": "pay_A1001"}
         self.ledger.reads.append((call_id, arguments))
         self.ledger.calls[call_id] = Call(kind="read", key=call_id, expect="succeeded")
-        return call_id, _envelope(call_id, "get_payment", arguments, call_id, self.reader_ctx)
+        return call_id, keyed_call(call_id, "get_payment", arguments, call_id, self.reader_ctx)
 
     async def read_answers(self) -> None:
         consumer = AIOKafkaConsumer(
