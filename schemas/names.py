@@ -29,7 +29,9 @@ PIPELINE_TOPICS: tuple[Topic, ...] = tuple(Topic)
 # Compacted topics (latest value per key matters).
 COMPACTED_TOPICS: frozenset[Topic] = frozenset({Topic.POLICIES})
 
-STREAMS_APP_ID = "ratifier-streams"
+STREAMS_APP_ID = "ratifier-streams"  # the approval-join's faust app
+VALIDATOR_GROUP = "ratifier-validator"
+AUTHORIZER_GROUP = "ratifier-authorizer"
 EXECUTOR_GROUP = "ratifier-executor"
 RECONCILER_GROUP = "ratifier-reconciler"
 AUDIT_SINK_GROUP = "ratifier-audit-sink"

@@ -1,22 +1,19 @@
-"""The faust app: wires the pure stages to topics. All I/O of the stream side lives here.
+"""The streams worker: the approval-join as a faust app (its changelog-backed table is why
+faust is here), and the stateless stages, validator and authorizer, on the runtime's
+consumer loop in the same process (streams/stateless.py).
 
-Faust gives at-least-once delivery: it flushes the producer before committing offsets, and
-every stage is idempotent by `call_id`, so a redelivered record is harmless.
+Both are at-least-once: outputs are acknowledged before offsets are committed, and every
+stage is idempotent by `call_id`, so a redelivered record is harmless.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Awaitable, Callable, Sequence
-from datetime import UTC, datetime
-from functools import partial
 from typing import Any
 
 import faust
 from faust.auth import OAuthCredentials, SASLCredentials, SSLCredentials
 from faust.types.auth import CredentialsT as Credentials
-from pydantic import ValidationError
 
 from approvals.http import install_approval_api
 from approvals.inbox import ApprovalInbox
@@ -32,32 +29,26 @@ from runtime.clients import (
     token_provider,
 )
 from runtime.health import Health
-from runtime.loop import text_key
-from runtime.retry import retrying
-from schemas.envelopes import Stage, ValidatedCall
-from schemas.errors import ConfigurationError, StorageUnavailable
+from schemas.errors import ConfigurationError
 from schemas.identity import context_keys
 from schemas.names import STREAMS_APP_ID, Topic
 from schemas.settings import KafkaConnection, Settings
 from streams.approval_join import install_approval_join
-from streams.authorizer import on_validated_batch
-from streams.emit import Emit
 from streams.observe import StageObserver
 from streams.offsets import install_rewind_fix
-from streams.publisher import StagePublisher, position
+from streams.publisher import StagePublisher
+from streams.stateless import StatelessStages
 from streams.storage import StreamStorage
-from streams.validator import dead_letter, on_proposed
 from telemetry.metrics import metrics_body, refresh_consumer_lag
-from telemetry.tracing import trace_id_of, traceparent_of, tracer_from
+from telemetry.tracing import tracer_from
 
 log = logging.getLogger("ratifier.streams")
 
+# How the benchmark's faust identity hop batches (bench/faust_identity.py, the T1 baseline).
 BATCH_MAX = 500
 BATCH_WITHIN = 0.005  # seconds a partial batch waits for more records
 STAGES = frozenset({"validator", "authorizer", "approval-join"})
 LAG_REFRESH_SECONDS = 5.0
-# Metric and span names of the stages (the `stage` of their outcomes).
-STAGE_NAMES = {"validator": Stage.VALIDATE, "authorizer": Stage.AUTHORIZE}
 
 
 def limits_from(settings: Settings) -> Limits:
@@ -66,16 +57,6 @@ def limits_from(settings: Settings) -> Limits:
         max_nesting_depth=settings.max_nesting_depth,
         max_string_length=settings.max_string_length,
     )
-
-
-BatchHandler = Callable[[Sequence[Any]], Awaitable[list[tuple[Emit, ...]]]]
-
-
-async def with_storage_retry(
-    step: Callable[[], Awaitable[list[tuple[Emit, ...]]]],
-) -> list[tuple[Emit, ...]]:
-    """Retry a stage while storage is unreachable: the record waits, it is never dropped."""
-    return await retrying(step, retry_on=(StorageUnavailable,), what="stage storage")
 
 
 def broker_credentials(connection: KafkaConnection) -> Credentials | None:
@@ -153,113 +134,27 @@ def create_app(
     observer = StageObserver(tracer_from(settings, service="streams"))
     publisher = StagePublisher(topics)
 
-    def unreadable(event: Any, stage: str, why: str) -> tuple[Emit, ...]:
-        return (
-            dead_letter(
-                event.value,
-                reason=f"{stage}: {why}",
-                call_id=None,
-                source=position(event),
-                at=datetime.now(UTC),
-                key=text_key(event.key),
-            ),
-        )
-
-    async def run_stage(stream: Any, stage: str, handle: BatchHandler) -> None:
-        """Feed the stream to ``handle`` in batches (a backlog drains in large batches, a
-        quiet stream waits at most BATCH_WITHIN). A bug in a stage costs only the record
-        that triggers it: the batch is retried one record at a time and that record is
-        dead-lettered; an output that cannot be published costs only its own record too
-        (streams/publisher.py), and a broker away is waited out. Nothing may escape this
-        loop: faust acks the events of a batch only as the loop moves on, and an agent that
-        crashed mid-batch leaves offsets never acked, after which faust commits nothing more
-        on that partition (docs/reliability.md, "Offsets of the stream stages")."""
-        name = STAGE_NAMES[stage]
-        async for events in stream.take_events(BATCH_MAX, within=BATCH_WITHIN):
-            started = time.time_ns()
-            try:
-                results = await with_storage_retry(partial(handle, events))
-                if len(results) != len(events):
-                    raise RuntimeError(f"{stage} answered {len(results)} of {len(events)}")
-            except Exception:
-                log.exception("%s: batch failed; retrying record by record", stage)
-                results = []
-                for event in events:
-                    try:
-                        results.extend(await with_storage_retry(partial(handle, [event])))
-                    except Exception:
-                        log.exception("%s: internal error at %s", stage, position(event))
-                        results.append(unreadable(event, stage, "internal error"))
-            ended = time.time_ns()
-            await publisher.publish_all(
-                name,
-                [
-                    (
-                        event,
-                        emits,
-                        observer.finished(
-                            name,
-                            emits,
-                            parent=traceparent_of(event.message.headers),
-                            start_ns=started,
-                            end_ns=ended,
-                        ),
-                    )
-                    for event, emits in zip(events, results, strict=True)
-                ],
-            )
-
     stages = settings.stream_stages
     unknown = stages - STAGES
     if unknown:
         raise ConfigurationError(
             f"unknown stream stages {sorted(unknown)}; known: {sorted(STAGES)}"
         )
+    stateless = StatelessStages(
+        settings,
+        stages=stages,
+        catalog=catalog,
+        feed=feed,
+        keys=keys,
+        limits=limits,
+        fetch=storage.fetch,
+        tracer=observer.tracer,
+    )
 
-    async def validate_batch(events: Sequence[Any]) -> list[tuple[Emit, ...]]:
-        now = datetime.now(UTC)
-        return [
-            on_proposed(
-                event.value,
-                source=position(event),
-                key=text_key(event.key),
-                catalog=catalog,
-                limits=limits,
-                now=now,
-                trace_id=trace_id_of(event.message.headers),
-                policy_version=feed.current.version,
-            )
-            for event in events
-        ]
+    async def run_stateless_stages() -> None:
+        await stateless.run()
 
-    async def authorize_events(events: Sequence[Any]) -> list[tuple[Emit, ...]]:
-        parsed: list[ValidatedCall | None] = []
-        for event in events:
-            try:
-                parsed.append(ValidatedCall.model_validate_json(event.value or b""))
-            except ValidationError:
-                parsed.append(None)
-        calls = [c for c in parsed if c is not None]
-        decided = iter(
-            await on_validated_batch(
-                calls,
-                catalog=catalog,
-                keys=keys,
-                policies=feed.current,
-                fetch=storage.fetch,
-                now=datetime.now(UTC),
-            )
-        )
-        return [
-            next(decided) if call is not None else unreadable(event, "authorizer", "unreadable")
-            for event, call in zip(events, parsed, strict=True)
-        ]
-
-    async def validator(stream: faust.StreamT[bytes]) -> None:
-        await run_stage(stream, "validator", validate_batch)
-
-    async def authorizer(stream: faust.StreamT[bytes]) -> None:
-        await run_stage(stream, "authorizer", authorize_events)
+    app.task(run_stateless_stages)
 
     async def follow_policies() -> None:
         await feed.follow()
@@ -280,13 +175,6 @@ def create_app(
 
     del refresh_lag  # registered with the app
 
-    agents = {
-        "validator": (Topic.PROPOSED, validator),
-        "authorizer": (Topic.VALIDATED, authorizer),
-    }
-    for name, (source, agent) in agents.items():
-        if name in stages:
-            app.agent(topics[source], name=name)(agent)
     if settings.http_port > 0:
         inbox = ApprovalInbox(settings)
         install_approval_api(app, settings, inbox=inbox, keys=keys)
@@ -329,6 +217,7 @@ def create_app(
         )
 
     async def _close_store(_app: Any, /, *_args: Any, signal: Any, **_kwargs: Any) -> None:
+        await stateless.stopped(grace_seconds=10.0)
         await storage.close()
         observer.tracer.shutdown()
 

@@ -11,9 +11,17 @@ from collections.abc import Callable, Coroutine, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from runtime.clients import kafka_consumer, kafka_producer
+from aiokafka import TopicPartition
+
+from runtime.clients import kafka_admin, kafka_consumer, kafka_producer
 from schemas.identity import context_keys, issue_context_token
-from schemas.names import Topic
+from schemas.names import (
+    AUTHORIZER_GROUP,
+    EXECUTOR_GROUP,
+    STREAMS_APP_ID,
+    VALIDATOR_GROUP,
+    Topic,
+)
 from schemas.settings import Settings
 
 T = TypeVar("T")
@@ -173,3 +181,53 @@ async def read_to_end(settings: Settings, topics: list[Topic]) -> list[Any]:
         return records
     finally:
         await consumer.stop()
+
+
+# Every consumer group of the pipeline and its input topics.
+PIPELINE_INPUTS = (
+    (VALIDATOR_GROUP, Topic.PROPOSED),
+    (AUTHORIZER_GROUP, Topic.VALIDATED),
+    (STREAMS_APP_ID, Topic.AUTHORIZED),
+    (STREAMS_APP_ID, Topic.APPROVALS_DECIDED),
+    (EXECUTOR_GROUP, Topic.COMMITTED),
+)
+
+
+async def commit_lag(
+    settings: Settings, inputs: Sequence[tuple[str, Topic]], timeout: float = 45
+) -> dict[str, int]:
+    """Partitions whose group's committed offset is still behind the partition's end after
+    ``timeout`` s, with their lag (empty when none): once every call is answered, every group
+    must have committed everything it processed. A partition a group never committed counts
+    as behind by its whole length."""
+    pairs = {(settings.group(g), settings.topic(t)) for g, t in inputs}
+    admin = kafka_admin(settings)
+    consumer = kafka_consumer(settings, group=None)
+    await admin.start()
+    await consumer.start()
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            await consumer.topics()  # fresh metadata, so that every partition is known
+            partitions = {
+                (group, TopicPartition(topic, p))
+                for group, topic in pairs
+                for p in consumer.partitions_for_topic(topic) or ()
+            }
+            committed: dict[tuple[str, TopicPartition], int] = {}
+            for group in {g for g, _ in pairs}:
+                offsets = await admin.list_consumer_group_offsets(group)
+                committed |= {(group, tp): meta.offset for tp, meta in offsets.items()}
+            ends = await consumer.end_offsets([tp for _, tp in partitions])
+            behind = {
+                f"{group}:{tp.topic.removeprefix(settings.topic_prefix)}[{tp.partition}]": ends[tp]
+                - max(committed.get((group, tp), 0), 0)
+                for group, tp in partitions
+                if ends[tp] > max(committed.get((group, tp), 0), 0)
+            }
+            if not behind or time.monotonic() > deadline:
+                return behind
+            await asyncio.sleep(1)
+    finally:
+        await consumer.stop()
+        await admin.close()

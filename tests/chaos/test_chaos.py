@@ -50,8 +50,8 @@ from aiokafka.errors import KafkaError
 from ratifier.migrate import migrate
 from ratifier.processes import FAKE_PROVIDER_MODULE, start_worker_args
 from ratifier.topics import ensure_topics
-from runtime.clients import kafka_admin, kafka_consumer, kafka_producer
-from schemas.names import STREAMS_APP_ID, Topic
+from runtime.clients import kafka_consumer, kafka_producer
+from schemas.names import Topic
 from schemas.settings import Settings
 from tests.e2e.approvals_kit import decide, token
 from tests.e2e.conftest import ARTIFACTS, Pipeline, SigningKeys, free_port, wait_http
@@ -70,7 +70,7 @@ from tests.e2e.private_services import (
     server_binaries,
 )
 from tests.e2e.test_reconciliation import faults
-from tests.services import context_token, keyed_call, run, worker_env
+from tests.services import PIPELINE_INPUTS, commit_lag, context_token, keyed_call, run, worker_env
 
 pytestmark = pytest.mark.chaos
 
@@ -81,7 +81,6 @@ SETTLE_SECONDS = 240
 OUTAGE_SECONDS = 20
 APPROVAL_DELAY = 3.0  # approvals stay pending this long, so a crash always finds some
 # What the streams worker consumes in its group (its committed offsets are checked).
-STREAMS_INPUTS = (Topic.PROPOSED, Topic.VALIDATED, Topic.AUTHORIZED, Topic.APPROVALS_DECIDED)
 RECONCILER = {
     "RATIFIER_RECONCILE_BACKOFF_SECONDS": "0.5",
     "RATIFIER_RECONCILE_BACKOFF_CAP_SECONDS": "5",
@@ -353,37 +352,9 @@ class Suite:
             await asyncio.gather(*background, return_exceptions=True)
 
     async def streams_commit_lag(self, timeout: float = 45) -> dict[str, int]:
-        """Once every call is answered, the streams worker has processed every record of its
-        input topics: its group's committed offset must reach each partition's end (issue 17:
-        after a broker bounce one partition stopped committing). Partitions still behind
-        after ``timeout`` s, with their lag; empty when none."""
-        group = self.settings.group(STREAMS_APP_ID)
-        inputs = {self.settings.topic(t) for t in STREAMS_INPUTS}
-        admin = kafka_admin(self.settings)
-        consumer = kafka_consumer(self.settings, group=None)
-        await admin.start()
-        await consumer.start()
-        try:
-            deadline = time.monotonic() + timeout
-            while True:
-                committed = {
-                    tp: meta.offset
-                    for tp, meta in (await admin.list_consumer_group_offsets(group)).items()
-                    if tp.topic in inputs
-                }
-                ends = await consumer.end_offsets(list(committed))
-                behind = {
-                    f"{tp.topic.removeprefix(self.settings.topic_prefix)}[{tp.partition}]": ends[tp]
-                    - offset
-                    for tp, offset in committed.items()
-                    if ends[tp] > offset
-                }
-                if not behind or time.monotonic() > deadline:
-                    return behind
-                await asyncio.sleep(1)
-        finally:
-            await consumer.stop()
-            await admin.close()
+        """Once every call is answered, every stage has processed every record of its input
+        topics (issue 17: after a broker bounce one partition stopped committing)."""
+        return await commit_lag(self.settings, PIPELINE_INPUTS, timeout)
 
     def _mine(self, name: str) -> dict[str, Call]:
         return {

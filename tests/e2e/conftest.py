@@ -158,14 +158,18 @@ def start_pipeline(
     executors: int = 1,
     approval_ttl: int = 25,
     audit_sink: bool = False,
+    kafka_bootstrap: str = "",
     **env: str,
 ) -> Pipeline:
     """A payment provider, a streams worker and executors on their own topic prefix,
     accepting local HS256 tokens and EdDSA tokens of the published JWKS, with a short approval
-    TTL; with ``audit_sink``, also `ratifier audit sink` for that prefix."""
+    TTL; with ``audit_sink``, also `ratifier audit sink` for that prefix; on the broker at
+    ``kafka_bootstrap`` when given."""
     settings = session_settings().model_copy(
         update={"context_jwks_file": str(keys.jwks_path), "approval_ttl_seconds": approval_ttl}
     )
+    if kafka_bootstrap:
+        settings = settings.with_kafka(bootstrap=kafka_bootstrap)
     migrate(settings.database_url)
     reset_refundable(settings)
     run(ensure_topics(settings))

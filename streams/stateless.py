@@ -1,0 +1,249 @@
+"""The stateless stages (validator, authorizer) on the runtime's consumer loop.
+
+Each stage is its own consumer group on its own input topic (`ratifier-validator` on
+`calls.proposed`, `ratifier-authorizer` on `calls.validated`), so each keeps its own
+offsets, and the loop commits a partition's offset only after every record before it was
+handled and all it produced was acknowledged (runtime/loop.py). They used to be faust agents;
+faust's ack bookkeeping could survive a rebalance (after a broker restart) with records
+counted as seen that were never processed, losing calls (docs/reliability.md, "Offsets of the
+stream stages"), and a faust hop cost ten times a plain aiokafka relay (bench/RESULTS.md).
+The approval-join, whose changelog-backed table is faust's reason to be here, stays on faust.
+
+On first start after the move, a stage group without committed offsets adopts those of the
+former faust group (``ratifier-streams``) on its input topic, so an upgrade neither replays
+the topic's history nor skips anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from functools import partial
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError
+from pydantic import ValidationError
+
+from commands.catalog import Catalog
+from commands.policy_feed import PolicyFeed
+from commands.validate import Limits
+from runtime.clients import kafka_admin, kafka_consumer, kafka_producer
+from runtime.emit import Emit
+from runtime.loop import Consumed, ConsumerLoop, Handled, position_of, text_key
+from runtime.retry import retrying
+from schemas.envelopes import Stage, ValidatedCall
+from schemas.errors import StorageUnavailable
+from schemas.identity import ContextKeys
+from schemas.names import AUTHORIZER_GROUP, STREAMS_APP_ID, VALIDATOR_GROUP, Topic
+from schemas.settings import Settings
+from streams.authorizer import ResourceFetch, on_validated_batch
+from streams.validator import on_proposed
+from telemetry.tracing import Tracer, trace_id_of
+
+log = logging.getLogger("ratifier.streams")
+
+BATCH_MAX = 500  # records per poll: a backlog drains in large batches
+STATELESS_STAGES = frozenset({"validator", "authorizer"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageSpec:
+    name: str  # as in `stream_stages`
+    stage: Stage  # metric/span name and the stage of its typed outcomes
+    source: Topic
+    group: str
+
+
+SPECS = (
+    StageSpec(name="validator", stage=Stage.VALIDATE, source=Topic.PROPOSED, group=VALIDATOR_GROUP),
+    StageSpec(
+        name="authorizer", stage=Stage.AUTHORIZE, source=Topic.VALIDATED, group=AUTHORIZER_GROUP
+    ),
+)
+
+
+def _handled(emits: tuple[Emit, ...]) -> Handled:
+    return Handled(emits=emits)
+
+
+def validator_handler(
+    *, catalog: Catalog, limits: Limits, feed: PolicyFeed
+) -> Callable[[Sequence[Consumed]], Awaitable[list[Handled]]]:
+    async def handle(records: Sequence[Consumed]) -> list[Handled]:
+        now = datetime.now(UTC)
+        version = feed.current.version
+        return [
+            _handled(
+                on_proposed(
+                    record.value,
+                    source=position_of(record),
+                    key=text_key(record.key),
+                    catalog=catalog,
+                    limits=limits,
+                    now=now,
+                    trace_id=trace_id_of(record.headers),
+                    policy_version=version,
+                )
+            )
+            for record in records
+        ]
+
+    return handle
+
+
+def authorizer_handler(
+    *, catalog: Catalog, keys: ContextKeys, feed: PolicyFeed, fetch: ResourceFetch
+) -> Callable[[Sequence[Consumed]], Awaitable[list[Handled]]]:
+    async def handle(records: Sequence[Consumed]) -> list[Handled]:
+        parsed: list[ValidatedCall | None] = []
+        for record in records:
+            try:
+                parsed.append(ValidatedCall.model_validate_json(record.value or b""))
+            except ValidationError:
+                parsed.append(None)
+        decided = iter(
+            await on_validated_batch(
+                [c for c in parsed if c is not None],
+                catalog=catalog,
+                keys=keys,
+                policies=feed.current,
+                fetch=fetch,
+                now=datetime.now(UTC),
+            )
+        )
+        return [
+            _handled(next(decided)) if call is not None else Handled(failure="unreadable")
+            for call in parsed
+        ]
+
+    return handle
+
+
+async def adopt_offsets(settings: Settings, spec: StageSpec) -> None:
+    """Give ``spec``'s group the former faust group's offsets on its input topic, once: only
+    while the group has none (a group already in use is never touched)."""
+    topic = settings.topic(spec.source)
+    group = settings.group(spec.group)
+    admin = kafka_admin(settings)
+    await admin.start()
+    try:
+        own = await admin.list_consumer_group_offsets(group)
+        if any(tp.topic == topic for tp in own):
+            return
+        former = await admin.list_consumer_group_offsets(settings.group(STREAMS_APP_ID))
+    finally:
+        await admin.close()
+    offsets = {tp: meta.offset for tp, meta in former.items() if tp.topic == topic}
+    offsets = {tp: o for tp, o in offsets.items() if o >= 0}
+    if not offsets:
+        return
+    seeder = kafka_consumer(settings, group=group)
+    await seeder.start()
+    try:
+        seeder.assign(list(offsets))
+        await seeder.commit({TopicPartition(t.topic, t.partition): o for t, o in offsets.items()})
+        log.info("%s: adopted the faust group's offsets on %s: %s", group, topic, offsets)
+    except KafkaError as exc:  # another worker's group is already running: it owns them
+        log.info("%s: offsets not adopted (%s)", group, exc)
+    finally:
+        await seeder.stop()
+
+
+class StatelessStages:
+    """The validator and authorizer loops of one streams worker (those in ``stages``)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        stages: frozenset[str],
+        catalog: Catalog,
+        feed: PolicyFeed,
+        keys: ContextKeys,
+        limits: Limits,
+        fetch: ResourceFetch,
+        tracer: Tracer,
+    ) -> None:
+        self._settings = settings
+        self._tracer = tracer
+        self._specs = [s for s in SPECS if s.name in stages]
+        self._handlers = {
+            "validator": validator_handler(catalog=catalog, limits=limits, feed=feed),
+            "authorizer": authorizer_handler(catalog=catalog, keys=keys, feed=feed, fetch=fetch),
+        }
+        self._loops: list[ConsumerLoop] = []
+        self._stopping = asyncio.Event()
+        self.finished = asyncio.Event()  # the loops ended and the clients are closed
+
+    def stop(self) -> None:
+        self._stopping.set()
+        for loop in self._loops:
+            loop.stop()
+
+    async def stopped(self, grace_seconds: float) -> None:
+        """Stop, and wait up to ``grace_seconds`` for the current batches to be committed."""
+        self.stop()
+        if self._specs:
+            try:
+                await asyncio.wait_for(self.finished.wait(), grace_seconds)
+            except TimeoutError:
+                log.warning("stateless stages still busy after %.0fs; not committed", grace_seconds)
+
+    async def run(self) -> None:
+        """Run every configured stage until stopped; the broker being away at start is
+        waited out."""
+        try:
+            await self._run()
+        finally:
+            self.finished.set()
+
+    async def _run(self) -> None:
+        if not self._specs:
+            return
+        settings = self._settings
+        producer = kafka_producer(settings)
+        consumers: list[AIOKafkaConsumer] = []
+        for spec in self._specs:
+            await retrying(
+                partial(adopt_offsets, settings, spec),
+                retry_on=(KafkaError, OSError),
+                what=f"{spec.name} offsets",
+                stop=self._stopping,
+            )
+            consumer = kafka_consumer(
+                settings,
+                settings.topic(spec.source),
+                group=settings.group(spec.group),
+                max_poll_records=BATCH_MAX,
+            )
+            consumers.append(consumer)
+            self._loops.append(
+                ConsumerLoop(
+                    settings,
+                    consumer,
+                    producer,
+                    stage=spec.stage.value,
+                    group=settings.group(spec.group),
+                    handle=self._handlers[spec.name],
+                    tracer=self._tracer,
+                    answers=spec.stage,
+                    retry_on=(StorageUnavailable,),
+                    max_records=BATCH_MAX,
+                    poll_ms=100,
+                )
+            )
+        if self._stopping.is_set():
+            return
+        await producer.start()
+        try:
+            for consumer in consumers:
+                await consumer.start()
+            log.info("stateless stages running: %s", ", ".join(s.name for s in self._specs))
+            await asyncio.gather(*(loop.run() for loop in self._loops))
+        finally:
+            for consumer in consumers:
+                await consumer.stop()
+            await producer.stop()
