@@ -13,6 +13,8 @@ import base64
 import hashlib
 import json
 import time
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,37 @@ ASYMMETRIC_ALGORITHMS = frozenset({"EdDSA", "RS256"})
 REQUIRED_CLAIMS = ("sub", "tenant", "exp", "iat", "aud", "iss")
 
 
+class VerifiedTokens:
+    """Actors of verified tokens by token, each until its ``exp`` (least recently used first
+    out beyond ``max_entries``). Only successes are kept: a refused token is checked in full
+    every time, and nothing here outlives the keys it was verified with."""
+
+    def __init__(self, max_entries: int = 10_000, clock: Callable[[], float] = time.time) -> None:
+        self._entries: OrderedDict[str, tuple[Actor, float]] = OrderedDict()
+        self._max = max_entries
+        self._clock = clock
+
+    def get(self, token: str, leeway_seconds: int) -> Actor | None:
+        found = self._entries.get(token)
+        if found is None:
+            return None
+        actor, expires = found
+        if self._clock() - leeway_seconds >= expires:  # PyJWT's own test of `exp`
+            del self._entries[token]
+            return None
+        self._entries.move_to_end(token)
+        return actor
+
+    def put(self, token: str, actor: Actor, expires: float) -> None:
+        self._entries[token] = (actor, expires)
+        self._entries.move_to_end(token)
+        while len(self._entries) > self._max:
+            self._entries.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
 @dataclass(frozen=True, kw_only=True)
 class ContextKeys:
     """Keys and expectations for verifying context tokens."""
@@ -41,6 +74,9 @@ class ContextKeys:
     public_keys: dict[str, jwt.PyJWK] = field(default_factory=dict)
     # Tenants whose calls must be bound to the agent runtime's key ("*": all tenants).
     binding_tenants: frozenset[str] = frozenset()
+    # Tokens verified with these keys, until they expire: an agent reuses one token for many
+    # calls, and its signature need not be checked again for each (verify_context_token).
+    verified: VerifiedTokens = field(default_factory=VerifiedTokens, compare=False, repr=False)
 
     def binding_required(self, tenant: str) -> bool:
         return "*" in self.binding_tenants or tenant in self.binding_tenants
@@ -152,7 +188,14 @@ def verify_context_token(token: str, keys: ContextKeys, *, check_expiry: bool = 
     """Verify ``token`` and return the actor it names, or raise `Unauthenticated`.
 
     ``check_expiry=False`` is for policy replay only: historical tokens are long expired, but
-    their signature, audience and issuer still prove who asked."""
+    their signature, audience and issuer still prove who asked.
+
+    A token verified before (with expiry) is answered from ``keys.verified`` until it
+    expires."""
+    if check_expiry:
+        known = keys.verified.get(token, keys.leeway_seconds)
+        if known is not None:
+            return known
     key, alg = _key_for(token, keys)
     try:
         claims = jwt.decode(
@@ -179,7 +222,7 @@ def verify_context_token(token: str, keys: ContextKeys, *, check_expiry: bool = 
     if not isinstance(roles, list) or not all(isinstance(r, str) for r in roles):
         raise Unauthenticated()
     try:
-        return Actor(
+        actor = Actor(
             sub=str(claims["sub"]),
             tenant=str(claims["tenant"]),
             roles=tuple(roles),
@@ -187,6 +230,10 @@ def verify_context_token(token: str, keys: ContextKeys, *, check_expiry: bool = 
         )
     except ValueError as exc:
         raise Unauthenticated() from exc
+    expires = claims["exp"]
+    if check_expiry and isinstance(expires, int | float):
+        keys.verified.put(token, actor, float(expires))
+    return actor
 
 
 # -- call binding (RFC 7800 `cnf` + a per-call proof, DPoP-style) --------------------------

@@ -12,7 +12,13 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
 
 from schemas.errors import ConfigurationError, Unauthenticated
-from schemas.identity import ContextKeys, issue_context_token, load_jwks, verify_context_token
+from schemas.identity import (
+    ContextKeys,
+    VerifiedTokens,
+    issue_context_token,
+    load_jwks,
+    verify_context_token,
+)
 from tests.unit.conftest import KEYS, token
 
 SECRET = KEYS.secret or ""
@@ -175,3 +181,37 @@ def test_jwks_with_private_key_or_no_alg_is_refused(tmp_path: Path) -> None:
     path.write_text(json.dumps({"keys": [{**ED_NEW_JWK, "kid": "x"}]}))
     with pytest.raises(ConfigurationError, match="alg"):
         load_jwks(path)
+
+
+def test_verified_token_is_answered_from_the_cache_until_it_expires() -> None:
+    now = [1_000_000.0]
+    keys = ContextKeys(
+        secret=SECRET,
+        audience=KEYS.audience,
+        issuer=KEYS.issuer,
+        leeway_seconds=0,
+        verified=VerifiedTokens(max_entries=2, clock=lambda: now[0]),
+    )
+    issued = issue_context_token(keys, sub="u", tenant="tenant-a", ttl_seconds=60)
+    expires = jwt.decode(issued, options={"verify_signature": False})["exp"]
+    actor = verify_context_token(issued, keys)
+    assert len(keys.verified) == 1
+    # A hit does not verify again: the cached actor is the same object.
+    now[0] = expires - 1
+    assert verify_context_token(issued, keys) is actor
+    # At expiry the entry goes, and the token is checked in full (PyJWT refuses it).
+    now[0] = expires
+    assert keys.verified.get(issued, keys.leeway_seconds) is None
+    assert len(keys.verified) == 0
+
+
+def test_token_cache_is_bounded_and_keeps_no_refusals() -> None:
+    cache = VerifiedTokens(max_entries=2)
+    actor = verify_context_token(token(), KEYS)
+    for name in ("a", "b", "c"):
+        cache.put(name, actor, time.time() + 60)
+    assert len(cache) == 2 and cache.get("a", 0) is None and cache.get("c", 0) is actor
+    keys = ContextKeys(secret=SECRET, audience=KEYS.audience, issuer=KEYS.issuer)
+    with pytest.raises(Unauthenticated):
+        verify_context_token("not-a-token", keys)
+    assert len(keys.verified) == 0
