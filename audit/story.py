@@ -374,6 +374,12 @@ _LOG_EVENTS: dict[str, tuple[str, str, tuple[str, ...], int]] = {
         ("operation_id", "status", "code", "policy_version", "approver", "auto_policy"),
         70,
     ),
+    "read": (
+        "executor",
+        "read executed (no ledger entry: a read has no effect to deduplicate): {status}",
+        ("operation_id", "status", "code", "policy_version"),
+        70,
+    ),
     "late_result": (
         "executor",
         "late result ignored (already settled)",

@@ -425,7 +425,7 @@ def _history_summary(kind: str, detail: Mapping[str, Any]) -> str:
         value = detail.get(key)
         return None if value is None else str(value)[:120]
 
-    if kind == "executed":
+    if kind in ("executed", "read"):
         return " ".join(
             p for p in (get("status"), f"({get('code')})" if get("code") else None) if p
         )

@@ -48,7 +48,7 @@ from commands.policy import PolicySource, authorize
 from executors.claims import Claim, ClaimKind, ClaimStore
 from executors.decisions import Dedup, dedup_decision, receipt_problem, status_for
 from executors.ledger import CommandLedger
-from schemas.envelopes import Actor, CommittedCommand, ErrorInfo, Outcome, Stage, Status
+from schemas.envelopes import Actor, CommittedCommand, Effect, ErrorInfo, Outcome, Stage, Status
 from schemas.errors import (
     ErrorCode,
     OutcomeUnknown,
@@ -168,6 +168,14 @@ class CommandExecutor:
 
     async def execute(self, command: CommittedCommand, *, trace_id: str | None) -> Execution:
         """Run ``command`` at most once in effect; return its one terminal outcome."""
+        tool = self._catalog.get(command.tool)
+        if (
+            command.effect is Effect.READ
+            and tool is not None
+            and tool.effect is Effect.READ
+            and tool.external is None
+        ):
+            return await self._read(command, trace_id)
         claim = await self._claim(command)
         if claim.kind is ClaimKind.DONE and claim.outcome is not None:
             return Execution(outcome=self._readdressed(claim.outcome, command))
@@ -191,6 +199,20 @@ class CommandExecutor:
                 command.tenant, command.idempotency_key, claim.fence, first.outcome
             )
         return first
+
+    async def _read(self, command: CommittedCommand, trace_id: str | None) -> Execution:
+        """A read has no effect to deduplicate: no claim, no ledger row. It runs the same
+        commit-time re-check and handler on one connection and is audited like any command;
+        asked again (same idempotency key), it answers with the data of that moment
+        (docs/execution.md, "Reads")."""
+        try:
+            async with self._pool.connection() as conn, conn.transaction():
+                ended, _ = await self._run(conn, command, 0, trace_id)  # no external effect
+                await self._audit_executed(conn, command, ended.outcome, kind="read")
+        except (psycopg.OperationalError, PoolTimeout) as exc:
+            raise StorageUnavailable() from exc
+        count_dedup("ledger", "skipped_read")
+        return ended
 
     async def _claim(self, command: CommittedCommand) -> Claim:
         """The Redis claim; waits (bounded by the lease) while a live owner holds it."""
@@ -292,13 +314,17 @@ class CommandExecutor:
         await self._audit_executed(conn, command, outcome)
 
     async def _audit_executed(
-        self, conn: Connection, command: CommittedCommand, outcome: Outcome
+        self,
+        conn: Connection,
+        command: CommittedCommand,
+        outcome: Outcome,
+        kind: str = "executed",
     ) -> None:
         await self._ledger.audit(
             conn,
             tenant=command.tenant,
             call_id=command.call_id,
-            kind="executed",
+            kind=kind,
             detail={
                 "operation_id": command.operation_id,
                 "tool": command.tool,

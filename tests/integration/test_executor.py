@@ -104,30 +104,67 @@ async def provider_faults(provider_url: str, **faults: Any) -> None:
         assert r.status == 200
 
 
-async def test_read_runs_once_and_replays_from_claim_and_ledger(
+async def test_read_takes_no_claim_and_writes_no_ledger_row(
     executor: CommandExecutor, pool: AsyncConnectionPool[Any], redis: Redis
 ) -> None:
+    """Reads have no effect to deduplicate (docs/execution.md, "Reads"): asked again with the
+    same key, a read runs again and answers with current data; each call is audited."""
     first = command("get_payment", {"payment_id": "pay_A1001"})
     outcome = await run(executor, first)
     assert outcome.status is Status.SUCCEEDED
     assert outcome.result is not None and outcome.result["currency"] == "EUR"
-    again = first.model_copy(update={"call_id": "c-retry"})
-    cached = await run(executor, again)
-    assert (cached.call_id, cached.result) == ("c-retry", outcome.result)
-    await redis.flushall()  # losing Redis must not run anything twice
+    again = first.model_copy(update={"call_id": f"{first.call_id}-retry"})
     assert (await run(executor, again)).result == outcome.result
-    assert (
-        await scalar(pool, "SELECT count(*) FROM audit_log WHERE call_id = %s", first.call_id) == 1
-    )
-
-
-async def test_same_key_other_arguments_is_conflict(executor: CommandExecutor) -> None:
-    first = command("get_payment", {"payment_id": "pay_A1001"})
-    assert (await run(executor, first)).status is Status.SUCCEEDED
     other = command("get_payment", {"payment_id": "pay_A1002"}, key=first.idempotency_key)
-    outcome = await run(executor, other)
-    assert outcome.status is Status.CONFLICT
-    assert outcome.error is not None and outcome.error.code is ErrorCode.CONFLICT
+    assert (await run(executor, other)).status is Status.SUCCEEDED  # no conflict for reads
+    assert (
+        await scalar(
+            pool, "SELECT count(*) FROM command_ledger WHERE operation_id = %s", first.operation_id
+        )
+        == 0
+    )
+    assert await redis.keys(f"*{first.idempotency_key}*") == []
+    for call_id in (first.call_id, again.call_id, other.call_id):
+        assert (
+            await scalar(
+                pool,
+                "SELECT count(*) FROM audit_log WHERE call_id = %s AND kind = 'read'",
+                call_id,
+            )
+            == 1
+        )
+
+
+async def test_write_replays_and_same_key_other_arguments_is_conflict(
+    executor: CommandExecutor, pool: AsyncConnectionPool[Any]
+) -> None:
+    arguments = {
+        "payment_id": "pay_A1001",
+        "account_holder": "Ada",
+        "account_number": "DE44500105175407324931",
+    }
+    first = command("add_payout_account", arguments, approved=True, roles=("refund",))
+    outcome = await run(executor, first)
+    assert outcome.status is Status.SUCCEEDED, outcome.error
+    again = first.model_copy(update={"call_id": f"{first.call_id}-retry"})
+    replayed = await run(executor, again)
+    assert (replayed.call_id, replayed.result) == (again.call_id, outcome.result)
+    other = command(
+        "add_payout_account",
+        {**arguments, "account_holder": "Eve"},
+        key=first.idempotency_key,
+        approved=True,
+        roles=("refund",),
+    )
+    conflict = await run(executor, other)
+    assert conflict.status is Status.CONFLICT
+    assert conflict.error is not None and conflict.error.code is ErrorCode.CONFLICT
+    assert (
+        await scalar(
+            pool, "SELECT count(*) FROM command_ledger WHERE operation_id = %s", first.operation_id
+        )
+        == 1
+    )
 
 
 async def test_foreign_payment_is_not_found_at_commit(executor: CommandExecutor) -> None:
