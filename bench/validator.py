@@ -100,7 +100,7 @@ def main() -> int:
                         "baseline",
                     ],
                     [
-                        "validator stage in the faust worker (backlog drain)",
+                        "validator stage on the runtime loop, in the streams worker (backlog drain)",
                         f"{kafka['validator_calls_per_s']:,.0f} calls/s",
                         f"{ratio:.0%} of B1",
                     ],
@@ -108,8 +108,8 @@ def main() -> int:
                 ["what", "measured", "note"],
             ),
             "",
-            f"{n} envelopes of about {size:.0f} bytes each. The faust worker runs the validator "
-            "stage only (`RATIFIER_STREAMS_STAGES=validator`).",
+            f"{n} envelopes of about {size:.0f} bytes each. The streams worker runs the "
+            "validator stage only (`RATIFIER_STREAMS_STAGES=validator`).",
             "",
         ]
     )
