@@ -564,7 +564,7 @@ class ReconcilerService:
         if self._failures:
             log.info("reconciler recovered after %d failed cycles", self._failures)
             self._failures = 0
-            if self._loop is not None:
+            if self.health.started:  # else the loop says so when it starts
                 self.health.running()
         return result
 

@@ -7,7 +7,12 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import psycopg
+import pytest
+
+from commands.catalog import Catalog
 from executors.reconciler import (
+    ReconcilerService,
     WaitingCall,
     backoff_seconds,
     describe_failure,
@@ -19,6 +24,7 @@ from ratifier.ops import describe_unknown
 from schemas.envelopes import Outcome, Stage, Status
 from schemas.errors import OutcomeUnknown
 from schemas.names import Topic
+from schemas.settings import Settings
 from telemetry.tracing import TraceParent
 from tests.unit.conftest import NOW
 
@@ -150,3 +156,26 @@ def test_ops_unknown_says_why_and_who_waits() -> None:
     assert "next check: in 8s" in text
     assert "waiting calls (2): c-first, c-retry" in text
     assert "ESCALATED" in text and "waits for `ratifier ops resolve`" in text
+
+
+async def test_a_failed_cycle_says_why_and_a_later_one_recovers(catalog: Catalog) -> None:
+    """A dependency error fails the cycle only (raised for the caller's retry), and readiness
+    says why; the next successful cycle clears it."""
+    service = ReconcilerService(Settings(), catalog)
+    service.health.running()
+
+    async def database_down() -> None:
+        raise psycopg.OperationalError("connection refused")
+
+    async def fine() -> str:
+        return "done"
+
+    with pytest.raises(psycopg.OperationalError):
+        await service._cycle(database_down)
+    ready, body = service.health.readiness()
+    assert not ready
+    assert body["why"] == "OperationalError: connection refused"
+    assert service.health.liveness()[0]  # waiting, not wedged
+
+    assert await service._cycle(fine) == "done"
+    assert service.health.waiting is None
