@@ -8,13 +8,12 @@ import sys
 from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row
 
 from audit.masking import Masker
 from audit.story import Story, build_story, render
 from commands.catalog import Catalog
 from commands.sql import named_query
-from runtime.clients import database_conninfo
+from runtime.clients import database_conninfo, pg_connect
 from schemas.errors import StorageUnavailable
 from schemas.settings import Settings
 
@@ -32,7 +31,7 @@ def load_story(
         "tenant": tenant,
     }
     try:
-        with psycopg.connect(database_conninfo(settings), row_factory=dict_row) as conn:
+        with pg_connect(database_conninfo(settings), dict_rows=True) as conn:
             records = conn.execute(named_query(_PKG, "records_of_call"), params).fetchall()
             log = conn.execute(named_query(_PKG, "audit_log_of_call"), params).fetchall()
             operations = sorted(

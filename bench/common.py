@@ -140,6 +140,9 @@ def table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
 
 
 RESULTS = Path(__file__).parent / "RESULTS.md"
+HOPS = 4  # proposed → validated → authorized → committed → outcomes
+HOP_TOPICS = (Topic.PROPOSED, Topic.VALIDATED, Topic.AUTHORIZED, Topic.COMMITTED, Topic.OUTCOMES)
+BENCH_PAYMENTS = 256  # reads spread over this many payments (no single hot row)
 
 
 # --- worker processes, outcomes and CPU time: shared by every benchmark --------------------

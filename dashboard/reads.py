@@ -1,6 +1,7 @@
 """What the dashboard reads from PostgreSQL: the audit sink's `audit_records` (every record of
 every pipeline topic, under this deployment's topic prefix), the command ledger and the audit
-log. Read-only connections: the dashboard's one write is a signed decision on Kafka."""
+log. Read-only connections (`runtime.clients.pg_pool(..., read_only=True)`): the dashboard's
+one write is a signed decision on Kafka."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from typing import Any
 
 import psycopg
 from psycopg import errors as pg_errors
-from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from commands.sql import named_query
@@ -24,21 +24,6 @@ FEED_LIMIT = 200
 OPERATIONS_LIMIT = 50
 # Settled operations stay in the operations panel this long after their last change.
 SETTLED_VISIBLE = timedelta(days=1)
-
-
-def read_only_pool(database_url: str, *, max_size: int = 4) -> AsyncConnectionPool[Any]:
-    """A pool whose sessions refuse writes (PostgreSQL enforces it, not our discipline)."""
-    return AsyncConnectionPool(
-        database_url,
-        min_size=1,
-        max_size=max_size,
-        open=False,
-        kwargs={
-            "row_factory": dict_row,
-            "autocommit": True,
-            "options": "-c default_transaction_read_only=on",
-        },
-    )
 
 
 class DashboardReads:

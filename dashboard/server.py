@@ -33,8 +33,8 @@ from pydantic import ValidationError
 from approvals.inbox import HTTP_STATUS, approver_from, decision_for, publish_decision
 from approvals.signing import ApprovalKeys, approval_keys
 from dashboard import shaping
-from dashboard.reads import DashboardReads, read_only_pool
-from runtime.clients import database_conninfo
+from dashboard.reads import DashboardReads
+from runtime.clients import database_conninfo, pg_pool
 from runtime.health import health_response
 from schemas.envelopes import Actor, ApprovalVerdict
 from schemas.errors import (
@@ -215,7 +215,9 @@ READY_TIMEOUT_SECONDS = 2.0
 
 def create_app(settings: Settings, *, keys: ContextKeys | None = None) -> web.Application:
     app = web.Application(middlewares=[_errors_and_headers], client_max_size=256 * 1024)
-    pool = read_only_pool(database_conninfo(settings))
+    pool = pg_pool(
+        database_conninfo(settings), max_size=4, dict_rows=True, autocommit=True, read_only=True
+    )
     app[_READS] = DashboardReads(pool, prefix=settings.topic_prefix)
     app[_SETTINGS] = settings
     app[_KEYS] = keys or context_keys(settings)

@@ -20,8 +20,13 @@ any retry under the same idempotency key) is owed the settled outcome, readdress
 call id and trace. The settlement transaction writes those outcomes to an outbox
 (`settlement_outbox`); they are published, acknowledged by the broker, then marked, and
 unmarked ones are published again at start and on every cycle, so a crash between commit and
-publish loses nothing (a repeat is an identical outcome under the same call id). Database and
-broker errors never end the process: the cycle is retried with a capped backoff.
+publish loses nothing (a repeat is an identical outcome under the same call id).
+
+The process is the runtime's consumer loop (runtime/loop.py): its handler only acknowledges
+the wake-up records; its ``tick`` (after every poll) checks what is due and hands the owed
+outcomes to the loop, which publishes them with per-record isolation and waits out a broker
+outage. Database errors fail that tick only; it is retried on the runtime's backoff ladder
+with a fresh pool, and the process never exits for them.
 """
 
 from __future__ import annotations
@@ -29,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -37,9 +41,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
 from aiokafka.errors import KafkaError
-from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
@@ -47,8 +50,19 @@ from commands.catalog import Catalog, Connection, EffectRequest, HandlerResult
 from commands.sql import named_query
 from executors.ledger import CommandLedger
 from executors.service import crash_hook
-from runtime.clients import database_conninfo, kafka_consumer, kafka_producer
+from runtime.clients import (
+    database_conninfo,
+    kafka_consumer,
+    kafka_producer,
+    pg_pool,
+    start_kafka_client,
+)
+from runtime.emit import Emit
 from runtime.health import Health, serve_health
+from runtime.hop import record_emits_hop
+from runtime.loop import ConsumerLoop, Handled
+from runtime.retry import Stopped, retrying
+from runtime.signals import stop_on_signals
 from schemas.envelopes import ErrorInfo, Outcome, Stage, Status
 from schemas.errors import (
     ErrorCode,
@@ -59,20 +73,8 @@ from schemas.errors import (
 )
 from schemas.names import RECONCILER_GROUP, TRACEPARENT_HEADER, Topic
 from schemas.settings import Settings
-from telemetry.metrics import (
-    RECONCILIATIONS,
-    observe_record,
-    refresh_consumer_lag,
-    set_reconciliation_queue,
-)
-from telemetry.tracing import (
-    TraceParent,
-    Tracer,
-    format_traceparent,
-    new_trace_id,
-    traceparent_of,
-    tracer_from,
-)
+from telemetry.metrics import RECONCILIATIONS, set_reconciliation_queue
+from telemetry.tracing import TraceParent, Tracer, new_trace_id, traceparent_of, tracer_from
 
 log = logging.getLogger("ratifier.reconciler")
 _PKG = "executors"
@@ -81,15 +83,11 @@ MAX_REMEMBERED_PARENTS = 10_000
 # Due operations checked per cycle (one transaction each), and owed outcomes per publish.
 CHECKS_PER_CYCLE = 20
 OUTBOX_BATCH = 200
-# How long one cycle waits for a database connection and for the broker's acknowledgements.
+# How long a cycle waits for a database connection (a connection attempt included).
 CONNECT_TIMEOUT_SECONDS = 5.0
-PUBLISH_TIMEOUT_SECONDS = 15.0
-# A failed cycle (database or broker unavailable) is retried after this backoff: doubling from
-# the first delay, capped (docs/execution.md: the settlement bound).
-OUTAGE_RETRY_FIRST_SECONDS = 0.5
-OUTAGE_RETRY_CAP_SECONDS = 5.0
 LAST_CHECK_MAX_CHARS = 300
 
+# What fails a cycle (retried on the runtime's ladder), never the process.
 DependencyError = (
     psycopg.Error,
     PoolTimeout,
@@ -103,12 +101,6 @@ DependencyError = (
 def backoff_seconds(attempt: int, base: float, cap: float = 300.0) -> float:
     """Exponential, capped (five minutes unless configured otherwise)."""
     return float(min(base * 2**attempt, cap))
-
-
-def outage_retry_seconds(failures: int) -> float:
-    """Delay before retrying a cycle after ``failures`` consecutive failed cycles."""
-    first, cap = OUTAGE_RETRY_FIRST_SECONDS, OUTAGE_RETRY_CAP_SECONDS
-    return backoff_seconds(max(failures - 1, 0), first, cap)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -348,42 +340,35 @@ class Reconciler:
         return owed
 
     async def publish_owed(
-        self,
-        producer: AIOKafkaProducer,
-        settings: Settings,
-        *,
-        tracer: Tracer | None = None,
-        parents: dict[str, TraceParent] | None = None,
-        operation_id: str | None = None,
+        self, producer: AIOKafkaProducer, settings: Settings, *, operation_id: str
     ) -> int:
-        """Publish every outcome of the outbox not yet published (or those of one
-        operation), then mark them once the broker has acknowledged them; return how many.
-        A crash before the mark publishes them again: an identical outcome, same call id."""
-        published = 0
-        while True:
-            async with (
-                self._pool.connection() as conn,
-                conn.transaction(),
-                conn.cursor() as cur,
-            ):
-                await cur.execute(
-                    named_query(_PKG, "owed_outcomes"),
-                    {"operation_id": operation_id, "limit": OUTBOX_BATCH},
+        """Publish the unpublished outcomes of one operation's outbox at once (`ratifier ops
+        resolve`), then mark them once the broker has acknowledged them; return how many.
+        Should this fail, the running reconcilers publish them."""
+        outbox = Outbox(self._pool)
+        outcomes = await outbox.take(operation_id=operation_id)
+        try:
+            for handled in publications(outcomes, {}):
+                (emit,) = handled.emits
+                traceparent = record_emits_hop(
+                    Tracer(),
+                    "reconcile",
+                    handled.emits,
+                    parent=None,
+                    start_ns=time.time_ns(),
+                    end_ns=time.time_ns(),
                 )
-                rows = await cur.fetchall()
-                if not rows:
-                    return published
-                outcomes = [Outcome.model_validate(r["outcome"]) for r in rows]
-                await asyncio.wait_for(
-                    publish_outcomes(producer, settings, outcomes, tracer=tracer, parents=parents),
-                    timeout=PUBLISH_TIMEOUT_SECONDS,
+                await producer.send_and_wait(
+                    settings.topic(emit.topic),
+                    key=emit.key.encode() if emit.key is not None else None,
+                    value=emit.value.to_bytes(),
+                    headers=[(TRACEPARENT_HEADER, traceparent)],
                 )
-                await cur.execute(
-                    named_query(_PKG, "mark_published"), {"ids": [r["id"] for r in rows]}
-                )
-            published += len(rows)
-            if len(rows) < OUTBOX_BATCH:
-                return published
+        except BaseException:
+            await outbox.abandon()
+            raise
+        await outbox.acknowledged()
+        return len(outcomes)
 
     async def resolve(
         self, tenant: str, operation_id: str, *, applied: bool, reference: str | None, by: str
@@ -452,104 +437,254 @@ class Reconciler:
             )
 
 
-def _hop(tracer: Tracer, outcome: Outcome, parent: TraceParent | None, started: int) -> bytes:
-    """Count a reconciled outcome, record its span; the `traceparent` it is published with."""
-    ended = time.time_ns()
-    code = outcome.error.code.value if outcome.error is not None else None
-    observe_record(
-        "reconcile", status=outcome.status.value, code=code, seconds=(ended - started) / 1e9
-    )
-    trace_id = outcome.trace_id or new_trace_id()
-    span_id = tracer.record(
-        stage="reconcile",
-        trace_id=trace_id,
-        parent=parent,
-        start_ns=started,
-        end_ns=ended,
-        attributes={
-            "ratifier.stage": "reconcile",
-            "ratifier.status": outcome.status.value,
-            "ratifier.error_code": code,
-            "ratifier.call_id": outcome.call_id,
-            "ratifier.tool": outcome.tool,
-        }
-        if tracer.enabled
-        else {},
-    )
-    return format_traceparent(trace_id, span_id)
+class Outbox:
+    """Unpublished outcomes of the settlement outbox, taken (row-locked) in a transaction held
+    open until the broker has acknowledged them (:meth:`acknowledged` marks them and commits)
+    or they are given up (:meth:`abandon`): a concurrent reconciler skips them meanwhile, and
+    a crash before the mark leaves them unmarked, to be published again."""
+
+    def __init__(self, pool: AsyncConnectionPool[Any]) -> None:
+        self._pool = pool
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._ids: list[int] = []
+
+    async def take(
+        self, *, operation_id: str | None = None, limit: int = OUTBOX_BATCH
+    ) -> list[Outcome]:
+        """Lock and return up to ``limit`` unpublished outcomes (of one operation, or all),
+        oldest first."""
+        await self.abandon()
+        conn = self._conn = await self._pool.getconn()
+        async with conn.cursor() as cur:
+            await cur.execute(
+                named_query(_PKG, "owed_outcomes"), {"operation_id": operation_id, "limit": limit}
+            )
+            rows = await cur.fetchall()
+        if not rows:
+            await self.abandon()
+            return []
+        self._ids = [int(r["id"]) for r in rows]
+        return [Outcome.model_validate(r["outcome"]) for r in rows]
+
+    async def acknowledged(self) -> None:
+        """The outcomes taken last are acknowledged by the broker: mark them published."""
+        conn = self._conn
+        if conn is None:
+            return
+        async with conn.cursor() as cur:
+            await cur.execute(named_query(_PKG, "mark_published"), {"ids": self._ids})
+        await conn.commit()
+        await self._release()
+
+    async def abandon(self) -> None:
+        """Give the outcomes taken last back, unmarked (published again later)."""
+        if self._conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                await self._conn.rollback()
+            await self._release()
+
+    async def _release(self) -> None:
+        conn, self._conn, self._ids = self._conn, None, []
+        if conn is not None:
+            with contextlib.suppress(psycopg.Error, PoolTimeout):
+                await self._pool.putconn(conn)
 
 
-async def publish_outcomes(
-    producer: AIOKafkaProducer,
-    settings: Settings,
-    outcomes: list[Outcome],
-    *,
-    tracer: Tracer | None = None,
-    parents: dict[str, TraceParent] | None = None,
-    started: int | None = None,
-) -> None:
-    """Publish reconciled outcomes, each in its call's trace, and wait for the broker's
-    acknowledgements; ``parents`` (operation id to the executor's hop, from
-    `commands.unknown`) links a span to the executor's when it is in the same trace."""
-    tracer = tracer or Tracer()
-    parents = parents if parents is not None else {}
-    begun = started or time.time_ns()
-    futures = []
-    for o in outcomes:
-        parent = parents.get(o.operation_id or "")
-        if parent is not None and parent.trace_id != o.trace_id:
-            parent = None  # the executor's hop of another call waiting on this operation
-        futures.append(
-            await producer.send(
-                settings.topic(Topic.OUTCOMES),
-                key=o.call_id.encode(),
-                value=o.to_bytes(),
-                headers=[(TRACEPARENT_HEADER, _hop(tracer, o, parent, begun))],
+def publications(outcomes: Sequence[Outcome], parents: dict[str, TraceParent]) -> list[Handled]:
+    """Owed outcomes as the loop publishes them, each its own hop in its call's trace.
+    ``parents`` (operation id to the executor's hop, from `commands.unknown`) links a span to
+    the executor's when it is in the same trace (another waiting call's trace is not)."""
+    handled = []
+    for outcome in outcomes:
+        parent = parents.get(outcome.operation_id or "")
+        handled.append(
+            Handled(
+                emits=(Emit(topic=Topic.OUTCOMES, key=outcome.call_id, value=outcome),),
+                call_id=outcome.call_id,
+                tool=outcome.tool,
+                tenant=outcome.tenant,
+                trace_id=outcome.trace_id,
+                parent=parent
+                if parent is not None and parent.trace_id == outcome.trace_id
+                else None,
             )
         )
-    for future in futures:
-        await future
-    for o in outcomes:
-        parents.pop(o.operation_id or "", None)
+    for outcome in outcomes:
+        parents.pop(outcome.operation_id or "", None)
+    return handled
 
 
-def _new_pool(settings: Settings) -> AsyncConnectionPool[Any]:
-    return AsyncConnectionPool(
-        database_conninfo(settings),
-        min_size=1,
-        max_size=2,
-        open=False,
-        timeout=CONNECT_TIMEOUT_SECONDS,
-        check=AsyncConnectionPool.check_connection,
-        kwargs={"row_factory": dict_row, "connect_timeout": int(CONNECT_TIMEOUT_SECONDS)},
-    )
+class ReconcilerService:
+    """The reconciler's handler and tick on the runtime's consumer loop (runtime/loop.py)."""
 
+    def __init__(
+        self,
+        settings: Settings,
+        catalog: Catalog,
+        *,
+        prepare: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        self._settings = settings
+        self._catalog = catalog
+        self._prepare = prepare
+        self.health = Health.of("reconciler", settings)
+        self.stopping = asyncio.Event()
+        self._crash = crash_hook(settings.reconciler_crash_at)
+        self._tracer = tracer_from(settings, service="reconciler")
+        self._parents: dict[str, TraceParent] = {}
+        self._loop: ConsumerLoop | None = None
+        self._pool: AsyncConnectionPool[Any] | None = None
+        self._reconciler: Reconciler | None = None
+        self._outbox: Outbox | None = None
+        # Created (again) until they start: the broker may be down when the reconciler starts.
+        self._producer: AIOKafkaProducer | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+        self._failures = 0
+        self._metrics_due = 0.0
 
-def _new_consumer(settings: Settings) -> AIOKafkaConsumer:
-    return kafka_consumer(
-        settings, settings.topic(Topic.UNKNOWN), group=settings.group(RECONCILER_GROUP)
-    )
+    def stop(self) -> None:
+        self.stopping.set()
+        if self._loop is not None:
+            self._loop.stop()
 
+    async def _cycle(self, step: Callable[[], Awaitable[Any]]) -> Any:
+        """Run ``step``; a dependency error fails this cycle only (the caller retries it):
+        the service says why it waits, and a database error drops the pool (psycopg's own
+        reconnection backs off without a cap; the next cycle opens a fresh one)."""
+        try:
+            result = await step()
+        except DependencyError as exc:
+            why = f"{type(exc).__name__}: {str(exc) or 'no answer in time'}"
+            self._failures += 1
+            self.health.waiting_for(why)
+            log.warning("reconciler cycle failed (%s)", why)
+            if isinstance(exc, psycopg.Error | PoolTimeout | StorageUnavailable):
+                await self._drop_pool()
+            raise
+        if self._failures:
+            log.info("reconciler recovered after %d failed cycles", self._failures)
+            self._failures = 0
+            if self.health.started:  # else the loop says so when it starts
+                self.health.running()
+        return result
 
-def _new_producer(settings: Settings) -> AIOKafkaProducer:
-    return kafka_producer(settings)
+    async def _connect(self) -> Reconciler:
+        if self._reconciler is None:
+            pool = pg_pool(
+                database_conninfo(self._settings),
+                max_size=2,
+                dict_rows=True,
+                connect_timeout=CONNECT_TIMEOUT_SECONDS,
+            )
+            try:
+                await pool.open(wait=True, timeout=CONNECT_TIMEOUT_SECONDS)
+            except BaseException:
+                await pool.close(timeout=1.0)
+                raise
+            self._pool, self._outbox = pool, Outbox(pool)
+            self._reconciler = Reconciler(
+                pool=pool,
+                catalog=self._catalog,
+                attempts=self._settings.reconcile_attempts,
+                backoff_base=self._settings.reconcile_backoff_seconds,
+                backoff_cap=self._settings.reconcile_backoff_cap_seconds,
+            )
+        return self._reconciler
 
+    async def _drop_pool(self) -> None:
+        if self._outbox is not None:
+            await self._outbox.abandon()
+        if self._pool is not None:
+            await self._pool.close(timeout=1.0)
+        self._pool = self._reconciler = self._outbox = None
 
-async def _start(client: AIOKafkaConsumer | AIOKafkaProducer) -> None:
-    """Start a Kafka client; one that failed to start is stopped (the next try uses a new
-    one)."""
-    try:
-        await client.start()
-    except BaseException:
-        with contextlib.suppress(Exception):
-            await client.stop()
-        raise
+    async def _start(self) -> None:
+        """Prepare (migrations check, topics), start the Kafka clients, open the pool; what
+        failed to start is built anew on the next try."""
+        settings = self._settings
+        if self._prepare is not None:
+            await self._prepare()
+            self._prepare = None
+        if self._producer is None:
+            producer = kafka_producer(settings)
+            await start_kafka_client(producer, settings.kafka)
+            self._producer = producer
+        if self._consumer is None:
+            consumer = kafka_consumer(
+                settings, settings.topic(Topic.UNKNOWN), group=settings.group(RECONCILER_GROUP)
+            )
+            await start_kafka_client(consumer, settings.kafka)
+            self._consumer = consumer
+        await self._connect()
 
+    async def _wake_up(self, records: Sequence[ConsumerRecord[bytes, bytes]]) -> list[Handled]:
+        """New unknown operations are already in the ledger as `unknown`: the records only
+        wake the reconciler up, and carry the executor's hop to link the settlement's span
+        to."""
+        for record in records:
+            parent = traceparent_of(record.headers)
+            if parent and record.key and len(self._parents) < MAX_REMEMBERED_PARENTS:
+                self._parents[record.key.decode(errors="replace")] = parent
+        return [Handled(observe=False)] * len(records)
 
-async def _pause(stopping: asyncio.Event, seconds: float) -> None:
-    """Sleep, but wake at once when the process is asked to stop."""
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stopping.wait(), timeout=seconds)
+    async def _tick(self) -> list[Handled]:
+        return list(await self._cycle(self._due))
+
+    async def _due(self) -> list[Handled]:
+        """One cycle: mark what the last cycle handed to the loop (the loop runs the next
+        tick only once all of it is acknowledged), check what is due, and hand the loop
+        every outcome still owed, locked until the next cycle marks it."""
+        reconciler = await self._connect()
+        assert self._outbox is not None
+        await self._outbox.acknowledged()
+        if await reconciler.run_due():
+            self._crash("after_settle")  # crash tests: settled and committed, not published
+        if time.monotonic() >= self._metrics_due:
+            self._metrics_due = time.monotonic() + METRICS_REFRESH_SECONDS
+            await reconciler.refresh_queue_metrics()
+        return publications(await self._outbox.take(), self._parents)
+
+    async def run(self) -> None:
+        """Start (retried until the database and the broker answer), then run the loop."""
+        settings = self._settings
+        await self._catalog.start(settings)
+        try:
+            await retrying(
+                lambda: self._cycle(self._start),
+                retry_on=DependencyError,
+                what="reconciler start",
+                stop=self.stopping,
+            )
+            assert self._consumer is not None
+            loop = self._loop = ConsumerLoop(
+                settings,
+                self._consumer,
+                self._producer,
+                stage="reconcile",
+                group=settings.group(RECONCILER_GROUP),
+                handle=self._wake_up,
+                tracer=self._tracer,
+                # A settled outcome the broker refuses is dead-lettered and answered without
+                # its result, never replaced by a made-up failure.
+                answers=None,
+                retry_on=DependencyError,
+                tick=self._tick,
+                poll_ms=500,
+                max_records=500,
+                health=self.health,
+            )
+            if self.stopping.is_set():
+                loop.stop()
+            log.info("reconciler started on %s", settings.topic(Topic.UNKNOWN))
+            await loop.run()
+        finally:
+            await self._drop_pool()
+            if self._consumer is not None:
+                await self._consumer.stop()
+            if self._producer is not None:
+                await self._producer.stop()
+            await self._catalog.stop()
+            self._tracer.shutdown()
 
 
 async def run_reconciler(
@@ -558,105 +693,16 @@ async def run_reconciler(
     *,
     prepare: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
-    """Wake on `commands.unknown`, check what is due, publish what is owed; on a database or
-    broker error, back off and retry the cycle (a fresh database pool each time: psycopg's
-    own reconnection backs off without a cap), never exit. ``prepare`` (migrations, topics)
-    runs first, retried the same way."""
-    stopping = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stopping.set)
-    crash = crash_hook(settings.reconciler_crash_at)
-    await catalog.start(settings)
-    health = Health.of("reconciler", settings)
-    close_metrics = await serve_health(
-        settings.metrics_host, settings.reconciler_metrics_port, health
+    """Serve health at once; ``prepare`` (migrations check, topics) and connecting are
+    retried until the database and the broker answer; then run until SIGTERM / SIGINT."""
+    service = ReconcilerService(settings, catalog, prepare=prepare)
+    stop_on_signals(service.stop)
+    close = await serve_health(
+        settings.metrics_host, settings.reconciler_metrics_port, service.health
     )
-    tracer = tracer_from(settings, service="reconciler")
-    group = settings.group(RECONCILER_GROUP)
-    parents: dict[str, TraceParent] = {}
-    pool: AsyncConnectionPool[Any] | None = None
-    reconciler: Reconciler | None = None
-    # Created (again) until they start: the broker may be down when the reconciler starts.
-    producer: AIOKafkaProducer | None = None
-    consumer: AIOKafkaConsumer | None = None
-    metrics_due = 0.0
-    failures = 0
-    log.info("reconciler starting on %s", settings.topic(Topic.UNKNOWN))
     try:
-        while not stopping.is_set():
-            try:
-                if prepare is not None:
-                    await prepare()
-                    prepare = None
-                if producer is None:
-                    fresh_producer = _new_producer(settings)
-                    await _start(fresh_producer)
-                    producer = fresh_producer
-                if consumer is None:
-                    fresh_consumer = _new_consumer(settings)
-                    await _start(fresh_consumer)
-                    consumer = fresh_consumer
-                if pool is None or reconciler is None:
-                    pool = _new_pool(settings)
-                    await pool.open(wait=True, timeout=CONNECT_TIMEOUT_SECONDS)
-                    reconciler = Reconciler(
-                        pool=pool,
-                        catalog=catalog,
-                        attempts=settings.reconcile_attempts,
-                        backoff_base=settings.reconcile_backoff_seconds,
-                        backoff_cap=settings.reconcile_backoff_cap_seconds,
-                    )
-                # New unknown operations are already in the ledger as `unknown`; the topic is
-                # a wake-up call, and its offsets are committed once they are seen.
-                if not health.started:
-                    health.running()
-                batches = await consumer.getmany(timeout_ms=500, max_records=500)
-                health.polled()
-                for records in batches.values():
-                    for record in records:
-                        parent = traceparent_of(record.headers)
-                        if parent and record.key and len(parents) < MAX_REMEMBERED_PARENTS:
-                            parents[record.key.decode(errors="replace")] = parent
-                # Whatever an earlier cycle or process settled and did not publish, first.
-                await reconciler.publish_owed(producer, settings, tracer=tracer, parents=parents)
-                if await reconciler.run_due():
-                    crash("after_settle")  # crash tests: settled and committed, not published
-                    await reconciler.publish_owed(
-                        producer, settings, tracer=tracer, parents=parents
-                    )
-                if batches:
-                    await consumer.commit()
-                if time.monotonic() >= metrics_due:
-                    metrics_due = time.monotonic() + METRICS_REFRESH_SECONDS
-                    await refresh_consumer_lag(consumer, group)
-                    await health.observe(consumer)
-                    await reconciler.refresh_queue_metrics()
-                if failures:
-                    log.info("reconciler recovered after %d failed cycles", failures)
-                failures = 0
-            except DependencyError as exc:
-                health.waiting_for(f"{type(exc).__name__}: {str(exc) or 'no answer in time'}")
-                health.started = False
-                failures += 1
-                delay = outage_retry_seconds(failures)
-                log.warning(
-                    "reconciler cycle failed (%s: %s); retry in %.1fs",
-                    type(exc).__name__,
-                    str(exc) or "no answer in time",
-                    delay,
-                )
-                if pool is not None and isinstance(exc, (psycopg.Error, PoolTimeout)):
-                    await pool.close(timeout=1.0)
-                    pool = reconciler = None
-                await _pause(stopping, delay)
+        await service.run()
+    except Stopped:
+        log.info("reconciler stopped before it connected")
     finally:
-        await close_metrics()
-        tracer.shutdown()
-        if consumer is not None:
-            await consumer.stop()
-        if producer is not None:
-            await producer.stop()
-        await catalog.stop()
-        if pool is not None:
-            await pool.close()
+        await close()

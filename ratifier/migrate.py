@@ -12,6 +12,7 @@ import psycopg
 
 from commands.catalog import Catalog, load_catalog
 from commands.sql import named_query
+from runtime.clients import pg_connect
 from schemas.errors import ConfigurationError, StorageUnavailable
 
 log = logging.getLogger("ratifier.migrate")
@@ -41,7 +42,7 @@ def migrate(
     files = _pending_files(directory, _catalog(catalog))
     applied: list[str] = []
     try:
-        with psycopg.connect(database_url, autocommit=True) as conn:
+        with pg_connect(database_url, autocommit=True) as conn:
             lock = {"lock_id": ADVISORY_LOCK_ID}
             conn.execute(named_query(_PKG, "advisory_lock"), lock)
             try:
@@ -76,7 +77,7 @@ def pending_migrations(
     """The migrations (ours, then the catalog's) that the database has not applied yet."""
     wanted = [version for version, _path in _pending_files(directory, _catalog(catalog))]
     try:
-        with psycopg.connect(database_url, autocommit=True) as conn:
+        with pg_connect(database_url, autocommit=True) as conn:
             present = conn.execute(named_query(_PKG, "schema_migrations_present")).fetchone()
             if present is None or not present[0]:
                 return wanted

@@ -11,11 +11,13 @@ answered (docs/reliability.md, "Limits").
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import ssl
 from pathlib import Path
 from typing import Any
 
+import psycopg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.abc import AbstractTokenProvider
 from aiokafka.admin import AIOKafkaAdminClient
@@ -199,13 +201,18 @@ async def kafka_refusal(connection: KafkaConnection) -> ConfigurationError | Non
 
 async def start_kafka_client(client: Any, connection: KafkaConnection) -> None:
     """Start an aiokafka client; when the brokers refuse it (authentication, TLS), raise a
-    :class:`ConfigurationError` that says so instead of aiokafka's "Unable to bootstrap"."""
+    :class:`ConfigurationError` that says so instead of aiokafka's "Unable to bootstrap".
+    A client that failed to start is closed (it may hold connections and tasks): a retry
+    builds a new one."""
     try:
         await client.start()
-    except KafkaConnectionError as exc:
-        refusal = await kafka_refusal(connection)
-        if refusal is not None:
-            raise refusal from exc
+    except BaseException as exc:
+        with contextlib.suppress(Exception):
+            await (client.close() if isinstance(client, AIOKafkaAdminClient) else client.stop())
+        if isinstance(exc, KafkaConnectionError):
+            refusal = await kafka_refusal(connection)
+            if refusal is not None:
+                raise refusal from exc
         raise
 
 
@@ -245,19 +252,56 @@ def database_conninfo(settings: Settings) -> str:
     return make_conninfo(settings.database_url, **extra) if extra else settings.database_url
 
 
+def pg_options(
+    *, dict_rows: bool = False, autocommit: bool = False, read_only: bool = False
+) -> dict[str, Any]:
+    """The connection options of every PostgreSQL connection and pool: rows as dicts,
+    autocommit, and sessions that refuse writes (PostgreSQL enforces it, not our
+    discipline)."""
+    options: dict[str, Any] = {"row_factory": dict_row} if dict_rows else {}
+    if autocommit:
+        options["autocommit"] = True
+    if read_only:
+        options["options"] = "-c default_transaction_read_only=on"
+    return options
+
+
+def pg_connect(conninfo: str, **options: bool) -> psycopg.Connection[Any]:
+    """One (blocking) PostgreSQL connection on ``conninfo`` (:func:`database_conninfo`), for
+    commands that run a few statements (migrations, `ratifier audit show`); ``options`` as
+    :func:`pg_options`."""
+    return psycopg.connect(conninfo, **pg_options(**options))
+
+
+async def pg_connect_async(conninfo: str, **options: bool) -> psycopg.AsyncConnection[Any]:
+    """One asyncio PostgreSQL connection on ``conninfo``; ``options`` as :func:`pg_options`."""
+    return await psycopg.AsyncConnection.connect(conninfo, **pg_options(**options))
+
+
 def pg_pool(
     conninfo: str,
     *,
     max_size: int,
     min_size: int = 1,
-    dict_rows: bool = False,
-    autocommit: bool = False,
+    connect_timeout: float | None = None,
+    **options: bool,
 ) -> AsyncConnectionPool[Any]:
     """A PostgreSQL pool on ``conninfo`` (:func:`database_conninfo`), not opened yet
-    (``await pool.open(wait=True, timeout=...)``)."""
-    kwargs: dict[str, Any] = {"row_factory": dict_row} if dict_rows else {}
-    if autocommit:
-        kwargs["autocommit"] = True
+    (``await pool.open(wait=True, timeout=...)``); ``options`` as :func:`pg_options`. With
+    ``connect_timeout``, a connection is waited for (and attempted) that long at most, and
+    checked before it is handed out: a caller that must notice a database restart at once
+    (not one dead connection at a time)."""
+    kwargs = pg_options(**options)
+    if connect_timeout is None:
+        return AsyncConnectionPool(
+            conninfo, min_size=min_size, max_size=max_size, open=False, kwargs=kwargs
+        )
     return AsyncConnectionPool(
-        conninfo, min_size=min_size, max_size=max_size, open=False, kwargs=kwargs
+        conninfo,
+        min_size=min_size,
+        max_size=max_size,
+        open=False,
+        timeout=connect_timeout,
+        check=AsyncConnectionPool.check_connection,
+        kwargs=kwargs | {"connect_timeout": max(int(connect_timeout), 1)},
     )

@@ -231,7 +231,12 @@ class ConsumerLoop:
         self._health = health
         self.stopping = asyncio.Event()
         self._publisher = (
-            IsolatedPublisher(self._send, what=stage, stop=self.stopping)
+            IsolatedPublisher(
+                self._send,
+                what=stage,
+                stop=self.stopping,
+                beat=health.beat if health is not None else None,
+            )
             if producer is not None
             else None
         )

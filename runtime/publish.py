@@ -53,10 +53,26 @@ class Publication:
 
 
 class IsolatedPublisher:
-    def __init__(self, send: Send, *, what: str, stop: asyncio.Event | None = None) -> None:
+    """``beat``, when given, is called at every wait for the broker: a service waiting out a
+    broker outage is alive (its liveness probe must not restart it), not stuck."""
+
+    def __init__(
+        self,
+        send: Send,
+        *,
+        what: str,
+        stop: asyncio.Event | None = None,
+        beat: Callable[[], object] | None = None,
+    ) -> None:
         self._send_one = send
         self._what = what
         self._stop = stop
+        self._beat = beat
+
+    async def _wait(self, attempt: int) -> None:
+        if self._beat is not None:
+            self._beat()
+        await pause(backoff(attempt), self._stop)
 
     def refused(self, item: Publication, exc: BaseException) -> None:
         item.refusals += 1
@@ -83,7 +99,7 @@ class IsolatedPublisher:
                     self.refused(item, exc)
                     continue
                 log.warning("%s: broker unavailable (%s); retrying", self._what, exc)
-                await pause(backoff(attempt), self._stop)
+                await self._wait(attempt)
                 attempt += 1
 
     async def publish_all(self, items: Sequence[Publication]) -> None:
@@ -103,6 +119,6 @@ class IsolatedPublisher:
                     self.refused(item, refused)
                 else:
                     log.warning("%s: broker unavailable (%s); resending", self._what, errors[0])
-                    await pause(backoff(attempt), self._stop)
+                    await self._wait(attempt)
                     attempt += 1
                 await self.send(item)

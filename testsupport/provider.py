@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import secrets
-import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,6 +21,8 @@ from typing import Annotated, Any
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+
+from runtime.signals import stop_event
 
 MAX_KEY_LENGTH = 200
 
@@ -235,10 +236,7 @@ def bound_port(runner: web.AppRunner) -> int:
 
 
 async def _run(host: str, port: int) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_event()
     runner = await serve(host, port)
     try:
         print(f"provider listening on http://{host}:{bound_port(runner)}", flush=True)

@@ -19,13 +19,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import psycopg
-from psycopg.rows import dict_row
-
 from commands.catalog import Resource, load_catalog
 from commands.policy_feed import local_policies
 from ratifier.testing import Kit
-from runtime.clients import database_conninfo
+from runtime.clients import database_conninfo, pg_connect_async
 from schemas.envelopes import Actor, CallFormat, ProposedCall
 from schemas.errors import ConfigurationError
 from schemas.settings import Settings
@@ -60,8 +57,7 @@ async def check_call(settings: Settings, path: Path) -> Any:
             None if given is None else Resource.model_validate({"tenant": actor.tenant, **given})
         )
         return await kit._run(proposal, actor, resource=resource)
-    async with await psycopg.AsyncConnection.connect(
-        database_conninfo(settings), row_factory=dict_row
+    async with await pg_connect_async(
+        database_conninfo(settings), dict_rows=True, read_only=True
     ) as conn:
-        await conn.set_read_only(True)
         return await kit._run(proposal, actor, conn=conn)

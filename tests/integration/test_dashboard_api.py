@@ -16,9 +16,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from psycopg.types.json import Jsonb
 
 from approvals.signing import VerifiedDecision, approval_keys, verify_decision
-from dashboard.reads import read_only_pool
 from dashboard.server import create_app
 from ratifier.topics import delete_topics, ensure_topics
+from runtime.clients import pg_pool
 from schemas.envelopes import ApprovalDecision
 from schemas.identity import context_keys, issue_context_token
 from schemas.names import Topic
@@ -327,7 +327,9 @@ async def test_decisions_are_published_signed_and_bound(
 
 
 async def test_reads_cannot_write(settings: Settings) -> None:
-    pool = read_only_pool(settings.database_url)
+    pool = pg_pool(
+        settings.database_url, max_size=1, dict_rows=True, autocommit=True, read_only=True
+    )
     await pool.open(wait=True, timeout=10)
     try:
         async with pool.connection() as conn:

@@ -1,23 +1,31 @@
-"""The reconciler's pure parts: who is owed a settlement, its readdressing, the backoffs that
-bound how long an unknown call waits, and what `ratifier ops unknown` says."""
+"""The reconciler's pure parts: who is owed a settlement, its readdressing and publication,
+the check backoff that bounds how long an unknown call waits, and what `ratifier ops unknown`
+says."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 from typing import Any
 
+import psycopg
+import pytest
+
+from commands.catalog import Catalog
 from executors.reconciler import (
-    OUTAGE_RETRY_CAP_SECONDS,
+    ReconcilerService,
     WaitingCall,
     backoff_seconds,
     describe_failure,
-    outage_retry_seconds,
+    publications,
     readdressed,
     waiting_calls,
 )
 from ratifier.ops import describe_unknown
 from schemas.envelopes import Outcome, Stage, Status
 from schemas.errors import OutcomeUnknown
+from schemas.names import Topic
+from schemas.settings import Settings
+from telemetry.tracing import TraceParent
 from tests.unit.conftest import NOW
 
 
@@ -100,11 +108,27 @@ def test_check_backoff_doubles_up_to_its_cap() -> None:
     assert backoff_seconds(20, 1.0, cap=30.0) == 30.0
 
 
-def test_outage_retries_are_capped() -> None:
-    delays = [outage_retry_seconds(n) for n in range(1, 12)]
-    assert delays[0] == 0.5
-    assert delays == sorted(delays)
-    assert max(delays) == OUTAGE_RETRY_CAP_SECONDS
+def test_owed_outcomes_are_published_each_in_its_calls_trace() -> None:
+    """Each owed outcome is its own hop, keyed by its call; the executor's hop is its span's
+    parent only for the call in the same trace, and is forgotten once published."""
+    outcome = settled().model_copy(update={"operation_id": "tenant-a:k", "trace_id": "a" * 32})
+    owed = readdressed(
+        outcome,
+        [
+            WaitingCall(call_id="c-first", trace_id=None),
+            WaitingCall(call_id="c-retry", trace_id="b" * 32),
+        ],
+    )
+    executor_hop = TraceParent(trace_id="a" * 32, span_id="1" * 16)
+    parents = {"tenant-a:k": executor_hop, "tenant-a:other": executor_hop}
+    first, retry = publications(owed, parents)
+    assert [(e.topic, e.key, e.value) for e in first.emits] == [
+        (Topic.OUTCOMES, "c-first", owed[0])
+    ]
+    assert (first.call_id, first.trace_id, first.parent) == ("c-first", "a" * 32, executor_hop)
+    assert (retry.call_id, retry.trace_id, retry.parent) == ("c-retry", "b" * 32, None)
+    assert first.observe and first.failure is None
+    assert parents == {"tenant-a:other": executor_hop}
 
 
 def test_describe_failure_is_bounded() -> None:
@@ -132,3 +156,26 @@ def test_ops_unknown_says_why_and_who_waits() -> None:
     assert "next check: in 8s" in text
     assert "waiting calls (2): c-first, c-retry" in text
     assert "ESCALATED" in text and "waits for `ratifier ops resolve`" in text
+
+
+async def test_a_failed_cycle_says_why_and_a_later_one_recovers(catalog: Catalog) -> None:
+    """A dependency error fails the cycle only (raised for the caller's retry), and readiness
+    says why; the next successful cycle clears it."""
+    service = ReconcilerService(Settings(), catalog)
+    service.health.running()
+
+    async def database_down() -> None:
+        raise psycopg.OperationalError("connection refused")
+
+    async def fine() -> str:
+        return "done"
+
+    with pytest.raises(psycopg.OperationalError):
+        await service._cycle(database_down)
+    ready, body = service.health.readiness()
+    assert not ready
+    assert body["why"] == "OperationalError: connection refused"
+    assert service.health.liveness()[0]  # waiting, not wedged
+
+    assert await service._cycle(fine) == "done"
+    assert service.health.waiting is None

@@ -16,6 +16,7 @@ from aiokafka import TopicPartition
 from aiokafka.errors import CommitFailedError, KafkaConnectionError, MessageSizeTooLargeError
 
 from runtime.emit import Emit
+from runtime.health import Health
 from runtime.loop import ConsumerLoop, Handled, by_key, call_id_in, failed
 from runtime.retry import BACKOFF_SECONDS, Stopped, backoff, retrying
 from schemas.envelopes import DeadLetter, Outcome, SourcePosition, Stage, Status
@@ -208,6 +209,28 @@ async def test_a_broker_away_is_waited_out_not_skipped() -> None:
     assert producer.on(Topic.DEADLETTER) == []
     assert loop.dead_lettered == 0
     assert consumer.committed == [{TP: 1}]
+
+
+class CountingHealth(Health):
+    beats = 0
+
+    def beat(self) -> None:
+        self.beats += 1
+        super().beat()
+
+
+async def test_waiting_out_a_broker_keeps_the_service_alive() -> None:
+    """Every wait for the broker beats the service's liveness (a probe must not restart a
+    service that waits out a broker outage)."""
+    beats = []
+    for unavailable in (0, 2):
+        consumer, producer = FakeConsumer([{TP: [rec(0, b"ok:c-0")]}]), FakeProducer()
+        producer.unavailable = unavailable
+        health = CountingHealth("test")
+        await make_loop(consumer, producer, health=health).run()
+        assert consumer.committed == [{TP: 1}]
+        beats.append(health.beats)
+    assert beats[1] - beats[0] == 2
 
 
 async def test_storage_away_is_retried_and_a_stop_commits_nothing() -> None:

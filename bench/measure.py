@@ -1,0 +1,945 @@
+"""What `make bench` measures: every baseline and every ratifier figure, on the same broker,
+topics shape and envelope size. Each measurement returns a dict of named values;
+:class:`Measurements` runs them as steps (each under its own time limit, its error recorded
+instead of stopping the run, the whole under ``BUDGET_SECONDS``) and hands the results to
+:mod:`bench.report`, which renders bench/RESULTS.md from them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import math
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from aiokafka import AIOKafkaProducer
+from psycopg.types.json import Jsonb
+from redis.asyncio import Redis
+
+from approvals.signing import approval_keys, sign_decision, statement_for
+from bench import idle as idle_bench
+from bench.common import (
+    BENCH_PAYMENTS,
+    HOP_TOPICS,
+    HOPS,
+    BenchRun,
+    OutcomeWatcher,
+    Proposer,
+    agent_token,
+    cpu_seconds,
+    create_topics,
+    drain,
+    percentile,
+    read_envelopes,
+    reset_payments,
+)
+from bench.report import Results
+from commands.sql import named_query
+from schemas.envelopes import Actor, ApprovalVerdict
+from schemas.names import Topic
+
+BUDGET_SECONDS = 19 * 60
+
+log = logging.getLogger("bench")
+
+
+@dataclass
+class Measurements:
+    started: float = field(default_factory=time.monotonic)
+    values: dict[str, Any] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def left(self) -> float:
+        return BUDGET_SECONDS - (time.monotonic() - self.started)
+
+    async def step(
+        self, name: str, limit: float, action: Callable[[], Awaitable[dict[str, Any]]]
+    ) -> None:
+        limit = min(limit, self.left() - 30)
+        clock = time.monotonic() - self.started
+        if limit < 20:
+            self.errors[name] = "skipped: the run's time budget is spent"
+            print(f"[{clock:6.0f}s] {name}: skipped (budget)", flush=True)
+            return
+        print(f"[{clock:6.0f}s] {name} … (limit {limit:.0f} s)", flush=True)
+        began = time.monotonic()
+        try:
+            found = await asyncio.wait_for(action(), timeout=limit)
+            self.values.update(found)
+            shown = ", ".join(f"{k}={_short(v)}" for k, v in found.items())
+            print(f"          {name}: {shown}", flush=True)
+        except Exception as exc:
+            self.errors[name] = f"{type(exc).__name__}: {exc}"[:300]
+            print(f"          {name} FAILED: {self.errors[name]}", flush=True)
+            traceback.print_exc()
+        self.timings[name] = time.monotonic() - began
+
+    def results(self) -> Results:
+        """What was measured so far, with the machine as it is now (a later render must not
+        describe another one)."""
+        return Results(
+            values={**self.values, "machine": machine()},
+            errors=dict(self.errors),
+            timings=dict(self.timings),
+            total_seconds=time.monotonic() - self.started,
+        )
+
+
+def _short(v: Any) -> str:
+    return f"{v:,.1f}" if isinstance(v, float) else str(v)
+
+
+# --- baselines ---------------------------------------------------------------------------------
+
+
+async def baselines_kafka(n: int) -> dict[str, Any]:
+    run = BenchRun.create("baselines")
+    try:
+        await run.prepare()
+        p = run.settings.topic_prefix
+        hops = [f"{p}hop{i}" for i in range(HOPS + 1)]
+        faust_src, faust_dst = f"{p}faust.in", f"{p}faust.out"
+        await create_topics(run, [*hops, faust_src, faust_dst])
+        envelopes = read_envelopes(run.settings, n, uuid.uuid4().hex[:6])
+        out: dict[str, Any] = {"envelope_bytes": statistics.mean(len(e) for e in envelopes)}
+
+        def one_relay() -> list[Any]:
+            return [run.start_module("bench.relay", "b1-relay", hops[0], hops[1], f"{p}b1")]
+
+        rate, cpu = await drain(run, one_relay, hops[0], hops[1], n, envelopes, 300)
+        out |= {"B1": rate, "B1_cpu_us": cpu}
+
+        def chain() -> list[Any]:
+            return [
+                run.start_module("bench.relay", f"b2-relay{i}", hops[i], hops[i + 1], f"{p}b2-{i}")
+                for i in range(HOPS)
+            ]
+
+        # hops[0] already holds the backlog; the chain's groups start from the beginning.
+        rate, cpu = await drain(run, chain, hops[0], hops[HOPS], n, None, 300)
+        out |= {"B2": rate, "B2_cpu_us": cpu}
+
+        def identity() -> list[Any]:
+            return [run.start_module("bench.faust_identity", "b3-faust", faust_src, faust_dst)]
+
+        rate, cpu = await drain(run, identity, faust_src, faust_dst, n, envelopes, 300)
+        out |= {"B3": rate, "B3_cpu_us": cpu}
+        return out
+    finally:
+        await run.close()
+
+
+async def chain_latency(rate: float, seconds: float) -> dict[str, Any]:
+    """The latency floor of the design: a raw 4-hop aiokafka chain (same producer settings
+    as the pipeline) at a low constant rate; time from send to arrival after the last hop."""
+    from aiokafka import AIOKafkaConsumer
+
+    run = BenchRun.create("chainlat")
+    p = run.settings.topic_prefix
+    hops = [f"{p}lat{i}" for i in range(HOPS + 1)]
+    try:
+        await create_topics(run, hops)
+        for i in range(HOPS):
+            run.start_module("bench.relay", f"lat-relay{i}", hops[i], hops[i + 1], f"{p}lat-{i}")
+        consumer = AIOKafkaConsumer(
+            hops[HOPS],
+            bootstrap_servers=run.settings.kafka_bootstrap,
+            group_id=None,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+        )
+        producer = AIOKafkaProducer(
+            bootstrap_servers=run.settings.kafka_bootstrap, acks="all", linger_ms=2
+        )
+        await consumer.start()
+        await producer.start()
+        latencies: list[float] = []
+
+        async def arrivals(timeout_ms: int) -> None:
+            """Latency of each timed record that arrived after the last hop."""
+            batches = await consumer.getmany(timeout_ms=timeout_ms)
+            now = time.time()
+            for records in batches.values():
+                for r in records:
+                    head = (r.value or b"").split(b"|", 1)[0]
+                    if head not in (b"warm", b""):
+                        latencies.append((now - float(head)) * 1000)
+
+        warm = True
+        try:
+            padding = b"x" * 800
+            started = time.perf_counter()
+            sent = 0
+            # Warm-up until the relays' groups have joined and records flow.
+            while warm and time.perf_counter() - started < 120:
+                await producer.send_and_wait(hops[0], value=b"warm")
+                batches = await consumer.getmany(timeout_ms=1000)
+                warm = not any(batches.values())
+            began = time.perf_counter()
+            while time.perf_counter() - began < seconds:
+                due = int((time.perf_counter() - began) * rate) + 1
+                while sent < due:
+                    await producer.send(
+                        hops[0], value=f"{time.time():.6f}|".encode() + padding, key=b"%d" % sent
+                    )
+                    sent += 1
+                await arrivals(5)
+            end = time.perf_counter() + 10
+            while len(latencies) < sent and time.perf_counter() < end:
+                await arrivals(100)
+        finally:
+            await consumer.stop()
+            await producer.stop()
+        return {
+            "B2_lat_rate": rate,
+            "B2_lat_p50": percentile(latencies, 50),
+            "B2_lat_p99": percentile(latencies, 99),
+            "B2_lat_p999": percentile(latencies, 99.9),
+        }
+    finally:
+        await run.close()
+
+
+async def baseline_redis(n: int) -> dict[str, Any]:
+    run = BenchRun.create("redis")
+    redis = Redis.from_url(run.settings.redis_url)
+    prefix = f"{run.settings.topic_prefix}setnx:"
+    try:
+        started = time.perf_counter()
+        for i in range(n):
+            await redis.set(f"{prefix}a{i}", b"1", nx=True, px=60_000)
+        plain = n / (time.perf_counter() - started)
+        started = time.perf_counter()
+        for base in range(0, n * 10, 100):
+            pipe = redis.pipeline(transaction=False)
+            for i in range(base, base + 100):
+                pipe.set(f"{prefix}b{i}", b"1", nx=True, px=60_000)
+            await pipe.execute()
+        pipelined = n * 10 / (time.perf_counter() - started)
+        return {"B4_plain": plain, "B4_pipelined": pipelined}
+    finally:
+        await redis.aclose()
+
+
+def _ledger_params(run_id: str, i: int) -> dict[str, Any]:
+    return {
+        "tenant": "tenant-a",
+        "idempotency_key": f"b5-{run_id}-{i}",
+        "operation_id": f"tenant-a:b5-{run_id}-{i}",
+        "call_id": f"b5-{run_id}-{i}",
+        "tool": "get_payment",
+        "fingerprint": "f" * 64,
+        "fencing": 1,
+        "payment_id": f"pay_Z{i % BENCH_PAYMENTS:04d}",
+        "status": "succeeded",
+        "outcome": Jsonb({"status": "succeeded"}),
+        "kind": "executed",
+        "detail": Jsonb({"bench": True}),
+    }
+
+
+def _ledger_transaction(cur: psycopg.Cursor[Any], params: dict[str, Any]) -> None:
+    """The executor's ledger transaction for a read: claim, tenant-scoped FOR UPDATE
+    re-read, record the outcome, audit row."""
+    cur.execute(named_query("executors", "claim_operation"), params)
+    cur.execute(named_query("commands.payments", "payment_by_id_for_update"), params)
+    cur.execute(named_query("executors", "record_outcome"), params)
+    cur.execute(named_query("executors", "insert_audit"), params)
+
+
+async def baseline_postgres(n: int) -> dict[str, Any]:
+    def measure() -> dict[str, Any]:
+        url = BenchRun.create("pg").settings.database_url
+        run_id = uuid.uuid4().hex[:8]
+        with psycopg.connect(url) as conn:
+            started = time.perf_counter()
+            for i in range(n):
+                with conn.transaction(), conn.cursor() as cur:
+                    _ledger_transaction(cur, _ledger_params(run_id, i))
+            plain = n / (time.perf_counter() - started)
+            # Pipeline mode: 50 transactions in flight per sync, each still its own commit.
+            started = time.perf_counter()
+            with conn.pipeline() as pipe:
+                for i in range(n, n * 4):
+                    with conn.transaction(), conn.cursor() as cur:
+                        _ledger_transaction(cur, _ledger_params(run_id, i))
+                    if i % 50 == 0:
+                        pipe.sync()
+            pipelined = n * 3 / (time.perf_counter() - started)
+            # Grouped: 50 commands' ledger work in one transaction (one commit, one fsync).
+            started = time.perf_counter()
+            for base in range(n * 4, n * 7, 50):
+                with conn.transaction(), conn.cursor() as cur:
+                    for i in range(base, base + 50):
+                        _ledger_transaction(cur, _ledger_params(run_id, i))
+            grouped = n * 3 / (time.perf_counter() - started)
+        return {"B5_plain": plain, "B5_pipelined": pipelined, "B5_grouped": grouped}
+
+    return await asyncio.to_thread(measure)
+
+
+# --- pure stage costs (for T7) -----------------------------------------------------------------
+
+
+async def pure_costs(n: int) -> dict[str, Any]:
+    from bench.authorizer import pure as authorizer_pure
+    from bench.validator import pure as validator_pure
+    from schemas.identity import context_keys, verify_context_token
+    from schemas.settings import Settings
+
+    settings = Settings()
+    validate_us, _ = validator_pure(n)
+    single, batched = authorizer_pure(min(n, 4000), 200)
+    keys = context_keys(settings)
+    token = agent_token(settings)
+    started = time.process_time()  # CPU time: comparable with the stages' CPU per call
+    for _ in range(n):
+        verify_context_token(token, keys)
+    verify_us = (time.process_time() - started) / n * 1e6
+    return {
+        "pure_validate_us": validate_us,
+        "pure_verify_us": verify_us,
+        "pure_authorize_us": 1e6 / batched,
+        "pure_authorize_single_us": 1e6 / single,
+    }
+
+
+# --- ratifier stages, one at a time (throughput and CPU per call per stage) ---------------------
+
+
+def seed_payments(database_url: str) -> None:
+    with psycopg.connect(database_url) as conn:
+        for i in range(BENCH_PAYMENTS):
+            conn.execute(
+                "INSERT INTO payments (tenant, payment_id, customer_email, amount_minor, currency,"
+                " refundable_minor, status) VALUES ('tenant-a', %s, 'bench@example.com',"
+                " 1000000, 'EUR', 1000000, 'captured') ON CONFLICT DO NOTHING",
+                (f"pay_Z{i:04d}",),
+            )
+    reset_payments(database_url)
+
+
+def spread_envelopes(run: BenchRun, n: int) -> list[bytes]:
+    token = agent_token(run.settings)
+    from bench.common import read_proposal
+
+    tag = uuid.uuid4().hex[:6]
+    return [
+        read_proposal(token, f"s-{tag}-{i}", payment_id=f"pay_Z{i % BENCH_PAYMENTS:04d}")
+        for i in range(n)
+    ]
+
+
+async def stages_alone(n: int) -> dict[str, Any]:
+    """Each stage alone in its own worker draining the previous stage's output."""
+    run = BenchRun.create("stages")
+    out: dict[str, Any] = {}
+    try:
+        await run.prepare()
+        t = run.settings.topic
+        chain = [
+            ("validator", Topic.PROPOSED, Topic.VALIDATED),
+            ("authorizer", Topic.VALIDATED, Topic.AUTHORIZED),
+            ("approval-join", Topic.AUTHORIZED, Topic.COMMITTED),
+        ]
+        values: list[bytes] | None = spread_envelopes(run, n)
+        for stage, source, target in chain:
+
+            def start(stage: str = stage) -> list[Any]:
+                return [run.start("streams", f"stage-{stage}", RATIFIER_STREAMS_STAGES=stage)]
+
+            rate, cpu = await drain(run, start, t(source), t(target), n, values, 300)
+            out[f"stage_{stage}"] = rate
+            out[f"stage_{stage}_cpu_us"] = cpu
+            values = None
+
+        def executor() -> list[Any]:
+            return [run.start("executor", "stage-executor")]
+
+        rate, cpu = await drain(run, executor, t(Topic.COMMITTED), t(Topic.OUTCOMES), n, None, 300)
+        out |= {"stage_executor": rate, "stage_executor_cpu_us": cpu}
+        return out
+    finally:
+        await run.close()
+
+
+async def executor_drain(n: int, *, dedup: bool) -> tuple[float, float]:
+    """Fresh committed read commands (spread over the bench payments) drained by one
+    executor, with or without the Redis claim fast path."""
+    from bench.executor import read_commands
+
+    run = BenchRun.create("dedup" if dedup else "nodedup")
+    try:
+        await run.prepare()
+        commands = [
+            c.replace(b'"pay_A1001"', f'"pay_Z{i % BENCH_PAYMENTS:04d}"'.encode())
+            for i, c in enumerate(read_commands(run.settings, n))
+        ]
+        t = run.settings.topic
+        fast_path = "true" if dedup else "false"
+
+        def executor() -> list[Any]:
+            return [run.start("executor", "executor", RATIFIER_REDIS_FAST_PATH=fast_path)]
+
+        return await drain(run, executor, t(Topic.COMMITTED), t(Topic.OUTCOMES), n, commands, 300)
+    finally:
+        await run.close()
+
+
+async def executor_with_and_without_dedup(n: int) -> dict[str, Any]:
+    """T3: the two variants in A-B-B-A order (the machine's load drifts; this cancels a
+    linear drift), each figure the mean of its two drains."""
+    first_without = await executor_drain(n, dedup=False)
+    first_with = await executor_drain(n, dedup=True)
+    second_with = await executor_drain(n, dedup=True)
+    second_without = await executor_drain(n, dedup=False)
+    return {
+        "executor_nodedup": (first_without[0] + second_without[0]) / 2,
+        "executor_nodedup_cpu_us": (first_without[1] + second_without[1]) / 2,
+        "executor_dedup": (first_with[0] + second_with[0]) / 2,
+        "executor_dedup_cpu_us": (first_with[1] + second_with[1]) / 2,
+        "executor_drains": [first_without[0], first_with[0], second_with[0], second_without[0]],
+    }
+
+
+# --- the whole pipeline --------------------------------------------------------------------------
+
+
+@dataclass
+class Pipeline:
+    run: BenchRun
+    watcher: OutcomeWatcher
+    proposer: Proposer
+    workers: dict[str, Any]
+
+    def cpu(self) -> dict[str, float]:
+        return {name: cpu_seconds(w.process.pid) for name, w in self.workers.items()}
+
+
+async def start_pipeline(run: BenchRun, executors: int, streams: int = 1) -> Pipeline:
+    await run.prepare()
+    run.start_provider()
+    workers = {"streams": run.start("streams", "streams")}
+    for i in range(1, streams):
+        workers[f"streams{i}"] = run.start("streams", f"streams{i}")
+    for i in range(executors):
+        workers[f"executor{i}"] = run.start("executor", f"executor{i}")
+    watcher = OutcomeWatcher(run.settings)
+    await watcher.start()
+    proposer = Proposer(run.settings, watcher, agent_token(run.settings))
+    await proposer.start()
+    pipe = Pipeline(run=run, watcher=watcher, proposer=proposer, workers=workers)
+    if not await idle_bench.wait_ready(proposer, watcher, timeout=180):
+        raise RuntimeError("pipeline not ready in 180 s")
+    return pipe
+
+
+async def closed_loop(pipe: Pipeline, window: int, seconds: float, warmup: float) -> dict[str, Any]:
+    """Keep ``window`` calls in flight; count completions over ``seconds`` after warm-up."""
+    tag = uuid.uuid4().hex[:6]
+    issued: list[str] = []
+    done_before = 0
+    end = time.perf_counter() + warmup + seconds
+    measure_from = time.perf_counter() + warmup
+    cpu0: dict[str, float] | None = None
+    completed0 = 0
+    i = 0
+    while time.perf_counter() < end:
+        completed = sum(1 for c in issued[done_before:] if c in pipe.watcher.ended)
+        in_flight = len(issued) - done_before - completed
+        while in_flight < window:
+            call_id = f"cl-{tag}-{i}"
+            await pipe.proposer.propose(call_id, payment_id=f"pay_Z{i % BENCH_PAYMENTS:04d}")
+            issued.append(call_id)
+            i += 1
+            in_flight += 1
+        # Advance the low-water mark over finished calls.
+        while done_before < len(issued) and issued[done_before] in pipe.watcher.ended:
+            done_before += 1
+        if cpu0 is None and time.perf_counter() >= measure_from:
+            cpu0 = pipe.cpu()
+            completed0 = sum(1 for c in issued if c in pipe.watcher.ended)
+        await pipe.watcher.changed(0.05)
+    completed1 = sum(1 for c in issued if c in pipe.watcher.ended)
+    cpu1 = pipe.cpu()
+    assert cpu0 is not None
+    calls = max(completed1 - completed0, 1)
+    rate = calls / seconds
+    cpu_us = {name: (cpu1[name] - cpu0[name]) / calls * 1e6 for name in cpu1}
+    await pipe.watcher.wait(issued, timeout=60)  # let the tail drain before the next step
+    return {
+        "e2e_reads": rate,
+        "e2e_cpu_streams_us": sum(v for k, v in cpu_us.items() if k.startswith("streams")),
+        "e2e_cpu_executors_us": sum(v for k, v in cpu_us.items() if k.startswith("executor")),
+        "e2e_window": window,
+    }
+
+
+async def open_loop(
+    pipe: Pipeline,
+    rate: float,
+    seconds: float,
+    *,
+    tag: str,
+    during: Callable[[float], None] | None = None,
+) -> list[str]:
+    """Propose at a constant ``rate`` for ``seconds`` (schedule-driven, no coordinated
+    omission: a late tick sends what is due)."""
+    issued: list[str] = []
+    started = time.perf_counter()
+    i = 0
+    while True:
+        elapsed = time.perf_counter() - started
+        if elapsed >= seconds:
+            break
+        due = int(elapsed * rate) + 1
+        while i < due:
+            call_id = f"{tag}-{i}"
+            await pipe.proposer.propose(call_id, payment_id=f"pay_Z{i % BENCH_PAYMENTS:04d}")
+            issued.append(call_id)
+            i += 1
+        if during is not None:
+            during(elapsed)
+        await asyncio.sleep(0.002)
+    await pipe.proposer.flush()
+    return issued
+
+
+async def latency(pipe: Pipeline, rate: float, seconds: float) -> dict[str, Any]:
+    tag = f"ol-{uuid.uuid4().hex[:6]}"
+    issued = await open_loop(pipe, rate, seconds, tag=tag)
+    finished = await pipe.watcher.wait(issued, timeout=60)
+    ms = [
+        (o.at - o.proposed_at) * 1000
+        for c in issued
+        if (o := pipe.watcher.ended.get(c)) is not None
+    ]
+    hops = await hop_latencies(pipe, set(issued))
+    return {
+        **hops,
+        "lat_rate": rate,
+        "lat_samples": len(ms),
+        "lat_missing": len(issued) - len(ms),
+        "lat_complete": finished,
+        "lat_p50": percentile(ms, 50),
+        "lat_p99": percentile(ms, 99),
+        "lat_p999": percentile(ms, 99.9),
+    }
+
+
+async def hop_latencies(pipe: Pipeline, call_ids: set[str]) -> dict[str, Any]:
+    """p50 of the time between consecutive topics (broker append times of each call's
+    record), to see which stage the latency comes from."""
+    from aiokafka import AIOKafkaConsumer
+
+    settings = pipe.run.settings
+    stamps: dict[Topic, dict[str, int]] = {t: {} for t in HOP_TOPICS}
+    by_name = {settings.topic(t): t for t in HOP_TOPICS}
+    consumer = AIOKafkaConsumer(
+        *by_name,
+        bootstrap_servers=settings.kafka_bootstrap,
+        group_id=None,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        max_poll_records=5000,
+    )
+    await consumer.start()
+    try:
+        ends = await consumer.end_offsets(list(consumer.assignment()))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            batches = await consumer.getmany(timeout_ms=300, max_records=5000)
+            for tp, records in batches.items():
+                topic = by_name[tp.topic]
+                for r in records:
+                    try:
+                        call_id = json.loads(r.value or b"").get("call_id")
+                    except (ValueError, AttributeError):
+                        continue
+                    if call_id in call_ids and call_id not in stamps[topic]:
+                        stamps[topic][call_id] = r.timestamp
+            positions = [await consumer.position(tp) for tp in ends]
+            if all(p >= ends[tp] for p, tp in zip(positions, ends, strict=True)):
+                break
+    finally:
+        await consumer.stop()
+    out: dict[str, Any] = {}
+    for a, b in itertools.pairwise(HOP_TOPICS):
+        gaps = [stamps[b][c] - stamps[a][c] for c in stamps[b] if c in stamps[a]]
+        out[f"hop_{b.value}_p50_ms"] = percentile(gaps, 50)
+        out[f"hop_{b.value}_p99_ms"] = percentile(gaps, 99)
+    return out
+
+
+async def approved_writes(pipe: Pipeline, seconds: float, window: int) -> dict[str, Any]:
+    """Refunds of 1 minor unit, each approved by a bot as soon as its request appears."""
+    from aiokafka import AIOKafkaConsumer
+
+    settings = pipe.run.settings
+    refund_token = agent_token(settings, roles=("refund",), sub="bench-refunder")
+    # The approval service signs for the approver it authenticated (approvals.signing).
+    signing = approval_keys(settings)
+    approver = Actor(sub="bench-approver", tenant="tenant-a", roles=("approver",))
+    consumer = AIOKafkaConsumer(
+        settings.topic(Topic.APPROVALS_REQUESTED),
+        bootstrap_servers=settings.kafka_bootstrap,
+        group_id=None,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all", linger_ms=2)
+    await consumer.start()
+    await producer.start()
+    approved = 0
+
+    async def bot() -> None:
+        nonlocal approved
+        while True:
+            batches = await consumer.getmany(timeout_ms=100, max_records=1000)
+            for records in batches.values():
+                for r in records:
+                    request = json.loads(r.value or b"")
+                    decision = sign_decision(
+                        statement_for(
+                            call_id=request["call_id"],
+                            tenant=request["tenant"],
+                            fingerprint=request["fingerprint"],
+                            approver=approver,
+                            verdict=ApprovalVerdict.APPROVE,
+                            now=datetime.now(UTC),
+                            validity=signing.decision_validity,
+                        ),
+                        signing,
+                    )
+                    await producer.send(
+                        settings.topic(Topic.APPROVALS_DECIDED),
+                        key=decision.call_id.encode(),
+                        value=decision.to_bytes(),
+                    )
+                    approved += 1
+
+    bot_task = asyncio.create_task(bot())
+    writer = Proposer(settings, pipe.watcher, refund_token)
+    await writer.start()
+    tag = uuid.uuid4().hex[:6]
+    issued: list[str] = []
+    try:
+        started = time.perf_counter()
+        i = 0
+        while time.perf_counter() - started < seconds:
+            open_calls = sum(1 for c in issued[-window * 2 :] if c not in pipe.watcher.ended)
+            while open_calls < window:
+                call_id = f"w-{tag}-{i}"
+                await writer.propose(
+                    call_id,
+                    tool="propose_refund",
+                    payment_id=f"pay_Z{i % BENCH_PAYMENTS:04d}",
+                    amount_minor=1,
+                    reason="bench",
+                )
+                issued.append(call_id)
+                i += 1
+                open_calls += 1
+            await pipe.watcher.changed(0.05)
+        elapsed = time.perf_counter() - started
+        done = [pipe.watcher.ended[c] for c in issued if c in pipe.watcher.ended]
+        ok = sum(1 for o in done if o.status == "succeeded")
+        await pipe.watcher.wait(issued, timeout=60)
+        statuses: dict[str, int] = {}
+        for c in issued:
+            o = pipe.watcher.ended.get(c)
+            key = o.status if o else "open"
+            statuses[key] = statuses.get(key, 0) + 1
+        ms = [(o.at - o.proposed_at) * 1000 for o in done]
+        return {
+            "writes": ok / elapsed,
+            "writes_statuses": statuses,
+            "writes_p50": percentile(ms, 50),
+            "writes_approved": approved,
+        }
+    finally:
+        bot_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await bot_task
+        await writer.stop()
+        await consumer.stop()
+        await producer.stop()
+
+
+async def idle_short(pipe: Pipeline, idle_seconds: float) -> dict[str, Any]:
+    await asyncio.sleep(idle_seconds)
+    pids = [w.process.pid for w in pipe.workers.values()]
+    _closed, note = idle_bench.reap_connections(pids)
+    first = await idle_bench.one_call(pipe.proposer, pipe.watcher, timeout=60)
+    second = await idle_bench.one_call(pipe.proposer, pipe.watcher, timeout=60)
+    return {
+        "t5_short_first_ms": first["outcome_ms"] if first else None,
+        "t5_short_client_ms": first["client_ms"] if first else None,
+        "t5_short_second_ms": second["outcome_ms"] if second else None,
+        "t5_short_note": f"{idle_seconds:.0f} s idle, then {note}",
+    }
+
+
+async def kill_one(pipe: Pipeline, rate: float, seconds: float, kill_at: float) -> dict[str, Any]:
+    """Constant load; SIGKILL one executor at ``kill_at``; recovery from outcome times."""
+    victim = pipe.workers["executor1"]
+    killed_at: list[float] = []
+
+    def maybe_kill(elapsed: float) -> None:
+        if not killed_at and elapsed >= kill_at:
+            killed_at.append(time.time())
+            victim.kill()
+
+    tag = f"k-{uuid.uuid4().hex[:6]}"
+    issued = await open_loop(pipe, rate, seconds, tag=tag, during=maybe_kill)
+    complete = await pipe.watcher.wait(issued, timeout=90)
+    if not killed_at:
+        raise RuntimeError("the executor was not killed")
+    t_kill = killed_at[0]
+    ats = sorted(o.at for c in issued if (o := pipe.watcher.ended.get(c)) is not None)
+    buckets: dict[int, int] = {}
+    for at in ats:
+        second = math.floor(at - t_kill)
+        buckets[second] = buckets.get(second, 0) + 1
+    pre = [buckets.get(s, 0) for s in range(-int(kill_at) + 3, 0)]
+    pre_rate = statistics.mean(pre) if pre else rate
+    recovered = None
+    for s in range(0, int(seconds)):
+        window = [buckets.get(s + k, 0) for k in range(3)]
+        if all(v >= 0.9 * pre_rate for v in window):
+            recovered = s
+            break
+    # Duplicate effects: ledger entries and executed-audit rows per call of this run.
+    with psycopg.connect(pipe.run.settings.database_url) as conn:
+        ledger_dups = conn.execute(
+            "SELECT count(*) FROM (SELECT call_id FROM command_ledger WHERE tenant = 'tenant-a'"
+            " AND call_id LIKE %s GROUP BY tenant, idempotency_key HAVING count(*) > 1) d",
+            (f"{tag}-%",),
+        ).fetchone()
+        audit_dups = conn.execute(
+            "SELECT count(*) FROM (SELECT call_id FROM audit_log WHERE tenant = 'tenant-a'"
+            " AND call_id LIKE %s AND kind = 'executed' GROUP BY call_id HAVING count(*) > 1) d",
+            (f"{tag}-%",),
+        ).fetchone()
+        ledger_rows = conn.execute(
+            "SELECT count(*) FROM command_ledger WHERE tenant = 'tenant-a' AND call_id LIKE %s",
+            (f"{tag}-%",),
+        ).fetchone()
+    repeated_outcomes = sum(1 for c in issued if pipe.watcher.terminal_counts.get(c, 0) > 1)
+    return {
+        "t6_rate": rate,
+        "t6_pre_rate": pre_rate,
+        "t6_recovered_s": recovered,
+        "t6_complete": complete,
+        "t6_calls": len(issued),
+        "t6_finished": sum(1 for c in issued if c in pipe.watcher.ended),
+        "t6_ledger_rows": ledger_rows[0] if ledger_rows else None,
+        "t6_dup_ledger": ledger_dups[0] if ledger_dups else None,
+        "t6_dup_audit": audit_dups[0] if audit_dups else None,
+        "t6_repeated_outcomes": repeated_outcomes,
+        "t6_buckets": [buckets.get(s, 0) for s in range(-5, 25)],
+    }
+
+
+async def profile(pipe: Pipeline, seconds: int) -> dict[str, Any]:
+    """py-spy samples of the streams worker and one executor under closed-loop load."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(spy).exists():  # noqa: ASYNC240 - one stat
+        return {"profile": "py-spy not installed"}
+    out_dir = pipe.run.log_dir
+    procs = {}
+    for name in ("streams", "executor0"):
+        path = out_dir / f"profile-{name}.txt"
+        procs[name] = (
+            subprocess.Popen(  # noqa: ASYNC220 - runs beside the load, not awaited
+                [
+                    spy,
+                    "record",
+                    "--nonblocking",
+                    "-r",
+                    "50",
+                    "-d",
+                    str(seconds),
+                    "-f",
+                    "raw",
+                    "-o",
+                    str(path),
+                    "-p",
+                    str(pipe.workers[name].process.pid),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            ),
+            path,
+        )
+    await closed_loop(pipe, window=1000, seconds=seconds, warmup=1)
+    tops = {}
+    for name, (proc, path) in procs.items():
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+        tops[f"profile_{name}"] = top_frames(path)
+    return tops
+
+
+CATEGORIES = (
+    ("faust/", "faust + mode"),
+    ("mode/", "faust + mode"),
+    ("aiokafka/", "aiokafka"),
+    ("kafka/", "aiokafka"),
+    ("pydantic", "pydantic"),
+    ("psycopg", "psycopg"),
+    ("redis/", "redis-py"),
+    ("jwt/", "token (PyJWT, cryptography)"),
+    ("cryptography/", "token (PyJWT, cryptography)"),
+    ("cedarpy", "Cedar"),
+    ("asyncio/", "asyncio event loop"),
+    ("json/", "json"),
+    ("streams/", "ratifier code"),
+    ("executors/", "ratifier code"),
+    ("commands/", "ratifier code"),
+    ("schemas/", "ratifier code"),
+)
+
+
+def top_frames(path: Path, n: int = 10) -> dict[str, list[tuple[str, float]]]:
+    """From py-spy raw output: share of busy samples per library (by the innermost frame)
+    and the top functions by own time."""
+    if not path.exists():
+        return {}
+    own: dict[str, int] = {}
+    by_category: dict[str, int] = {}
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        try:
+            count = int(count_text)
+        except ValueError:
+            continue
+        total += count
+        leaf = stack.split(";")[-1]
+        name, _, where = leaf.partition(" (")
+        module = where.split(":", 1)[0]
+        category = next((c for marker, c in CATEGORIES if marker in module), "other")
+        by_category[category] = by_category.get(category, 0) + count
+        short = module.split("site-packages/")[-1].split("/work/wt/bench/")[-1]
+        key = f"{name} ({short})"
+        own[key] = own.get(key, 0) + count
+    share = max(total, 1)
+    return {
+        "categories": sorted(
+            ((k, c / share) for k, c in by_category.items()), key=lambda kv: -kv[1]
+        ),
+        "own": sorted(((k, c / share) for k, c in own.items()), key=lambda kv: -kv[1])[:n],
+    }
+
+
+async def whole_pipeline(report: Measurements) -> None:
+    run = BenchRun.create("pipeline")
+    pipe: Pipeline | None = None
+    try:
+        seed_payments(run.settings.database_url)
+
+        async def start() -> dict[str, Any]:
+            nonlocal pipe
+            pipe = await start_pipeline(run, executors=2)
+            return {}
+
+        await report.step("pipeline start (streams + 2 executors + provider)", 240, start)
+        if pipe is None:
+            return
+        p = pipe
+        await report.step("E2E read calls, closed loop", 120, lambda: closed_loop(p, 1000, 20, 5))
+        top = float(report.values.get("e2e_reads") or 100.0)
+        await report.step("T4 latency, open loop at 50 %", 120, lambda: latency(p, top / 2, 20))
+        await report.step(
+            "approved writes with a bot approver", 120, lambda: approved_writes(p, 15, 200)
+        )
+        await report.step("profile (py-spy) under closed-loop load", 90, lambda: profile(p, 12))
+        await report.step("T5 short: idle + reaped connections", 150, lambda: idle_short(p, 30))
+        await report.step(
+            "T6 kill one executor under load", 180, lambda: kill_one(p, top * 0.5, 40, 12)
+        )
+    finally:
+        if pipe is not None:
+            await pipe.proposer.stop()
+            await pipe.watcher.stop()
+        await run.close()
+
+
+# --- the machine -----------------------------------------------------------------------------------
+
+
+def _postgres_facts() -> str:
+    try:
+        with psycopg.connect(BenchRun.create("facts").settings.database_url) as conn:
+            rows = conn.execute(
+                "SELECT name, setting FROM pg_settings WHERE name IN "
+                "('server_version', 'synchronous_commit', 'fsync', 'commit_delay', "
+                "'shared_buffers', 'max_connections') ORDER BY name"
+            ).fetchall()
+    except psycopg.Error as exc:
+        return f"? ({type(exc).__name__})"
+    return ", ".join(f"{name}={setting}" for name, setting in rows)
+
+
+def machine() -> list[tuple[str, str]]:
+    def sh(*cmd: str) -> str:
+        try:
+            return subprocess.run(
+                cmd, capture_output=True, text=True, check=False, timeout=10
+            ).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            return "?"
+
+    cpu = "?"
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+    mem = "?"
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal"):
+            mem = f"{int(line.split()[1]) / 1024 / 1024:.1f} GiB"
+    load = Path("/proc/loadavg").read_text().split()[:3]
+    return [
+        ("date", f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC"),
+        (
+            "git commit",
+            sh("git", "rev-parse", "--short", "HEAD")
+            + (" (dirty)" if sh("git", "status", "--porcelain") else ""),
+        ),
+        ("CPU", f"{cpu}, {os.cpu_count()} cores"),
+        ("RAM", mem),
+        ("kernel", platform.release()),
+        ("Python", platform.python_version()),
+        (
+            "Kafka",
+            f"{os.environ.get('RATIFIER_KAFKA_VERSION', '4.4.0')} (one node, KRaft, loopback)",
+        ),
+        (
+            "PostgreSQL",
+            _postgres_facts(),
+        ),
+        ("load average at the end", " ".join(load)),
+    ]
