@@ -100,7 +100,7 @@ def main() -> int:
                         "baseline",
                     ],
                     [
-                        "validator stage on the runtime loop, in the streams worker (backlog drain)",
+                        "validator stage on the runtime loop (backlog drain)",
                         f"{kafka['validator_calls_per_s']:,.0f} calls/s",
                         f"{ratio:.0%} of B1",
                     ],
