@@ -59,6 +59,7 @@ from schemas.errors import (
     TransientFailure,
 )
 from schemas.settings import Settings
+from schemas.vocabulary import AuditKind, LedgerStatus
 from telemetry.metrics import count_dedup
 
 log = logging.getLogger("ratifier.executor")
@@ -244,7 +245,7 @@ class CommandExecutor:
         if verdict is Dedup.REPLAY and entry.outcome is not None:
             return Execution(outcome=self._readdressed(entry.outcome, command))
         # Started before and not finished: the effect may have happened. Never re-run it.
-        pending = entry.status == "effect_pending"
+        pending = entry.status == LedgerStatus.EFFECT_PENDING
         if not pending:
             # Answered `unknown` now: this call is owed the settlement (entry locked).
             await self._ledger.await_settlement(conn, command, trace_id=trace_id)
@@ -266,8 +267,8 @@ class CommandExecutor:
                 entry = await self._ledger.entry_for_update(conn, command)
                 if entry is None:
                     raise StorageUnavailable()
-                if entry.status != "effect_pending" or entry.fencing != fence:
-                    if entry.outcome is not None and entry.status != Status.UNKNOWN.value:
+                if entry.status != LedgerStatus.EFFECT_PENDING or entry.fencing != fence:
+                    if entry.outcome is not None and entry.status != LedgerStatus.UNKNOWN:
                         return Execution(outcome=self._readdressed(entry.outcome, command))
                     await self._ledger.await_settlement(
                         conn, command, trace_id=first.outcome.trace_id
@@ -298,7 +299,7 @@ class CommandExecutor:
             conn,
             tenant=command.tenant,
             call_id=command.call_id,
-            kind="executed",
+            kind=AuditKind.EXECUTED,
             detail={
                 "operation_id": command.operation_id,
                 "tool": command.tool,
@@ -459,7 +460,7 @@ class CommandExecutor:
                     conn,
                     tenant=command.tenant,
                     call_id=command.call_id,
-                    kind="late_result",
+                    kind=AuditKind.LATE_RESULT,
                     detail={
                         "operation_id": command.operation_id,
                         "late_status": outcome.status.value,
@@ -469,7 +470,7 @@ class CommandExecutor:
                 if (
                     entry is not None
                     and entry.outcome is not None
-                    and entry.status != Status.UNKNOWN.value
+                    and entry.status != LedgerStatus.UNKNOWN
                 ):
                     return Execution(outcome=self._readdressed(entry.outcome, command))
                 await self._ledger.await_settlement(conn, command, trace_id=trace_id)

@@ -59,6 +59,7 @@ from schemas.errors import (
 )
 from schemas.names import RECONCILER_GROUP, TRACEPARENT_HEADER, Topic
 from schemas.settings import Settings
+from schemas.vocabulary import AuditKind
 from telemetry.metrics import (
     RECONCILIATIONS,
     observe_record,
@@ -253,7 +254,7 @@ class Reconciler:
             conn,
             tenant=row["tenant"],
             call_id=row["call_id"],
-            kind="reconciled",
+            kind=AuditKind.RECONCILED,
             detail={
                 "operation_id": row["operation_id"],
                 "status": outcome.status.value,
@@ -315,7 +316,7 @@ class Reconciler:
             conn,
             tenant=row["tenant"],
             call_id=row["call_id"],
-            kind="escalated",
+            kind=AuditKind.ESCALATED,
             detail={"operation_id": row["operation_id"], "attempts": attempt},
         )
         log.error("operation %s escalated after %d checks", row["operation_id"], attempt)
@@ -425,7 +426,7 @@ class Reconciler:
                 conn,
                 tenant=tenant,
                 call_id=row["call_id"],
-                kind="resolved_by_human",
+                kind=AuditKind.RESOLVED_BY_HUMAN,
                 detail={
                     "operation_id": operation_id,
                     "applied": applied,
@@ -457,17 +458,17 @@ def _hop(tracer: Tracer, outcome: Outcome, parent: TraceParent | None, started: 
     ended = time.time_ns()
     code = outcome.error.code.value if outcome.error is not None else None
     observe_record(
-        "reconcile", status=outcome.status.value, code=code, seconds=(ended - started) / 1e9
+        Stage.RECONCILE, status=outcome.status.value, code=code, seconds=(ended - started) / 1e9
     )
     trace_id = outcome.trace_id or new_trace_id()
     span_id = tracer.record(
-        stage="reconcile",
+        stage=Stage.RECONCILE,
         trace_id=trace_id,
         parent=parent,
         start_ns=started,
         end_ns=ended,
         attributes={
-            "ratifier.stage": "reconcile",
+            "ratifier.stage": Stage.RECONCILE.value,
             "ratifier.status": outcome.status.value,
             "ratifier.error_code": code,
             "ratifier.call_id": outcome.call_id,

@@ -181,7 +181,7 @@ class ExecutorService:
             settings,
             consumer,
             producer,
-            stage="execute",
+            stage=Stage.EXECUTE,
             group=group,
             handle=handle,
             tracer=self._tracer,

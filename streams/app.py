@@ -34,11 +34,12 @@ from runtime.clients import (
 from runtime.health import Health
 from runtime.loop import text_key
 from runtime.retry import retrying
-from schemas.envelopes import Stage, ValidatedCall
+from schemas.envelopes import ValidatedCall
 from schemas.errors import ConfigurationError, StorageUnavailable
 from schemas.identity import context_keys
 from schemas.names import STREAMS_APP_ID, Topic
 from schemas.settings import KafkaConnection, Settings
+from schemas.vocabulary import StreamStage
 from streams.approval_join import install_approval_join
 from streams.authorizer import on_validated_batch
 from streams.emit import Emit
@@ -54,10 +55,8 @@ log = logging.getLogger("ratifier.streams")
 
 BATCH_MAX = 500
 BATCH_WITHIN = 0.005  # seconds a partial batch waits for more records
-STAGES = frozenset({"validator", "authorizer", "approval-join"})
+STAGES = frozenset(StreamStage)
 LAG_REFRESH_SECONDS = 5.0
-# Metric and span names of the stages (the `stage` of their outcomes).
-STAGE_NAMES = {"validator": Stage.VALIDATE, "authorizer": Stage.AUTHORIZE}
 
 
 def limits_from(settings: Settings) -> Limits:
@@ -165,7 +164,7 @@ def create_app(
             ),
         )
 
-    async def run_stage(stream: Any, stage: str, handle: BatchHandler) -> None:
+    async def run_stage(stream: Any, stage: StreamStage, handle: BatchHandler) -> None:
         """Feed the stream to ``handle`` in batches (a backlog drains in large batches, a
         quiet stream waits at most BATCH_WITHIN). A bug in a stage costs only the record
         that triggers it: the batch is retried one record at a time and that record is
@@ -174,7 +173,7 @@ def create_app(
         loop: faust acks the events of a batch only as the loop moves on, and an agent that
         crashed mid-batch leaves offsets never acked, after which faust commits nothing more
         on that partition (docs/reliability.md, "Offsets of the stream stages")."""
-        name = STAGE_NAMES[stage]
+        name = stage.stage  # metric and span name (the `stage` of its outcomes)
         async for events in stream.take_events(BATCH_MAX, within=BATCH_WITHIN):
             started = time.time_ns()
             try:
@@ -251,15 +250,17 @@ def create_app(
             )
         )
         return [
-            next(decided) if call is not None else unreadable(event, "authorizer", "unreadable")
+            next(decided)
+            if call is not None
+            else unreadable(event, StreamStage.AUTHORIZER, "unreadable")
             for event, call in zip(events, parsed, strict=True)
         ]
 
     async def validator(stream: faust.StreamT[bytes]) -> None:
-        await run_stage(stream, "validator", validate_batch)
+        await run_stage(stream, StreamStage.VALIDATOR, validate_batch)
 
     async def authorizer(stream: faust.StreamT[bytes]) -> None:
-        await run_stage(stream, "authorizer", authorize_events)
+        await run_stage(stream, StreamStage.AUTHORIZER, authorize_events)
 
     async def follow_policies() -> None:
         await feed.follow()
@@ -281,8 +282,8 @@ def create_app(
     del refresh_lag  # registered with the app
 
     agents = {
-        "validator": (Topic.PROPOSED, validator),
-        "authorizer": (Topic.VALIDATED, authorizer),
+        StreamStage.VALIDATOR: (Topic.PROPOSED, validator),
+        StreamStage.AUTHORIZER: (Topic.VALIDATED, authorizer),
     }
     for name, (source, agent) in agents.items():
         if name in stages:
@@ -314,7 +315,7 @@ def create_app(
             await inbox.close()
 
         app.on_before_shutdown.connect(_close_inbox)
-    if "approval-join" in stages:
+    if StreamStage.APPROVAL_JOIN in stages:
         install_approval_join(
             app,
             settings,

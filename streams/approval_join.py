@@ -32,6 +32,7 @@ from schemas.envelopes import (
     AuthorizedCall,
     ProposedCall,
     SourcePosition,
+    Stage,
     Status,
 )
 from schemas.errors import ErrorCode, StorageUnavailable
@@ -39,6 +40,7 @@ from schemas.fingerprint import fingerprint
 from schemas.identity import ContextKeys
 from schemas.names import Topic
 from schemas.settings import Settings
+from schemas.vocabulary import StreamStage
 from streams.approval import (
     ApprovalState,
     EditRequest,
@@ -222,7 +224,7 @@ def install_approval_join(
             state = step.state
         return state, steps
 
-    @app.agent(source, name="approval-join")
+    @app.agent(source, name=StreamStage.APPROVAL_JOIN)
     async def approval_join(stream: Any) -> None:
         async for event in stream.events():
             message = event.message
@@ -245,7 +247,7 @@ def install_approval_join(
                     key=event.key.decode(errors="replace") if event.key else None,
                 )
                 hop = observer.finished(
-                    "approve", (letter,), parent=parent, start_ns=started, end_ns=time.time_ns()
+                    Stage.APPROVE, (letter,), parent=parent, start_ns=started, end_ns=time.time_ns()
                 )
                 await publish((letter,), hop)
                 continue
@@ -266,7 +268,7 @@ def install_approval_join(
                 # trace continues from the hop that asked for the approval.
                 parent = parse_traceparent(stored)
             hop = observer.finished(
-                "approve",
+                Stage.APPROVE,
                 emits,
                 parent=parent,
                 start_ns=started,
