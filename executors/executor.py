@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Container
+from collections.abc import Container
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -46,6 +46,7 @@ from commands.catalog import (
 )
 from commands.policy import PolicySource, authorize
 from executors.claims import Claim, ClaimKind, ClaimStore
+from executors.crash_points import NO_CRASH_POINTS, CrashPoint, CrashPoints
 from executors.decisions import Dedup, dedup_decision, receipt_problem, status_for
 from executors.ledger import CommandLedger
 from schemas.envelopes import Actor, CommittedCommand, ErrorInfo, Outcome, Stage, Status
@@ -63,12 +64,6 @@ from schemas.vocabulary import AuditKind, LedgerStatus
 from telemetry.metrics import count_dedup
 
 log = logging.getLogger("ratifier.executor")
-
-CrashHook = Callable[[str], None]
-
-
-def _no_crash(_point: str) -> None:
-    return None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,7 +96,7 @@ class CommandExecutor:
         policies: PolicySource,
         cancelled: Container[str] = frozenset(),
         retry_attempts: int = 4,
-        crash: CrashHook = _no_crash,
+        crash_points: CrashPoints = NO_CRASH_POINTS,
         wait_for_owner_seconds: float = 30.0,
         receipt_keys: ApprovalKeys | None = None,
     ) -> None:
@@ -114,7 +109,7 @@ class CommandExecutor:
         self._policies = policies
         self._cancelled = cancelled
         self._retry_attempts = retry_attempts
-        self._crash = crash
+        self._crash_points = crash_points
         self._ledger = CommandLedger()
 
     # -- outcomes ---------------------------------------------------------------------------
@@ -179,7 +174,7 @@ class CommandExecutor:
             if first.pending_fence is not None:
                 first = await self._settle_in_flight(command, first)
             if pending is not None:
-                self._crash("before_effect")
+                self._crash_points.reached(CrashPoint.BEFORE_EFFECT)
                 first = await self._perform(command, pending, trace_id)
         except (psycopg.OperationalError, PoolTimeout) as exc:
             # The connection was lost: the open transaction rolled back; nothing is recorded
@@ -420,7 +415,7 @@ class CommandExecutor:
             code, refusal = ErrorCode.PERMANENT_ERROR, exc
         except OutcomeUnknown:
             code = ErrorCode.TIMEOUT
-        self._crash("after_effect")
+        self._crash_points.reached(CrashPoint.AFTER_EFFECT)
         if done is not None:
             outcome = self._outcome(
                 command,
@@ -478,5 +473,5 @@ class CommandExecutor:
                     outcome=outcome.model_copy(update={"status": Status.UNKNOWN}), unknown=True
                 )
             await self._audit_executed(conn, command, outcome)
-        self._crash("after_ledger")
+        self._crash_points.reached(CrashPoint.AFTER_LEDGER)
         return Execution(outcome=outcome, unknown=code is ErrorCode.TIMEOUT)

@@ -45,8 +45,8 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from commands.catalog import Catalog, Connection, EffectRequest, HandlerResult
 from commands.sql import named_query
+from executors.crash_points import NO_CRASH_POINTS, CrashPoint, CrashPoints
 from executors.ledger import CommandLedger
-from executors.service import crash_hook
 from runtime.clients import database_conninfo, kafka_consumer, kafka_producer
 from runtime.health import Health, serve_health
 from schemas.envelopes import ErrorInfo, Outcome, Stage, Status
@@ -558,6 +558,7 @@ async def run_reconciler(
     catalog: Catalog,
     *,
     prepare: Callable[[], Awaitable[None]] | None = None,
+    crash_points: CrashPoints = NO_CRASH_POINTS,
 ) -> None:
     """Wake on `commands.unknown`, check what is due, publish what is owed; on a database or
     broker error, back off and retry the cycle (a fresh database pool each time: psycopg's
@@ -567,7 +568,6 @@ async def run_reconciler(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
-    crash = crash_hook(settings.reconciler_crash_at)
     await catalog.start(settings)
     health = Health.of("reconciler", settings)
     close_metrics = await serve_health(
@@ -622,7 +622,7 @@ async def run_reconciler(
                 # Whatever an earlier cycle or process settled and did not publish, first.
                 await reconciler.publish_owed(producer, settings, tracer=tracer, parents=parents)
                 if await reconciler.run_due():
-                    crash("after_settle")  # crash tests: settled and committed, not published
+                    crash_points.reached(CrashPoint.AFTER_SETTLE)
                     await reconciler.publish_owed(
                         producer, settings, tracer=tracer, parents=parents
                     )

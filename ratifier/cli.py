@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
+from executors.crash_points import NO_CRASH_POINTS, CrashPoints
 from runtime.clients import database_conninfo
 from schemas.errors import RatifierError
 from schemas.settings import Settings
@@ -82,7 +83,7 @@ def cmd_streams(settings: Settings, _args: argparse.Namespace) -> int:
     worker.execute_from_commandline()  # runs until a signal stops it, then exits
 
 
-def cmd_executor(settings: Settings, _args: argparse.Namespace) -> int:
+def cmd_executor(settings: Settings, args: argparse.Namespace) -> int:
     from commands.catalog import load_catalog
     from commands.policy_feed import PolicyFeed, local_policies
     from executors.service import run_executor
@@ -98,6 +99,7 @@ def cmd_executor(settings: Settings, _args: argparse.Namespace) -> int:
         catalog=load_catalog(settings.catalog),
         policies=feed,
         prepare=lambda: ensure_topics(settings),
+        crash_points=args.crash_points,
     )
     return 0
 
@@ -244,7 +246,7 @@ def cmd_approvals(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_reconciler(settings: Settings, _args: argparse.Namespace) -> int:
+def cmd_reconciler(settings: Settings, args: argparse.Namespace) -> int:
     from commands.catalog import load_catalog
     from executors.reconciler import run_reconciler
     from ratifier.migrate import require_current_schema
@@ -258,7 +260,8 @@ def cmd_reconciler(settings: Settings, _args: argparse.Namespace) -> int:
 
     # The schema check and topics are retried with the reconciler's cycle: a database or
     # broker unreachable at start delays it, never ends it (a schema behind the build does).
-    asyncio.run(run_reconciler(settings, load_catalog(settings.catalog), prepare=prepare))
+    catalog = load_catalog(settings.catalog)
+    asyncio.run(run_reconciler(settings, catalog, prepare=prepare, crash_points=args.crash_points))
     return 0
 
 
@@ -549,8 +552,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: Sequence[str] | None = None, *, crash_points: CrashPoints = NO_CRASH_POINTS) -> int:
+    """``crash_points``: where a worker may be stopped dead (crash tests inject theirs through
+    `python -m testsupport.crashing`); production runs with none."""
+    parser = build_parser()
+    parser.set_defaults(crash_points=crash_points)
+    args = parser.parse_args(argv)
     settings = Settings()
     if args.command != "streams":  # faust configures its own logging
         _setup_logging(settings)

@@ -148,17 +148,15 @@ class Settings(BaseSettings):
     max_nesting_depth: int = Field(default=16, ge=2)
     max_string_length: int = Field(default=8192, ge=16)
     # Executor: Redis claim lease, bounded retries of failures known to precede any effect,
-    # the Redis fast path switch (the ledger alone decides when off), and crash-test faults.
+    # the Redis fast path switch (the ledger alone decides when off).
     claim_lease_seconds: int = Field(default=30, ge=1)
     retry_attempts: int = Field(default=4, ge=1, le=20)
     redis_fast_path: bool = True
-    executor_crash_at: str | None = None
     # Reconciler: checks per unknown operation before escalating to humans, the first
-    # backoff (doubling) and its cap, and crash-test faults (docs/execution.md: the bound).
+    # backoff (doubling) and its cap (docs/execution.md: the bound).
     reconcile_attempts: int = Field(default=8, ge=1)
     reconcile_backoff_seconds: float = Field(default=1.0, gt=0)
     reconcile_backoff_cap_seconds: float = Field(default=300.0, gt=0)
-    reconciler_crash_at: str | None = None
     log_level: str = "INFO"
     # Approvals: how long a request waits for a human (tools may set their own), how long a
     # decision that arrives before its request is held, and the approver HTTP endpoint.

@@ -39,6 +39,10 @@ from tests.services import (
 ARTIFACTS = Path(os.environ.get("RATIFIER_TEST_ARTIFACTS", "test-artifacts"))
 
 
+# Runs a ratifier worker with crash points injected (test support, never in production).
+CRASHING_MODULE = "testsupport.crashing"
+
+
 def _ed25519() -> tuple[Ed25519PrivateKey, dict[str, Any]]:
     private = Ed25519PrivateKey.generate()
     return private, json.loads(OKPAlgorithm.to_jwk(private.public_key()))
@@ -96,6 +100,19 @@ class Pipeline:
 
     def start(self, command: str, name: str, **env: str) -> WorkerProcess:
         worker = start_worker(command, name=name, log_dir=self.log_dir, env={**self.env, **env})
+        self.workers.append(worker)
+        return worker
+
+    def start_crashing(self, command: str, name: str, *, at: str, **env: str) -> WorkerProcess:
+        """``ratifier <command>`` that SIGKILLs itself at the crash point ``at``
+        (``point:probability``; testsupport/crashing.py)."""
+        worker = start_worker_args(
+            [at, command],
+            name=name,
+            log_dir=self.log_dir,
+            env={**self.env, **env},
+            module=CRASHING_MODULE,
+        )
         self.workers.append(worker)
         return worker
 

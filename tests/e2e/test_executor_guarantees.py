@@ -88,9 +88,7 @@ def test_kill_minus_nine_at_each_point(executors_only: Pipeline, point: str) -> 
     pipeline = executors_only
     # Per command for the first three points, once per batch for the last.
     rate = "1" if point == "after_publish" else "0.1"
-    crashing = pipeline.start(
-        "executor", "executor-crashing", RATIFIER_EXECUTOR_CRASH_AT=f"{point}:{rate}"
-    )
+    crashing = pipeline.start_crashing("executor", "executor-crashing", at=f"{point}:{rate}")
     commands = [refund_command(f"k-{uuid.uuid4().hex[:12]}") for _ in range(60)]
     publish_commands(pipeline.settings, commands)
     deadline = time.monotonic() + 60

@@ -203,8 +203,9 @@ def test_reconciler_killed_between_settlement_and_publish_loses_nothing(
     key = f"crash-{uuid.uuid4().hex[:10]}"
     operation_id, first, retry = make_two_calls_unknown(pipeline, key)
 
-    crash = {"RATIFIER_RECONCILER_CRASH_AT": "after_settle:1"}
-    crashing = pipeline.start("reconciler", "reconciler-crashing", **crash, **PATIENT)
+    crashing = pipeline.start_crashing(
+        "reconciler", "reconciler-crashing", at="after_settle:1", **PATIENT
+    )
     assert wait_exit(crashing, 90) == -9, crashing.log_tail()
     assert "crash test: SIGKILL at after_settle" in crashing.log_tail()
     # Settled and committed, nothing published: both outcomes owed, in the outbox.
