@@ -218,7 +218,7 @@ async def chain_latency(rate: float, seconds: float) -> dict[str, Any]:
 
 async def baseline_redis(n: int) -> dict[str, Any]:
     run = BenchRun.create("redis")
-    redis = Redis.from_url(run.settings.redis_url)
+    redis = Redis.from_url(run.settings.storage.redis_url)
     prefix = f"{run.settings.topic_prefix}setnx:"
     try:
         started = time.perf_counter()
@@ -265,7 +265,7 @@ def _ledger_transaction(cur: psycopg.Cursor[Any], params: dict[str, Any]) -> Non
 
 async def baseline_postgres(n: int) -> dict[str, Any]:
     def measure() -> dict[str, Any]:
-        url = BenchRun.create("pg").settings.database_url
+        url = BenchRun.create("pg").settings.storage.database_url
         run_id = uuid.uuid4().hex[:8]
         with psycopg.connect(url) as conn:
             started = time.perf_counter()
@@ -362,7 +362,7 @@ async def stages_alone(n: int) -> dict[str, Any]:
         for stage, source, target in chain:
 
             def start(stage: str = stage) -> list[Any]:
-                return [run.start("streams", f"stage-{stage}", RATIFIER_STREAMS_STAGES=stage)]
+                return [run.start("streams", f"stage-{stage}", RATIFIER_STREAMS__STAGES=stage)]
 
             rate, cpu = await drain(run, start, t(source), t(target), n, values, 300)
             out[f"stage_{stage}"] = rate
@@ -395,7 +395,7 @@ async def executor_drain(n: int, *, dedup: bool) -> tuple[float, float]:
         fast_path = "true" if dedup else "false"
 
         def executor() -> list[Any]:
-            return [run.start("executor", "executor", RATIFIER_REDIS_FAST_PATH=fast_path)]
+            return [run.start("executor", "executor", RATIFIER_EXECUTOR__REDIS_FAST_PATH=fast_path)]
 
         return await drain(run, executor, t(Topic.COMMITTED), t(Topic.OUTCOMES), n, commands, 300)
     finally:
@@ -729,7 +729,7 @@ async def kill_one(pipe: Pipeline, rate: float, seconds: float, kill_at: float) 
             recovered = s
             break
     # Duplicate effects: ledger entries and executed-audit rows per call of this run.
-    with psycopg.connect(pipe.run.settings.database_url) as conn:
+    with psycopg.connect(pipe.run.settings.storage.database_url) as conn:
         ledger_dups = conn.execute(
             "SELECT count(*) FROM (SELECT call_id FROM command_ledger WHERE tenant = 'tenant-a'"
             " AND call_id LIKE %s GROUP BY tenant, idempotency_key HAVING count(*) > 1) d",
@@ -859,7 +859,7 @@ async def whole_pipeline(report: Report) -> None:
     run = BenchRun.create("pipeline")
     pipe: Pipeline | None = None
     try:
-        seed_payments(run.settings.database_url)
+        seed_payments(run.settings.storage.database_url)
 
         async def start() -> dict[str, Any]:
             nonlocal pipe
@@ -893,7 +893,7 @@ async def whole_pipeline(report: Report) -> None:
 
 def _postgres_facts() -> str:
     try:
-        with psycopg.connect(BenchRun.create("facts").settings.database_url) as conn:
+        with psycopg.connect(BenchRun.create("facts").settings.storage.database_url) as conn:
             rows = conn.execute(
                 "SELECT name, setting FROM pg_settings WHERE name IN "
                 "('server_version', 'synchronous_commit', 'fsync', 'commit_delay', "
@@ -1100,7 +1100,7 @@ def render(report: Report, total_seconds: float) -> str:
         *stage_rows,
         [
             "T3: executor alone, fresh read commands (mean of 2 drains), Redis claim off "
-            "(`RATIFIER_REDIS_FAST_PATH=false`, the ledger alone dedups)",
+            "(`RATIFIER_EXECUTOR__REDIS_FAST_PATH=false`, the ledger alone dedups)",
             fmt(v.get("executor_nodedup"), " commands/s"),
             fmt(v.get("executor_nodedup_cpu_us"), " µs CPU/call"),
         ],
@@ -1430,7 +1430,7 @@ async def main_async() -> int:
         f"bench: {COMMAND}; budget {BUDGET_SECONDS / 60:.0f} min; logs under test-artifacts/bench-logs",
         flush=True,
     )
-    url = BenchRun.create("setup").settings.database_url
+    url = BenchRun.create("setup").settings.storage.database_url
     await asyncio.to_thread(__import__("ratifier.migrate", fromlist=["migrate"]).migrate, url)
     await asyncio.to_thread(seed_payments, url)
     await report.step("pure stage costs", 120, lambda: pure_costs(5000))

@@ -571,7 +571,7 @@ async def run_reconciler(
     await catalog.start(settings)
     health = Health.of("reconciler", settings)
     close_metrics = await serve_health(
-        settings.metrics_host, settings.reconciler_metrics_port, health
+        settings.observability.metrics_host, settings.observability.reconciler_metrics_port, health
     )
     tracer = tracer_from(settings, service="reconciler")
     group = settings.group(RECONCILER_GROUP)
@@ -604,9 +604,9 @@ async def run_reconciler(
                     reconciler = Reconciler(
                         pool=pool,
                         catalog=catalog,
-                        attempts=settings.reconcile_attempts,
-                        backoff_base=settings.reconcile_backoff_seconds,
-                        backoff_cap=settings.reconcile_backoff_cap_seconds,
+                        attempts=settings.reconciler.attempts,
+                        backoff_base=settings.reconciler.backoff_seconds,
+                        backoff_cap=settings.reconciler.backoff_cap_seconds,
                     )
                 # New unknown operations are already in the ledger as `unknown`; the topic is
                 # a wake-up call, and its offsets are committed once they are seen.

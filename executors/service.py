@@ -143,18 +143,18 @@ class ExecutorService:
             redis,
             prefix=settings.topic_prefix,
             owner=owner,
-            lease_ms=settings.claim_lease_seconds * 1000,
+            lease_ms=settings.executor.claim_lease_seconds * 1000,
         )
         cancelled = CancelledCalls(settings)
         executor = CommandExecutor(
             pool=pool,
-            claims=claims if settings.redis_fast_path else None,
+            claims=claims if settings.executor.redis_fast_path else None,
             catalog=self._catalog,
             policies=self._policies,
             cancelled=cancelled,
-            retry_attempts=settings.retry_attempts,
+            retry_attempts=settings.executor.retry_attempts,
             crash_points=self._crash_points,
-            wait_for_owner_seconds=settings.claim_lease_seconds,
+            wait_for_owner_seconds=settings.executor.claim_lease_seconds,
         )
         execute = partial(self._execute, executor, pool)
 
@@ -225,7 +225,9 @@ def run_executor(
     async def main() -> None:
         stop_on_signals(service.stop)
         close = await serve_health(
-            settings.metrics_host, settings.executor_metrics_port, service.health
+            settings.observability.metrics_host,
+            settings.observability.executor_metrics_port,
+            service.health,
         )
         try:
             await connect_retrying(start, service.health, what="kafka", stop=service.stopping)

@@ -61,9 +61,9 @@ LAG_REFRESH_SECONDS = 5.0
 
 def limits_from(settings: Settings) -> Limits:
     return Limits(
-        max_record_bytes=settings.max_record_bytes,
-        max_nesting_depth=settings.max_nesting_depth,
-        max_string_length=settings.max_string_length,
+        max_record_bytes=settings.limits.max_record_bytes,
+        max_nesting_depth=settings.limits.max_nesting_depth,
+        max_string_length=settings.limits.max_string_length,
     )
 
 
@@ -114,7 +114,7 @@ def faust_settings(settings: Settings) -> dict[str, Any]:
         # A few ms of linger lets the producer batch; without it every record is a request.
         "producer_linger": 0.003,
         # Any record a topic accepts can be fetched, and answered (docs/reliability.md).
-        "producer_max_request_size": settings.kafka_max_message_bytes,
+        "producer_max_request_size": settings.limits.kafka_max_message_bytes,
         "consumer_max_fetch_size": fetch_bytes(settings),
         # A restarted or crashed worker's partitions move after 6 s like the executors',
         # not after faust's default 60 s session timeout (validation, authorization and
@@ -135,9 +135,9 @@ def create_app(
         # Approval state is recovered from the changelog by the partition's new owner; no
         # standby copies, so a worker's timer only ever sees partitions it owns.
         table_standby_replicas=0,
-        web_enabled=settings.http_port > 0,
-        web_port=settings.http_port or 6066,
-        web_bind=settings.metrics_host,
+        web_enabled=settings.streams.http_port > 0,
+        web_port=settings.streams.http_port or 6066,
+        web_bind=settings.observability.metrics_host,
         **faust_options,
     )
     limits = limits_from(settings)
@@ -208,7 +208,7 @@ def create_app(
                 ],
             )
 
-    stages = settings.stream_stages
+    stages = settings.streams.stages
     unknown = stages - STAGES
     if unknown:
         raise ConfigurationError(
@@ -288,7 +288,7 @@ def create_app(
     for name, (source, agent) in agents.items():
         if name in stages:
             app.agent(topics[source], name=name)(agent)
-    if settings.http_port > 0:
+    if settings.streams.http_port > 0:
         inbox = ApprovalInbox(settings)
         install_approval_api(app, settings, inbox=inbox, keys=keys)
 

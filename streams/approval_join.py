@@ -88,9 +88,9 @@ def install_approval_join(
     )
     rules = Rules(
         keys=approval_keys(settings),
-        ttl=timedelta(seconds=settings.approval_ttl_seconds),
-        hold=timedelta(seconds=settings.approval_hold_seconds),
-        retention=timedelta(seconds=settings.approval_retention_margin_seconds),
+        ttl=timedelta(seconds=settings.approvals.ttl_seconds),
+        hold=timedelta(seconds=settings.approvals.hold_seconds),
+        retention=timedelta(seconds=settings.approvals.retention_margin_seconds),
         rights=PolicyRights.for_settings(settings),
     )
     names = {
@@ -164,7 +164,7 @@ def install_approval_join(
         """Why a record on `approvals.decided` cannot even be looked at; None if it can."""
         if not key:
             return "approval-join: decision without a key"
-        if len(raw or b"") > settings.max_record_bytes:
+        if len(raw or b"") > settings.limits.max_record_bytes:
             return "approval-join: oversized decision"
         try:
             ApprovalDecision.model_validate_json(raw or b"")

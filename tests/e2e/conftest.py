@@ -159,7 +159,7 @@ def free_port() -> int:
 
 def reset_refundable(settings: Settings) -> None:
     """The test database's payments get their full refundable amount back each session."""
-    with psycopg.connect(settings.database_url) as conn:
+    with psycopg.connect(settings.storage.database_url) as conn:
         conn.execute(
             "UPDATE payments SET refundable_minor = amount_minor "
             "WHERE payment_id IN ('pay_A1001', 'pay_A1002', 'pay_B2001')"
@@ -180,10 +180,10 @@ def start_pipeline(
     """A payment provider, a streams worker and executors on their own topic prefix,
     accepting local HS256 tokens and EdDSA tokens of the published JWKS, with a short approval
     TTL; with ``audit_sink``, also `ratifier audit sink` for that prefix."""
-    settings = session_settings().model_copy(
-        update={"context_jwks_file": str(keys.jwks_path), "approval_ttl_seconds": approval_ttl}
+    settings = session_settings().changed(
+        context={"jwks_file": str(keys.jwks_path)}, approvals={"ttl_seconds": approval_ttl}
     )
-    migrate(settings.database_url)
+    migrate(settings.storage.database_url)
     reset_refundable(settings)
     run(ensure_topics(settings))
     port, provider_port = free_port(), free_port()
@@ -193,13 +193,13 @@ def start_pipeline(
         workers=[],
         env={
             **worker_env(settings),
-            "RATIFIER_CONTEXT_JWKS_FILE": str(keys.jwks_path),
-            "RATIFIER_APPROVAL_TTL_SECONDS": str(settings.approval_ttl_seconds),
+            "RATIFIER_CONTEXT__JWKS_FILE": str(keys.jwks_path),
+            "RATIFIER_APPROVALS__TTL_SECONDS": str(settings.approvals.ttl_seconds),
             "RATIFIER_PROVIDER_URL": provider_url,
             # Several executors per host: metrics ports only where a test asks for them.
-            "RATIFIER_EXECUTOR_METRICS_PORT": "0",
-            "RATIFIER_RECONCILER_METRICS_PORT": "0",
-            "RATIFIER_AUDIT_METRICS_PORT": "0",
+            "RATIFIER_OBSERVABILITY__EXECUTOR_METRICS_PORT": "0",
+            "RATIFIER_OBSERVABILITY__RECONCILER_METRICS_PORT": "0",
+            "RATIFIER_OBSERVABILITY__AUDIT_METRICS_PORT": "0",
             **env,
         },
         log_dir=ARTIFACTS / f"{name}-logs",
@@ -217,7 +217,7 @@ def start_pipeline(
     try:
         wait_http(provider_url + "/_stats", provider)
         if streams:
-            pipeline.start("streams", "streams", RATIFIER_HTTP_PORT=str(port))
+            pipeline.start("streams", "streams", RATIFIER_STREAMS__HTTP_PORT=str(port))
         for n in range(executors):
             pipeline.start("executor", "executor" if n == 0 else f"executor-{n}")
         if audit_sink:

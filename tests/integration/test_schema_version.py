@@ -43,7 +43,7 @@ def test_a_worker_refuses_a_database_behind_its_build_and_starts_after_migrate(
     # The real command: it exits with a clear message instead of migrating by itself.
     refused = subprocess.run(
         [sys.executable, "-m", "ratifier.cli", "reconciler"],
-        env={**os.environ, "RATIFIER_DATABASE_URL": empty_database},
+        env={**os.environ, "RATIFIER_STORAGE__DATABASE_URL": empty_database},
         capture_output=True,
         text=True,
         timeout=60,

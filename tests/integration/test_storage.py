@@ -15,8 +15,8 @@ pytestmark = pytest.mark.integration
 
 
 def test_migrate_is_idempotent_and_seeds_two_tenants(settings: Settings) -> None:
-    assert migrate(settings.database_url) == []
-    with psycopg.connect(settings.database_url) as conn:
+    assert migrate(settings.storage.database_url) == []
+    with psycopg.connect(settings.storage.database_url) as conn:
         tenants = {r[0] for r in conn.execute("SELECT DISTINCT tenant FROM payments")}
         tables = {
             r[0]
@@ -38,7 +38,7 @@ async def test_loader_keeps_tenant_in_where(pool: AsyncConnectionPool[Any]) -> N
 
 
 def test_audit_log_is_append_only(settings: Settings) -> None:
-    with psycopg.connect(settings.database_url) as conn:
+    with psycopg.connect(settings.storage.database_url) as conn:
         conn.execute("INSERT INTO audit_log (kind) VALUES ('test')")
         with pytest.raises(psycopg.errors.RaiseException, match="append-only"):
             conn.execute("DELETE FROM audit_log WHERE kind = 'test'")
