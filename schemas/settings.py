@@ -144,7 +144,8 @@ class Policies(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    # Directory with *.cedar policies and one *.cedarschema.json; default: commands/policies.
+    # Directory with *.cedar policies and one *.cedarschema.json; default: the reference
+    # domain's, commands/payments/policies.
     directory: str | None = None
     # Key of this deployment's policy set on the compacted `policies` topic.
     set_name: str = "default"

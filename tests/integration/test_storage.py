@@ -6,7 +6,8 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from commands.payments import GetPaymentArguments, load_payment
+from commands.payments.loaders import load_payment
+from commands.payments.models import GetPaymentArguments
 from ratifier.migrate import migrate
 from schemas.envelopes import Actor
 from schemas.settings import Settings
