@@ -1,5 +1,5 @@
 """Approver rights as Cedar policy (`approvals/policies/approvers.cedar` by default, or the
-directory ``RATIFIER_APPROVER_POLICY_DIR``). Pure: a decision is one Cedar evaluation.
+directory ``RATIFIER_APPROVALS__APPROVER_POLICY_DIR``). Pure: a decision is one Cedar evaluation.
 
 Principal ``Approver`` (sub, tenant, roles), action ``approve`` / ``reject`` / ``edit``,
 resource ``PendingCall`` (tool, effect, tenant, requester, owner, amount_minor,
@@ -85,7 +85,7 @@ class PolicyRights:
 
     @classmethod
     def for_settings(cls, settings: Settings) -> PolicyRights:
-        directory = settings.approver_policy_dir
+        directory = settings.approvals.approver_policy_dir
         return cls.from_directory(Path(directory) if directory else DEFAULT_APPROVER_POLICY_DIR)
 
     def _ask(

@@ -142,22 +142,22 @@ def _public(entry: dict[str, Any]) -> Any:
 
 def approval_keys(settings: Settings) -> ApprovalKeys:
     """The service's signing key and every key a decision or receipt may be signed with."""
-    if settings.approval_signing_key_file:
+    if settings.approvals.signing_key_file:
         try:
-            pem = Path(settings.approval_signing_key_file).read_bytes()
+            pem = Path(settings.approvals.signing_key_file).read_bytes()
             signing_key: Any = serialization.load_pem_private_key(pem, password=None)
         except (OSError, ValueError, TypeError) as exc:
             raise ConfigurationError(f"cannot read the approval signing key: {exc}") from exc
     else:
-        signing_key = local_signing_key(settings.approval_signing_seed)
+        signing_key = local_signing_key(settings.approvals.signing_seed)
     algorithm = _algorithm_of(signing_key)
-    service = {settings.approval_signing_kid: (signing_key.public_key(), algorithm)}
-    if settings.approval_service_jwks_file:
-        for entry in _read_jwks(Path(settings.approval_service_jwks_file)):
+    service = {settings.approvals.signing_kid: (signing_key.public_key(), algorithm)}
+    if settings.approvals.service_jwks_file:
+        for entry in _read_jwks(Path(settings.approvals.service_jwks_file)):
             service.setdefault(entry["kid"], (_public(entry), entry["alg"]))
     approvers: dict[str, ApproverKey] = {}
-    if settings.approver_jwks_file:
-        for entry in _read_jwks(Path(settings.approver_jwks_file)):
+    if settings.approvals.approver_jwks_file:
+        for entry in _read_jwks(Path(settings.approvals.approver_jwks_file)):
             sub, tenant = entry.get("sub"), entry.get("tenant")
             if not isinstance(sub, str) or not isinstance(tenant, str):
                 raise ConfigurationError(
@@ -174,12 +174,12 @@ def approval_keys(settings: Settings) -> ApprovalKeys:
             )
     return ApprovalKeys(
         signing_key=signing_key,
-        kid=settings.approval_signing_kid,
+        kid=settings.approvals.signing_kid,
         algorithm=algorithm,
         service_keys=service,
         approver_keys=approvers,
-        leeway_seconds=settings.clock_skew_seconds,
-        decision_validity=timedelta(seconds=settings.approval_decision_validity_seconds),
+        leeway_seconds=settings.context.clock_skew_seconds,
+        decision_validity=timedelta(seconds=settings.approvals.decision_validity_seconds),
     )
 
 

@@ -51,7 +51,7 @@ PROGRESS_EVERY_SECONDS = 10.0
 def max_audited_bytes(settings: Settings) -> int:
     """Records above this are stored as hash and size only (a dead letter of an oversized
     proposal is itself oversized)."""
-    return 4 * settings.max_record_bytes
+    return 4 * settings.limits.max_record_bytes
 
 
 def token_verifier(settings: Settings) -> TokenVerifier:
@@ -206,7 +206,9 @@ def run_audit_sink(settings: Settings, catalog: Catalog) -> None:
     async def main() -> None:
         stop_on_signals(sink.stop)
         close_metrics = await serve_health(
-            settings.metrics_host, settings.audit_metrics_port, sink.health
+            settings.observability.metrics_host,
+            settings.observability.audit_metrics_port,
+            sink.health,
         )
         try:
             await sink.run()

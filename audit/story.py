@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from schemas.envelopes import Status
+from schemas.vocabulary import AuditKind
 
 Facts = tuple[tuple[str, str], ...]
 
@@ -307,98 +308,98 @@ def _log_facts(detail: Mapping[str, Any], *names: str) -> Facts:
     return _facts(**{n: detail.get(n) for n in names})
 
 
-_LOG_EVENTS: dict[str, tuple[str, str, tuple[str, ...], int]] = {
-    "approval_requested": (
+_LOG_EVENTS: dict[AuditKind, tuple[str, str, tuple[str, ...], int]] = {
+    AuditKind.APPROVAL_REQUESTED: (
         "approval",
         "approval request recorded",
         ("requested_by", "expires_at", "policy_version"),
         31,
     ),
-    "approval_decision": (
+    AuditKind.APPROVAL_DECISION: (
         "approval",
         "decision accepted: {decision} by {approver}",
         ("approver", "approver_tenant", "reason", "decided_at", "policy_version"),
         41,
     ),
-    "approval_decision_invalid": (
+    AuditKind.APPROVAL_DECISION_INVALID: (
         "approval",
         "decision refused: {reason}",
         ("decision", "approver", "approver_tenant", "decided_at"),
         41,
     ),
-    "approval_decision_refused": (
+    AuditKind.APPROVAL_DECISION_REFUSED: (
         "approval",
         "signed decision refused: {refusal}",
         ("decision_id", "decision_call_id", "decision", "approver", "approver_tenant"),
         41,
     ),
-    "approval_auto": (
+    AuditKind.APPROVAL_AUTO: (
         "approval",
         "auto-approved by policy {policy}",
         ("policy", "policy_version", "fingerprint"),
         41,
     ),
-    "approval_decision_held": (
+    AuditKind.APPROVAL_DECISION_HELD: (
         "approval",
         "decision held: request not seen yet",
         ("decision", "approver", "approver_tenant"),
         41,
     ),
-    "approval_decision_dropped": (
+    AuditKind.APPROVAL_DECISION_DROPPED: (
         "approval",
         "decision dropped: its request never arrived",
         ("decision", "approver"),
         41,
     ),
-    "approval_edit_committed": (
+    AuditKind.APPROVAL_EDIT_COMMITTED: (
         "approval",
         "edit re-validated and re-authorized: {approver}",
         ("approver", "policy_version", "original_fingerprint"),
         42,
     ),
-    "approval_edit_refused": (
+    AuditKind.APPROVAL_EDIT_REFUSED: (
         "approval",
         "edited arguments refused: {code}",
         ("approver", "code", "policy_version"),
         42,
     ),
-    "approval_expired": (
+    AuditKind.APPROVAL_EXPIRED: (
         "approval",
         "approval expired: nobody decided in time",
         ("expires_at",),
         42,
     ),
-    "executed": (
+    AuditKind.EXECUTED: (
         "executor",
         "executed, recorded in the ledger: {status}",
         ("operation_id", "status", "code", "policy_version", "approver", "auto_policy"),
         70,
     ),
-    "read": (
+    AuditKind.READ: (
         "executor",
         "read executed (no ledger entry: a read has no effect to deduplicate): {status}",
         ("operation_id", "status", "code", "policy_version"),
         70,
     ),
-    "late_result": (
+    AuditKind.LATE_RESULT: (
         "executor",
         "late result ignored (already settled)",
         ("operation_id", "late_status", "ledger_status"),
         75,
     ),
-    "reconciled": (
+    AuditKind.RECONCILED: (
         "reconciler",
         "reconciled from the downstream system: {status}",
         ("operation_id", "status", "code", "attempts"),
         80,
     ),
-    "escalated": (
+    AuditKind.ESCALATED: (
         "reconciler",
         "escalated to humans: reconciliation budget spent",
         ("operation_id", "attempts"),
         80,
     ),
-    "resolved_by_human": (
+    AuditKind.RESOLVED_BY_HUMAN: (
         "reconciler",
         "resolved by a human",
         ("operation_id", "applied", "reference", "by"),

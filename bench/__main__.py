@@ -45,7 +45,7 @@ async def measure() -> Results:
         f"bench: {COMMAND}; budget {BUDGET_SECONDS / 60:.0f} min; logs under test-artifacts/bench-logs",
         flush=True,
     )
-    url = BenchRun.create("setup").settings.database_url
+    url = BenchRun.create("setup").settings.storage.database_url
     await asyncio.to_thread(migrate, url)
     await asyncio.to_thread(seed_payments, url)
     await run.step("pure stage costs", 120, lambda: pure_costs(5000))

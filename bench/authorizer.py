@@ -95,7 +95,7 @@ async def through_kafka(n: int) -> float:
     t = run.settings.topic
 
     def authorizer() -> list[WorkerProcess]:
-        return [run.start("streams", "authorizer", RATIFIER_STREAMS_STAGES="authorizer")]
+        return [run.start("streams", "authorizer", RATIFIER_STREAMS__STAGES="authorizer")]
 
     try:
         rate, _ = await drain(

@@ -199,9 +199,9 @@ class BenchRun:
         return cls(
             settings=Settings(
                 topic_prefix=prefix,
-                database_url=bench_database_url(),
+                storage={"database_url": bench_database_url()},
                 topic_partitions=partitions,
-                http_port=0,
+                streams={"http_port": 0},
                 **settings,
             ),
             log_dir=LOG_ROOT / f"{label}-{prefix.rstrip('.')}",
@@ -212,18 +212,18 @@ class BenchRun:
         s = self.settings
         return {
             "RATIFIER_TOPIC_PREFIX": s.topic_prefix,
-            "RATIFIER_DATABASE_URL": s.database_url,
+            "RATIFIER_STORAGE__DATABASE_URL": s.storage.database_url,
             "RATIFIER_TOPIC_PARTITIONS": str(s.topic_partitions),
             "RATIFIER_KAFKA_BOOTSTRAP": s.kafka_bootstrap,
-            "RATIFIER_REDIS_URL": s.redis_url,
-            "RATIFIER_HTTP_PORT": "0",
-            "RATIFIER_LOG_LEVEL": "WARNING",
+            "RATIFIER_STORAGE__REDIS_URL": s.storage.redis_url,
+            "RATIFIER_STREAMS__HTTP_PORT": "0",
+            "RATIFIER_OBSERVABILITY__LOG_LEVEL": "WARNING",
             "RATIFIER_PROVIDER_URL": s.provider_url,
             **self.extra_env,
         }
 
     async def prepare(self) -> None:
-        migrate(self.settings.database_url)
+        migrate(self.settings.storage.database_url)
         await ensure_topics(self.settings)
 
     def start(self, command: str, name: str, *args: str, **env: str) -> WorkerProcess:

@@ -28,7 +28,7 @@ SECTION = "## Executor"
 
 async def claim_cost(settings: Settings, n: int) -> tuple[float, float]:
     """(µs per claim, µs per plain SET NX), sequential round trips."""
-    redis = Redis.from_url(settings.redis_url)
+    redis = Redis.from_url(settings.storage.redis_url)
     claims = ClaimStore(redis, prefix=f"bench{uuid.uuid4().hex[:6]}.", owner="bench")
     try:
         now = int(time.time() * 1000)
@@ -80,7 +80,7 @@ async def drain_commands(n: int, *, fast_path: bool) -> float:
 
     def executor() -> list[WorkerProcess]:
         flag = "true" if fast_path else "false"
-        return [run.start("executor", "executor", RATIFIER_REDIS_FAST_PATH=flag)]
+        return [run.start("executor", "executor", RATIFIER_EXECUTOR__REDIS_FAST_PATH=flag)]
 
     try:
         await run.prepare()
@@ -126,7 +126,7 @@ def main() -> int:
                     ],
                     [
                         "executor, one process, read commands, ledger only "
-                        "(`RATIFIER_REDIS_FAST_PATH=false`)",
+                        "(`RATIFIER_EXECUTOR__REDIS_FAST_PATH=false`)",
                         f"{without:,.0f} commands/s",
                         "baseline",
                     ],

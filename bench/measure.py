@@ -220,7 +220,7 @@ async def chain_latency(rate: float, seconds: float) -> dict[str, Any]:
 
 async def baseline_redis(n: int) -> dict[str, Any]:
     run = BenchRun.create("redis")
-    redis = Redis.from_url(run.settings.redis_url)
+    redis = Redis.from_url(run.settings.storage.redis_url)
     prefix = f"{run.settings.topic_prefix}setnx:"
     try:
         started = time.perf_counter()
@@ -267,7 +267,7 @@ def _ledger_transaction(cur: psycopg.Cursor[Any], params: dict[str, Any]) -> Non
 
 async def baseline_postgres(n: int) -> dict[str, Any]:
     def measure() -> dict[str, Any]:
-        url = BenchRun.create("pg").settings.database_url
+        url = BenchRun.create("pg").settings.storage.database_url
         run_id = uuid.uuid4().hex[:8]
         with psycopg.connect(url) as conn:
             started = time.perf_counter()
@@ -364,7 +364,7 @@ async def stages_alone(n: int) -> dict[str, Any]:
         for stage, source, target in chain:
 
             def start(stage: str = stage) -> list[Any]:
-                return [run.start("streams", f"stage-{stage}", RATIFIER_STREAMS_STAGES=stage)]
+                return [run.start("streams", f"stage-{stage}", RATIFIER_STREAMS__STAGES=stage)]
 
             rate, cpu = await drain(run, start, t(source), t(target), n, values, 300)
             out[f"stage_{stage}"] = rate
@@ -397,7 +397,7 @@ async def executor_drain(n: int, *, dedup: bool) -> tuple[float, float]:
         fast_path = "true" if dedup else "false"
 
         def executor() -> list[Any]:
-            return [run.start("executor", "executor", RATIFIER_REDIS_FAST_PATH=fast_path)]
+            return [run.start("executor", "executor", RATIFIER_EXECUTOR__REDIS_FAST_PATH=fast_path)]
 
         return await drain(run, executor, t(Topic.COMMITTED), t(Topic.OUTCOMES), n, commands, 300)
     finally:
@@ -728,7 +728,7 @@ async def kill_one(pipe: Pipeline, rate: float, seconds: float, kill_at: float) 
             recovered = s
             break
     # Duplicate effects: ledger entries and executed-audit rows per call of this run.
-    with psycopg.connect(pipe.run.settings.database_url) as conn:
+    with psycopg.connect(pipe.run.settings.storage.database_url) as conn:
         ledger_dups = conn.execute(
             "SELECT count(*) FROM (SELECT call_id FROM command_ledger WHERE tenant = 'tenant-a'"
             " AND call_id LIKE %s GROUP BY tenant, idempotency_key HAVING count(*) > 1) d",
@@ -858,7 +858,7 @@ async def whole_pipeline(report: Measurements) -> None:
     run = BenchRun.create("pipeline")
     pipe: Pipeline | None = None
     try:
-        seed_payments(run.settings.database_url)
+        seed_payments(run.settings.storage.database_url)
 
         async def start() -> dict[str, Any]:
             nonlocal pipe
@@ -892,7 +892,7 @@ async def whole_pipeline(report: Measurements) -> None:
 
 def _postgres_facts() -> str:
     try:
-        with psycopg.connect(BenchRun.create("facts").settings.database_url) as conn:
+        with psycopg.connect(BenchRun.create("facts").settings.storage.database_url) as conn:
             rows = conn.execute(
                 "SELECT name, setting FROM pg_settings WHERE name IN "
                 "('server_version', 'synchronous_commit', 'fsync', 'commit_delay', "

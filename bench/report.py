@@ -203,7 +203,7 @@ def render(results: Results) -> str:
         *stage_rows,
         [
             "T3: executor alone, fresh read commands (mean of 2 drains), Redis claim off "
-            "(`RATIFIER_REDIS_FAST_PATH=false`, the ledger alone dedups)",
+            "(`RATIFIER_EXECUTOR__REDIS_FAST_PATH=false`, the ledger alone dedups)",
             fmt(v.get("executor_nodedup"), " commands/s"),
             fmt(v.get("executor_nodedup_cpu_us"), " µs CPU/call"),
         ],

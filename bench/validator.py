@@ -63,7 +63,7 @@ async def through_kafka(n: int) -> dict[str, float]:
         relay_rate, _ = await drain(run, relay, f"{p}hop0", f"{p}hop1", n, envelopes, 300)
 
         def validator() -> list[WorkerProcess]:
-            return [run.start("streams", "validator", RATIFIER_STREAMS_STAGES="validator")]
+            return [run.start("streams", "validator", RATIFIER_STREAMS__STAGES="validator")]
 
         t = run.settings.topic
         rate, _ = await drain(
@@ -109,7 +109,7 @@ def main() -> int:
             ),
             "",
             f"{n} envelopes of about {size:.0f} bytes each. The streams worker runs the "
-            "validator stage only (`RATIFIER_STREAMS_STAGES=validator`).",
+            "validator stage only (`RATIFIER_STREAMS__STAGES=validator`).",
             "",
         ]
     )

@@ -137,7 +137,7 @@ class Tool:
     resource: type[ResourceFacts] | None = None
     external: ExternalEffect | None = None
     secret_fields: frozenset[str] = field(default_factory=frozenset)
-    # How long an approval request waits (None: the RATIFIER_APPROVAL_TTL_SECONDS default),
+    # How long an approval request waits (None: the RATIFIER_APPROVALS__TTL_SECONDS default),
     # and whether the requester may approve their own call.
     approval_ttl: timedelta | None = None
     allow_self_approval: bool = False

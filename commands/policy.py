@@ -29,7 +29,8 @@ from telemetry.metrics import count_policy_evaluation_error
 
 log = logging.getLogger("ratifier.policies")
 
-DEFAULT_POLICY_DIR = Path(__file__).parent / "policies"
+# The reference catalog's policies live with its domain (commands/payments/policies).
+DEFAULT_POLICY_DIR = Path(__file__).parent / "payments" / "policies"
 SCHEMA_SUFFIX = ".cedarschema.json"
 
 # Effects that need a human's approval before they are committed (unless a policy annotated

@@ -29,8 +29,8 @@ log = logging.getLogger("ratifier.policies")
 
 
 def local_policies(settings: Settings) -> PolicySet:
-    """The local policy folder's set (``RATIFIER_POLICY_DIR``, default ours), logged."""
-    directory = Path(settings.policy_dir or DEFAULT_POLICY_DIR)
+    """The local policy folder's set (``RATIFIER_POLICIES__DIRECTORY``, default ours), logged."""
+    directory = Path(settings.policies.directory or DEFAULT_POLICY_DIR)
     policies = PolicySet.from_directory(directory)
     log.info("local policy folder %s holds policy set %s", directory, policies.version)
     problems = catalog_mismatches(policies, load_catalog(settings.catalog))
@@ -45,7 +45,7 @@ def local_policies(settings: Settings) -> PolicySet:
 
 def policy_record(settings: Settings, policies: PolicySet) -> PolicySetRecord:
     return PolicySetRecord(
-        name=settings.policy_set_name,
+        name=settings.policies.set_name,
         policies=policies.text,
         cedar_schema=json.loads(policies.schema),
         version=policies.version,
@@ -101,11 +101,11 @@ async def policy_status(settings: Settings) -> PolicyStatus:
     feed = PolicyFeed(settings, local_policies(settings))
     await feed.catch_up(announce=False)
     return PolicyStatus(
-        name=settings.policy_set_name,
+        name=settings.policies.set_name,
         in_force=feed.current.version,
         origin=feed.origin,
         local=feed.local_version,
-        local_dir=str(settings.policy_dir or DEFAULT_POLICY_DIR),
+        local_dir=str(settings.policies.directory or DEFAULT_POLICY_DIR),
         refusals=tuple(feed.refusals),
     )
 
@@ -126,7 +126,7 @@ class PolicyFeed:
         self.refusals: list[Refusal] = []
         self.local_version = initial.version
         # Where the set in force came from, for the start-up line and `policy status`.
-        self.origin = f"local folder {settings.policy_dir or DEFAULT_POLICY_DIR}"
+        self.origin = f"local folder {settings.policies.directory or DEFAULT_POLICY_DIR}"
 
     @property
     def current(self) -> PolicySet:
@@ -139,7 +139,10 @@ class PolicyFeed:
         except ValidationError:
             self._refuse("?", "unreadable policies record")
             return
-        if record.name != self._settings.policy_set_name or record.version == self._current.version:
+        if (
+            record.name != self._settings.policies.set_name
+            or record.version == self._current.version
+        ):
             return
         try:
             candidate = PolicySet.from_sources(record.policies, canonical_json(record.cedar_schema))
@@ -175,11 +178,12 @@ class PolicyFeed:
 
     def announce(self) -> None:
         """Say which set is in force and where it came from; a local folder that differs
-        from it is reported loudly (and stops start-up with RATIFIER_POLICY_DIR_MISMATCH=error):
-        editing the folder and restarting does not replace a published set."""
+        from it is reported loudly (and stops start-up with
+        RATIFIER_POLICIES__DIRECTORY_MISMATCH=error): editing the folder and restarting does
+        not replace a published set."""
         log.warning(
             "policy set in force: %s %s, from %s",
-            self._settings.policy_set_name,
+            self._settings.policies.set_name,
             self._current.version,
             self.origin,
         )
@@ -190,7 +194,7 @@ class PolicyFeed:
             f"{self.local_version}, the published set {self._current.version} is used. "
             "Publish the folder (`ratifier policy publish`) to enforce it."
         )
-        if self._settings.policy_dir_mismatch == "error":
+        if self._settings.policies.directory_mismatch == "error":
             raise ConfigurationError(message)
         log.error("%s", message)
 

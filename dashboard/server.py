@@ -262,7 +262,7 @@ def create_app(settings: Settings, *, keys: ContextKeys | None = None) -> web.Ap
 def run_dashboard(settings: Settings, *, port: int | None = None) -> None:
     """Serve until SIGINT/SIGTERM, on ``metrics_host`` (loopback unless configured)."""
     chosen = settings.dashboard_port if port is None else port
-    host = settings.metrics_host
+    host = settings.observability.metrics_host
     print(
         f"dashboard: http://{host}:{chosen}/  (topic prefix {settings.topic_prefix!r})",
         flush=True,

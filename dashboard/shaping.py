@@ -20,6 +20,7 @@ from schemas.envelopes import (
     Status,
 )
 from schemas.errors import ApprovalExpired, ErrorCode, InvalidArguments, ResourceNotFound
+from schemas.vocabulary import AuditKind, LedgerStatus
 
 # date_bin's origin in the SQL: buckets are aligned to it, so a bucket has one start for
 # everyone.
@@ -397,7 +398,7 @@ def operations(
         )
     items = []
     for row in ledger_rows:
-        if row["status"] == "unknown":
+        if row["status"] == LedgerStatus.UNKNOWN:
             state = "escalated" if row["escalated_at"] else "reconciling"
         else:
             state = "settled"
@@ -425,17 +426,17 @@ def _history_summary(kind: str, detail: Mapping[str, Any]) -> str:
         value = detail.get(key)
         return None if value is None else str(value)[:120]
 
-    if kind in ("executed", "read"):
+    if kind in (AuditKind.EXECUTED, AuditKind.READ):
         return " ".join(
             p for p in (get("status"), f"({get('code')})" if get("code") else None) if p
         )
-    if kind == "reconciled":
+    if kind == AuditKind.RECONCILED:
         return f"{get('status')} after {get('attempts')} check(s)" + (
             f" ({get('code')})" if get("code") else ""
         )
-    if kind == "escalated":
+    if kind == AuditKind.ESCALATED:
         return f"escalated to humans after {get('attempts')} check(s)"
-    if kind == "resolved_by_human":
+    if kind == AuditKind.RESOLVED_BY_HUMAN:
         verdict = "applied" if detail.get("applied") else "not applied"
         ref = f", ref {get('reference')}" if get("reference") else ""
         return f"{verdict} by {get('by')}{ref}"

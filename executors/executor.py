@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Container
+from collections.abc import Container
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -46,6 +46,7 @@ from commands.catalog import (
 )
 from commands.policy import PolicySource, authorize
 from executors.claims import Claim, ClaimKind, ClaimStore
+from executors.crash_points import NO_CRASH_POINTS, CrashPoint, CrashPoints
 from executors.decisions import Dedup, dedup_decision, receipt_problem, status_for
 from executors.ledger import CommandLedger
 from schemas.envelopes import Actor, CommittedCommand, Effect, ErrorInfo, Outcome, Stage, Status
@@ -59,15 +60,10 @@ from schemas.errors import (
     TransientFailure,
 )
 from schemas.settings import Settings
+from schemas.vocabulary import AuditKind, LedgerStatus
 from telemetry.metrics import count_dedup
 
 log = logging.getLogger("ratifier.executor")
-
-CrashHook = Callable[[str], None]
-
-
-def _no_crash(_point: str) -> None:
-    return None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,7 +96,7 @@ class CommandExecutor:
         policies: PolicySource,
         cancelled: Container[str] = frozenset(),
         retry_attempts: int = 4,
-        crash: CrashHook = _no_crash,
+        crash_points: CrashPoints = NO_CRASH_POINTS,
         wait_for_owner_seconds: float = 30.0,
         receipt_keys: ApprovalKeys | None = None,
     ) -> None:
@@ -113,7 +109,7 @@ class CommandExecutor:
         self._policies = policies
         self._cancelled = cancelled
         self._retry_attempts = retry_attempts
-        self._crash = crash
+        self._crash_points = crash_points
         self._ledger = CommandLedger()
 
     # -- outcomes ---------------------------------------------------------------------------
@@ -186,7 +182,7 @@ class CommandExecutor:
             if first.pending_fence is not None:
                 first = await self._settle_in_flight(command, first)
             if pending is not None:
-                self._crash("before_effect")
+                self._crash_points.reached(CrashPoint.BEFORE_EFFECT)
                 first = await self._perform(command, pending, trace_id)
         except (psycopg.OperationalError, PoolTimeout) as exc:
             # The connection was lost: the open transaction rolled back; nothing is recorded
@@ -208,7 +204,7 @@ class CommandExecutor:
         try:
             async with self._pool.connection() as conn, conn.transaction():
                 ended, _ = await self._run(conn, command, 0, trace_id)  # no external effect
-                await self._audit_executed(conn, command, ended.outcome, kind="read")
+                await self._audit_executed(conn, command, ended.outcome, kind=AuditKind.READ)
         except (psycopg.OperationalError, PoolTimeout) as exc:
             raise StorageUnavailable() from exc
         count_dedup("ledger", "skipped_read")
@@ -266,7 +262,7 @@ class CommandExecutor:
         if verdict is Dedup.REPLAY and entry.outcome is not None:
             return Execution(outcome=self._readdressed(entry.outcome, command))
         # Started before and not finished: the effect may have happened. Never re-run it.
-        pending = entry.status == "effect_pending"
+        pending = entry.status == LedgerStatus.EFFECT_PENDING
         if not pending:
             # Answered `unknown` now: this call is owed the settlement (entry locked).
             await self._ledger.await_settlement(conn, command, trace_id=trace_id)
@@ -288,8 +284,8 @@ class CommandExecutor:
                 entry = await self._ledger.entry_for_update(conn, command)
                 if entry is None:
                     raise StorageUnavailable()
-                if entry.status != "effect_pending" or entry.fencing != fence:
-                    if entry.outcome is not None and entry.status != Status.UNKNOWN.value:
+                if entry.status != LedgerStatus.EFFECT_PENDING or entry.fencing != fence:
+                    if entry.outcome is not None and entry.status != LedgerStatus.UNKNOWN:
                         return Execution(outcome=self._readdressed(entry.outcome, command))
                     await self._ledger.await_settlement(
                         conn, command, trace_id=first.outcome.trace_id
@@ -318,7 +314,7 @@ class CommandExecutor:
         conn: Connection,
         command: CommittedCommand,
         outcome: Outcome,
-        kind: str = "executed",
+        kind: AuditKind = AuditKind.EXECUTED,
     ) -> None:
         await self._ledger.audit(
             conn,
@@ -445,7 +441,7 @@ class CommandExecutor:
             code, refusal = ErrorCode.PERMANENT_ERROR, exc
         except OutcomeUnknown:
             code = ErrorCode.TIMEOUT
-        self._crash("after_effect")
+        self._crash_points.reached(CrashPoint.AFTER_EFFECT)
         if done is not None:
             outcome = self._outcome(
                 command,
@@ -485,7 +481,7 @@ class CommandExecutor:
                     conn,
                     tenant=command.tenant,
                     call_id=command.call_id,
-                    kind="late_result",
+                    kind=AuditKind.LATE_RESULT,
                     detail={
                         "operation_id": command.operation_id,
                         "late_status": outcome.status.value,
@@ -495,7 +491,7 @@ class CommandExecutor:
                 if (
                     entry is not None
                     and entry.outcome is not None
-                    and entry.status != Status.UNKNOWN.value
+                    and entry.status != LedgerStatus.UNKNOWN
                 ):
                     return Execution(outcome=self._readdressed(entry.outcome, command))
                 await self._ledger.await_settlement(conn, command, trace_id=trace_id)
@@ -503,5 +499,5 @@ class CommandExecutor:
                     outcome=outcome.model_copy(update={"status": Status.UNKNOWN}), unknown=True
                 )
             await self._audit_executed(conn, command, outcome)
-        self._crash("after_ledger")
+        self._crash_points.reached(CrashPoint.AFTER_LEDGER)
         return Execution(outcome=outcome, unknown=code is ErrorCode.TIMEOUT)

@@ -14,6 +14,7 @@ from psycopg.types.json import Jsonb
 from commands.catalog import Connection
 from commands.sql import named_query
 from schemas.envelopes import CommittedCommand, Outcome
+from schemas.vocabulary import AuditKind, LedgerStatus
 
 _PKG = __name__.rpartition(".")[0]
 
@@ -23,7 +24,7 @@ class LedgerEntry:
     operation_id: str
     call_id: str
     fingerprint: str
-    status: str
+    status: LedgerStatus
     fencing: int
     outcome: Outcome | None
     effect: dict[str, Any] | None
@@ -65,7 +66,7 @@ class CommandLedger:
             operation_id=row["operation_id"],
             call_id=row["call_id"],
             fingerprint=row["fingerprint"],
-            status=row["status"],
+            status=LedgerStatus(row["status"]),
             fencing=row["fencing"],
             outcome=Outcome.model_validate(stored) if stored is not None else None,
             effect=row["effect"],
@@ -149,11 +150,11 @@ class CommandLedger:
         *,
         tenant: str | None,
         call_id: str | None,
-        kind: str,
+        kind: AuditKind,
         detail: dict[str, Any],
     ) -> None:
         async with conn.cursor() as cur:
             await cur.execute(
                 named_query(_PKG, "insert_audit"),
-                {"tenant": tenant, "call_id": call_id, "kind": kind, "detail": Jsonb(detail)},
+                {"tenant": tenant, "call_id": call_id, "kind": kind.value, "detail": Jsonb(detail)},
             )

@@ -48,8 +48,8 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from commands.catalog import Catalog, Connection, EffectRequest, HandlerResult
 from commands.sql import named_query
+from executors.crash_points import NO_CRASH_POINTS, CrashPoint, CrashPoints
 from executors.ledger import CommandLedger
-from executors.service import crash_hook
 from runtime.clients import (
     database_conninfo,
     kafka_consumer,
@@ -73,6 +73,7 @@ from schemas.errors import (
 )
 from schemas.names import RECONCILER_GROUP, TRACEPARENT_HEADER, Topic
 from schemas.settings import Settings
+from schemas.vocabulary import AuditKind
 from telemetry.metrics import RECONCILIATIONS, set_reconciliation_queue
 from telemetry.tracing import TraceParent, Tracer, new_trace_id, traceparent_of, tracer_from
 
@@ -245,7 +246,7 @@ class Reconciler:
             conn,
             tenant=row["tenant"],
             call_id=row["call_id"],
-            kind="reconciled",
+            kind=AuditKind.RECONCILED,
             detail={
                 "operation_id": row["operation_id"],
                 "status": outcome.status.value,
@@ -307,7 +308,7 @@ class Reconciler:
             conn,
             tenant=row["tenant"],
             call_id=row["call_id"],
-            kind="escalated",
+            kind=AuditKind.ESCALATED,
             detail={"operation_id": row["operation_id"], "attempts": attempt},
         )
         log.error("operation %s escalated after %d checks", row["operation_id"], attempt)
@@ -352,7 +353,7 @@ class Reconciler:
                 (emit,) = handled.emits
                 traceparent = record_emits_hop(
                     Tracer(),
-                    "reconcile",
+                    Stage.RECONCILE,
                     handled.emits,
                     parent=None,
                     start_ns=time.time_ns(),
@@ -410,7 +411,7 @@ class Reconciler:
                 conn,
                 tenant=tenant,
                 call_id=row["call_id"],
-                kind="resolved_by_human",
+                kind=AuditKind.RESOLVED_BY_HUMAN,
                 detail={
                     "operation_id": operation_id,
                     "applied": applied,
@@ -523,13 +524,14 @@ class ReconcilerService:
         catalog: Catalog,
         *,
         prepare: Callable[[], Awaitable[None]] | None = None,
+        crash_points: CrashPoints = NO_CRASH_POINTS,
     ) -> None:
         self._settings = settings
         self._catalog = catalog
         self._prepare = prepare
         self.health = Health.of("reconciler", settings)
         self.stopping = asyncio.Event()
-        self._crash = crash_hook(settings.reconciler_crash_at)
+        self._crash_points = crash_points
         self._tracer = tracer_from(settings, service="reconciler")
         self._parents: dict[str, TraceParent] = {}
         self._loop: ConsumerLoop | None = None
@@ -585,9 +587,9 @@ class ReconcilerService:
             self._reconciler = Reconciler(
                 pool=pool,
                 catalog=self._catalog,
-                attempts=self._settings.reconcile_attempts,
-                backoff_base=self._settings.reconcile_backoff_seconds,
-                backoff_cap=self._settings.reconcile_backoff_cap_seconds,
+                attempts=self._settings.reconciler.attempts,
+                backoff_base=self._settings.reconciler.backoff_seconds,
+                backoff_cap=self._settings.reconciler.backoff_cap_seconds,
             )
         return self._reconciler
 
@@ -638,7 +640,8 @@ class ReconcilerService:
         assert self._outbox is not None
         await self._outbox.acknowledged()
         if await reconciler.run_due():
-            self._crash("after_settle")  # crash tests: settled and committed, not published
+            # crash tests: settled and committed, not published
+            self._crash_points.reached(CrashPoint.AFTER_SETTLE)
         if time.monotonic() >= self._metrics_due:
             self._metrics_due = time.monotonic() + METRICS_REFRESH_SECONDS
             await reconciler.refresh_queue_metrics()
@@ -660,7 +663,7 @@ class ReconcilerService:
                 settings,
                 self._consumer,
                 self._producer,
-                stage="reconcile",
+                stage=Stage.RECONCILE,
                 group=settings.group(RECONCILER_GROUP),
                 handle=self._wake_up,
                 tracer=self._tracer,
@@ -692,13 +695,16 @@ async def run_reconciler(
     catalog: Catalog,
     *,
     prepare: Callable[[], Awaitable[None]] | None = None,
+    crash_points: CrashPoints = NO_CRASH_POINTS,
 ) -> None:
     """Serve health at once; ``prepare`` (migrations check, topics) and connecting are
     retried until the database and the broker answer; then run until SIGTERM / SIGINT."""
-    service = ReconcilerService(settings, catalog, prepare=prepare)
+    service = ReconcilerService(settings, catalog, prepare=prepare, crash_points=crash_points)
     stop_on_signals(service.stop)
     close = await serve_health(
-        settings.metrics_host, settings.reconciler_metrics_port, service.health
+        settings.observability.metrics_host,
+        settings.observability.reconciler_metrics_port,
+        service.health,
     )
     try:
         await service.run()

@@ -13,8 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import random
-import signal
 import socket
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -29,6 +27,7 @@ from commands.catalog import Catalog
 from commands.policy_feed import PolicyFeed
 from executors.cancellations import CancelledCalls
 from executors.claims import ClaimStore
+from executors.crash_points import NO_CRASH_POINTS, CrashPoint, CrashPoints
 from executors.executor import CommandExecutor
 from runtime.clients import database_conninfo, kafka_consumer, kafka_producer, pg_pool, redis_client
 from runtime.emit import Emit
@@ -47,22 +46,6 @@ log = logging.getLogger("ratifier.executor")
 POOL_SIZE = 8
 
 
-def crash_hook(spec: str | None) -> Any:
-    """Fault injection for crash tests: ``point:probability`` (e.g. ``after_effect:0.05``)
-    kills this process with SIGKILL at that point. Off unless configured."""
-    if not spec:
-        return lambda _point: None
-    point, _, rate = spec.partition(":")
-    probability = float(rate or "1")
-
-    def maybe_crash(at: str) -> None:
-        if at == point and random.random() < probability:  # noqa: S311 - test fault, not crypto
-            log.error("crash test: SIGKILL at %s", at)
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    return maybe_crash
-
-
 class ExecutorService:
     """The executor's handler on the runtime's consumer loop (runtime/loop.py)."""
 
@@ -73,13 +56,14 @@ class ExecutorService:
         catalog: Catalog,
         policies: PolicyFeed,
         health: Health | None = None,
+        crash_points: CrashPoints = NO_CRASH_POINTS,
     ) -> None:
         self._settings = settings
         self.health = health or Health.of("executor", settings)
         self._catalog = catalog
         self._policies = policies
         self._stopping = asyncio.Event()
-        self._crash = crash_hook(settings.executor_crash_at)
+        self._crash_points = crash_points
         self._tracer = tracer_from(settings, service="executor")
         self._loop: ConsumerLoop | None = None
         # Commands in flight at once in this process (the pool has POOL_SIZE connections).
@@ -159,18 +143,18 @@ class ExecutorService:
             redis,
             prefix=settings.topic_prefix,
             owner=owner,
-            lease_ms=settings.claim_lease_seconds * 1000,
+            lease_ms=settings.executor.claim_lease_seconds * 1000,
         )
         cancelled = CancelledCalls(settings)
         executor = CommandExecutor(
             pool=pool,
-            claims=claims if settings.redis_fast_path else None,
+            claims=claims if settings.executor.redis_fast_path else None,
             catalog=self._catalog,
             policies=self._policies,
             cancelled=cancelled,
-            retry_attempts=settings.retry_attempts,
-            crash=self._crash,
-            wait_for_owner_seconds=settings.claim_lease_seconds,
+            retry_attempts=settings.executor.retry_attempts,
+            crash_points=self._crash_points,
+            wait_for_owner_seconds=settings.executor.claim_lease_seconds,
         )
         execute = partial(self._execute, executor, pool)
 
@@ -181,13 +165,13 @@ class ExecutorService:
             settings,
             consumer,
             producer,
-            stage="execute",
+            stage=Stage.EXECUTE,
             group=group,
             handle=handle,
             tracer=self._tracer,
             answers=Stage.EXECUTE,
             # Offsets move only after every outcome is acknowledged (crash tests kill here).
-            before_commit=lambda: self._crash("after_publish"),
+            before_commit=lambda: self._crash_points.reached(CrashPoint.AFTER_PUBLISH),
             health=self.health,
         )
         if self._stopping.is_set():
@@ -225,10 +209,13 @@ def run_executor(
     catalog: Catalog,
     policies: PolicyFeed,
     prepare: Callable[[], Awaitable[object]] | None = None,
+    crash_points: CrashPoints = NO_CRASH_POINTS,
 ) -> None:
     """Serve health and metrics at once, then ``prepare`` (topics) and catch up on the
     policies until the broker answers (alive, not ready meanwhile), then run."""
-    service = ExecutorService(settings, catalog=catalog, policies=policies)
+    service = ExecutorService(
+        settings, catalog=catalog, policies=policies, crash_points=crash_points
+    )
 
     async def start() -> None:
         if prepare is not None:
@@ -238,7 +225,9 @@ def run_executor(
     async def main() -> None:
         stop_on_signals(service.stop)
         close = await serve_health(
-            settings.metrics_host, settings.executor_metrics_port, service.health
+            settings.observability.metrics_host,
+            settings.observability.executor_metrics_port,
+            service.health,
         )
         try:
             await connect_retrying(start, service.health, what="kafka", stop=service.stopping)

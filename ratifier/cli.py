@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
+from executors.crash_points import NO_CRASH_POINTS, CrashPoints
 from runtime.clients import database_conninfo
 from schemas.errors import RatifierError
 from schemas.settings import Settings
@@ -17,7 +18,7 @@ from schemas.settings import Settings
 
 def _setup_logging(settings: Settings) -> None:
     logging.basicConfig(
-        level=settings.log_level.upper(),
+        level=settings.observability.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     # aiokafka narrates every rebalance and metadata change at INFO.
@@ -75,14 +76,14 @@ def cmd_streams(settings: Settings, _args: argparse.Namespace) -> int:
     feed = PolicyFeed(settings, local_policies(settings))
     asyncio.run(feed.catch_up())  # start on the newest published policy set
     app = create_app(settings, catalog=load_catalog(settings.catalog), feed=feed)
-    worker = faust.Worker(app, loglevel=settings.log_level.upper(), quiet=True)
+    worker = faust.Worker(app, loglevel=settings.observability.log_level.upper(), quiet=True)
     # The terminal spinner sets the root logger to DEBUG so that every log call spins it:
     # each produced and consumed record then builds a DEBUG LogRecord (~7 % of a stage's CPU).
     worker.spinner = None
     worker.execute_from_commandline()  # runs until a signal stops it, then exits
 
 
-def cmd_executor(settings: Settings, _args: argparse.Namespace) -> int:
+def cmd_executor(settings: Settings, args: argparse.Namespace) -> int:
     from commands.catalog import load_catalog
     from commands.policy_feed import PolicyFeed, local_policies
     from executors.service import run_executor
@@ -98,6 +99,7 @@ def cmd_executor(settings: Settings, _args: argparse.Namespace) -> int:
         catalog=load_catalog(settings.catalog),
         policies=feed,
         prepare=lambda: ensure_topics(settings),
+        crash_points=args.crash_points,
     )
     return 0
 
@@ -105,7 +107,7 @@ def cmd_executor(settings: Settings, _args: argparse.Namespace) -> int:
 def _policy_dir(settings: Settings, args: argparse.Namespace) -> Path:
     from commands.policy import DEFAULT_POLICY_DIR
 
-    return Path(args.policies or settings.policy_dir or DEFAULT_POLICY_DIR)
+    return Path(args.policies or settings.policies.directory or DEFAULT_POLICY_DIR)
 
 
 def cmd_policy_check(settings: Settings, args: argparse.Namespace) -> int:
@@ -159,7 +161,7 @@ def cmd_policy_publish(settings: Settings, args: argparse.Namespace) -> int:
     )
     asyncio.run(ensure_topics(settings))
     asyncio.run(publish_policies(settings, policy_record(settings, policies)))
-    print(f"published policy set {settings.policy_set_name!r} version {policies.version}")
+    print(f"published policy set {settings.policies.set_name!r} version {policies.version}")
     return 0
 
 
@@ -193,14 +195,14 @@ def cmd_policy_replay(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_approvals(settings: Settings, args: argparse.Namespace) -> int:
     import json
-    import os
 
     from approvals.inbox import ApprovalInbox, approver_from, decision_for, publish_decision
     from approvals.signing import approval_keys
     from schemas.envelopes import ApprovalVerdict
     from schemas.identity import context_keys
 
-    token = args.token or os.environ.get("RATIFIER_APPROVER_TOKEN")
+    secret = settings.approver_token
+    token = args.token or (secret.get_secret_value() if secret is not None else None)
     approver = approver_from(token, context_keys(settings))
     inbox = ApprovalInbox(settings)
 
@@ -244,7 +246,7 @@ def cmd_approvals(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_reconciler(settings: Settings, _args: argparse.Namespace) -> int:
+def cmd_reconciler(settings: Settings, args: argparse.Namespace) -> int:
     from commands.catalog import load_catalog
     from executors.reconciler import run_reconciler
     from ratifier.migrate import require_current_schema
@@ -258,7 +260,8 @@ def cmd_reconciler(settings: Settings, _args: argparse.Namespace) -> int:
 
     # The schema check and topics are retried with the reconciler's cycle: a database or
     # broker unreachable at start delays it, never ends it (a schema behind the build does).
-    asyncio.run(run_reconciler(settings, load_catalog(settings.catalog), prepare=prepare))
+    catalog = load_catalog(settings.catalog)
+    asyncio.run(run_reconciler(settings, catalog, prepare=prepare, crash_points=args.crash_points))
     return 0
 
 
@@ -342,7 +345,9 @@ def cmd_mcp(settings: Settings, args: argparse.Namespace) -> int:
         async with RatifierClient.from_settings(settings) as client:
             catalog = load_catalog(settings.catalog)
             approvals_url = args.approvals_url or (
-                f"http://127.0.0.1:{settings.http_port}" if settings.http_port else None
+                f"http://127.0.0.1:{settings.streams.http_port}"
+                if settings.streams.http_port
+                else None
             )
             gateway = McpGateway(
                 catalog=catalog,
@@ -431,12 +436,16 @@ def build_parser() -> argparse.ArgumentParser:
     policy = sub.add_parser("policy", help="publish or replay Cedar policy sets")
     policy_sub = policy.add_subparsers(dest="policy_command", required=True)
     publish = policy_sub.add_parser("publish", help="publish a policy set to running services")
-    publish.add_argument("--policies", help="directory (default: RATIFIER_POLICY_DIR or ours)")
+    publish.add_argument(
+        "--policies", help="directory (default: RATIFIER_POLICIES__DIRECTORY or ours)"
+    )
     publish.set_defaults(func=cmd_policy_publish)
     check = policy_sub.add_parser(
         "check", help="check a policy set against the catalog's schema; every error, file:line"
     )
-    check.add_argument("--policies", help="directory (default: RATIFIER_POLICY_DIR or ours)")
+    check.add_argument(
+        "--policies", help="directory (default: RATIFIER_POLICIES__DIRECTORY or ours)"
+    )
     check.set_defaults(func=cmd_policy_check)
     policy_sub.add_parser(
         "schema", help="print the Cedar schema generated from the catalog (RATIFIER_CATALOG)"
@@ -510,7 +519,7 @@ def build_parser() -> argparse.ArgumentParser:
     mcp.add_argument(
         "--approvals-url",
         help="the approval API end users confirm through (MCP elicitation); "
-        "default: http://127.0.0.1:RATIFIER_HTTP_PORT",
+        "default: http://127.0.0.1:RATIFIER_STREAMS__HTTP_PORT",
     )
     mcp.set_defaults(func=cmd_mcp)
     schemas = sub.add_parser("schemas", help="write JSON Schema files of the contract")
@@ -549,8 +558,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: Sequence[str] | None = None, *, crash_points: CrashPoints = NO_CRASH_POINTS) -> int:
+    """``crash_points``: where a worker may be stopped dead (crash tests inject theirs through
+    `python -m testsupport.crashing`); production runs with none."""
+    parser = build_parser()
+    parser.set_defaults(crash_points=crash_points)
+    args = parser.parse_args(argv)
     settings = Settings()
     if args.command != "streams":  # faust configures its own logging
         _setup_logging(settings)

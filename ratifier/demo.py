@@ -36,10 +36,16 @@ from schemas.identity import context_keys, issue_context_token
 from schemas.names import Topic
 from schemas.settings import Settings
 
-LOCAL_HOME = Path(os.environ.get("RATIFIER_LOCAL_HOME", Path.home() / ".cache" / "ratifier-local"))
-LOG_DIR = LOCAL_HOME / "logs"
-# `deploy/local/down` stops every process recorded here (demo-*.pid) before the services.
-RUN_DIR = LOCAL_HOME / "run"
+
+def _log_dir(settings: Settings) -> Path:
+    return settings.local_home / "logs"
+
+
+def _run_dir(settings: Settings) -> Path:
+    """`deploy/local/down` stops every process recorded here (demo-*.pid) before the
+    services."""
+    return settings.local_home / "run"
+
 
 # name -> `ratifier` arguments and the log line that says it is ready (the dashboard is
 # checked over HTTP). The order is the start order.
@@ -325,9 +331,9 @@ async def _approve(settings: Settings, producer: AIOKafkaProducer, request: dict
     )
 
 
-def _stop_previous_demo() -> None:
+def _stop_previous_demo(settings: Settings) -> None:
     """A new demo replaces the processes a previous one left running."""
-    for pid_file in sorted(RUN_DIR.glob("demo-*.pid")):
+    for pid_file in sorted(_run_dir(settings).glob("demo-*.pid")):
         try:
             pid = int(pid_file.read_text(encoding="utf-8").split()[0])
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -344,14 +350,15 @@ def _stop_previous_demo() -> None:
         pid_file.unlink(missing_ok=True)
 
 
-def _start_processes() -> list[WorkerProcess]:
-    RUN_DIR.mkdir(parents=True, exist_ok=True)
+def _start_processes(settings: Settings) -> list[WorkerProcess]:
+    run_dir, log_dir = _run_dir(settings), _log_dir(settings)
+    run_dir.mkdir(parents=True, exist_ok=True)
     workers = []
     for name, args, _ready in DEMO_PROCESSES:
         # The fake provider is test support: its own module, started, never imported.
         module = FAKE_PROVIDER_MODULE if name == "provider" else "ratifier.cli"
-        worker = start_worker_args(list(args), name=f"demo-{name}", log_dir=LOG_DIR, module=module)
-        (RUN_DIR / f"demo-{name}.pid").write_text(f"{worker.process.pid}\n", encoding="utf-8")
+        worker = start_worker_args(list(args), name=f"demo-{name}", log_dir=log_dir, module=module)
+        (run_dir / f"demo-{name}.pid").write_text(f"{worker.process.pid}\n", encoding="utf-8")
         workers.append(worker)
     return workers
 
@@ -382,7 +389,7 @@ def _summary(settings: Settings, seen: dict[str, tuple[Step, str]], url: str) ->
     waiting = [c for c, (_step, status) in seen.items() if status == AWAITING]
     approved = [c for c, (step, status) in seen.items() if step.approve and status == "succeeded"]
     denied = [c for c, (step, _s) in seen.items() if step.expect_code == "not_found"]
-    ratifier = os.environ.get("RATIFIER_BIN", "ratifier")
+    ratifier = settings.bin
     print()
     print("summary")
     print(f"  calls:      {len(seen)} — " + ", ".join(f"{n} {s}" for s, n in counts.most_common()))
@@ -394,25 +401,26 @@ def _summary(settings: Settings, seen: dict[str, tuple[Step, str]], url: str) ->
     for call_id in waiting:
         print(
             f"  inbox:      {call_id} (a refund) waits for your decision in the dashboard "
-            f"(it expires after {settings.approval_ttl_seconds // 60} min)"
+            f"(it expires after {settings.approvals.ttl_seconds // 60} min)"
         )
     for call_id in approved + denied:
         print(f"  story:      {ratifier} audit show {call_id}")
     print(
         f"  running:    {', '.join(n for n, _a, _r in DEMO_PROCESSES)} on prefix "
-        f"'{settings.topic_prefix}' (logs in {LOG_DIR}); `make down` stops them and the services"
+        f"'{settings.topic_prefix}' (logs in {_log_dir(settings)}); `make down` stops them and "
+        "the services"
     )
 
 
 def run_demo(settings: Settings, *, timeout: float = 120.0) -> int:
     migrate(database_conninfo(settings))
     asyncio.run(ensure_topics(settings))
-    _stop_previous_demo()
+    _stop_previous_demo(settings)
     run_id = f"{datetime.now(UTC):%H%M%S}-{uuid.uuid4().hex[:4]}"
     url = f"http://127.0.0.1:{settings.dashboard_port}/"
-    workers = _start_processes()
+    workers = _start_processes(settings)
     started = ", ".join(f"{w.name.removeprefix('demo-')} (pid {w.process.pid})" for w in workers)
-    print(f"started {started}; logs in {LOG_DIR}", flush=True)
+    print(f"started {started}; logs in {_log_dir(settings)}", flush=True)
     ok = False
     try:
         if not _wait_until_ready(url, workers, timeout=90):
@@ -427,7 +435,7 @@ def run_demo(settings: Settings, *, timeout: float = 120.0) -> int:
                 code = worker.stop()
                 if code not in (0, -15):
                     print(f"{worker.name} exited with {code}; last log lines:\n{worker.log_tail()}")
-            _stop_previous_demo()
+            _stop_previous_demo(settings)
             print("stopped the demo's processes")
     print("demo: every outcome as expected" if ok else "demo: FAILED (see above)")
     return 0 if ok else 1

@@ -1,11 +1,16 @@
 """Apply the plain-SQL migrations under ``deploy/migrations`` once each, in order, then the
 catalog's own (``Catalog(name=..., migrations=<folder>)``), recorded as ``<name>/<file>``:
-a plugin numbers its migrations in its own folder, and the reference domain's seed data is
-applied only with the reference catalog."""
+a plugin numbers its migrations in its own folder, and the reference domain's tables and seed
+data are applied only with the reference catalog.
+
+A file that was recorded under another version before it moved or was renamed says so on its
+first line, ``-- formerly: <version>``: a database that applied it under that version does not
+apply it again (the reference domain's tables were part of our ``0001_schema`` once)."""
 
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import psycopg
@@ -22,6 +27,7 @@ MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "deploy" / "migrations
 ADVISORY_LOCK_ID = 0x5241544946  # "RATIF"
 
 _PKG = "ratifier"
+_FORMERLY = re.compile(r"--\s*formerly:\s*(\S+)")
 
 
 def _pending_files(directory: Path, catalog: Catalog | None) -> list[tuple[str, Path]]:
@@ -32,6 +38,17 @@ def _pending_files(directory: Path, catalog: Catalog | None) -> list[tuple[str, 
             for path in sorted(catalog.migrations.glob("*.sql"))
         ]
     return files
+
+
+def former_version(path: Path) -> str | None:
+    """The version ``path`` was recorded under before it moved (its ``-- formerly:`` line)."""
+    with path.open(encoding="utf-8") as text:
+        found = _FORMERLY.match(text.readline().strip())
+    return found.group(1) if found else None
+
+
+def _applied(version: str, path: Path, done: set[str]) -> bool:
+    return version in done or former_version(path) in done
 
 
 def migrate(
@@ -49,7 +66,7 @@ def migrate(
                 conn.execute(named_query(_PKG, "create_schema_migrations"))
                 done = {row[0] for row in conn.execute(named_query(_PKG, "applied_migrations"))}
                 for version, path in files:
-                    if version in done:
+                    if _applied(version, path, done):
                         continue
                     with conn.transaction():
                         conn.execute(path.read_text(encoding="utf-8"))
@@ -75,21 +92,22 @@ def pending_migrations(
     database_url: str, directory: Path = MIGRATIONS_DIR, catalog: Catalog | str | None = None
 ) -> list[str]:
     """The migrations (ours, then the catalog's) that the database has not applied yet."""
-    wanted = [version for version, _path in _pending_files(directory, _catalog(catalog))]
+    files = _pending_files(directory, _catalog(catalog))
     try:
         with pg_connect(database_url, autocommit=True) as conn:
             present = conn.execute(named_query(_PKG, "schema_migrations_present")).fetchone()
             if present is None or not present[0]:
-                return wanted
+                return [version for version, _path in files]
             done = {row[0] for row in conn.execute(named_query(_PKG, "applied_migrations"))}
     except psycopg.OperationalError as exc:
         raise StorageUnavailable("PostgreSQL is not reachable to check its schema.") from exc
-    ahead = sorted(version for version in done - set(wanted) if "/" not in version)
+    known = {version for version, _path in files} | {former_version(p) for _v, p in files}
+    ahead = sorted(version for version in done - known if "/" not in version)
     if ahead:
         # A newer build migrated first (rolling upgrade): migrations only add, so this one
         # keeps working, but say so.
         log.warning("the database has migrations this build does not know: %s", ahead)
-    return [version for version in wanted if version not in done]
+    return [version for version, path in files if not _applied(version, path, done)]
 
 
 def require_current_schema(

@@ -100,9 +100,9 @@ async def replay(
 ) -> ReplayReport:
     report = ReplayReport(current_version=current.version, candidate_version=candidate.version)
     limits = Limits(
-        max_record_bytes=settings.max_record_bytes,
-        max_nesting_depth=settings.max_nesting_depth,
-        max_string_length=settings.max_string_length,
+        max_record_bytes=settings.limits.max_record_bytes,
+        max_nesting_depth=settings.limits.max_nesting_depth,
+        max_string_length=settings.limits.max_string_length,
     )
     consumer = kafka_consumer(settings, settings.topic(Topic.PROPOSED), group=None)
     pool = pg_pool(database_conninfo(settings), max_size=2, dict_rows=True, autocommit=True)

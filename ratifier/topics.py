@@ -26,7 +26,7 @@ async def ensure_topics(
                 continue
             # Every topic takes records up to the size every producer may send and every
             # consumer fetches (docs/reliability.md, "Limits").
-            configs = {"max.message.bytes": str(settings.kafka_max_message_bytes)}
+            configs = {"max.message.bytes": str(settings.limits.kafka_max_message_bytes)}
             if topic in COMPACTED_TOPICS:
                 configs["cleanup.policy"] = "compact"
             if min_insync_replicas is not None:

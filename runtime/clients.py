@@ -46,7 +46,7 @@ REFUSAL_PROBE_SECONDS = 5.0
 def fetch_bytes(settings: Settings) -> int:
     """Per-partition fetch size: at least one whole record of the largest size a topic
     accepts, plus batch overhead."""
-    return settings.kafka_max_message_bytes + 64 * 1024
+    return settings.limits.kafka_max_message_bytes + 64 * 1024
 
 
 class FileTokenProvider(AbstractTokenProvider):  # type: ignore[misc]  # aiokafka is untyped
@@ -158,7 +158,7 @@ def kafka_producer(settings: Settings, **options: Any) -> AIOKafkaProducer:
         "acks": "all",
         "enable_idempotence": True,
         "linger_ms": LINGER_MS,
-        "max_request_size": settings.kafka_max_message_bytes,
+        "max_request_size": settings.limits.kafka_max_message_bytes,
     }
     return AIOKafkaProducer(**(config | options))
 
@@ -219,14 +219,14 @@ async def start_kafka_client(client: Any, connection: KafkaConnection) -> None:
 def redis_options(settings: Settings) -> dict[str, Any]:
     """The ACL user, password and TLS CA of ``settings``' Redis (the URL keeps the rest)."""
     options: dict[str, Any] = {}
-    if settings.redis_username is not None:
-        options["username"] = settings.redis_username
-    if settings.redis_password is not None:
-        options["password"] = settings.redis_password.get_secret_value()
-    if settings.redis_ssl_ca_file is not None:
-        if not settings.redis_url.startswith("rediss://"):
+    if settings.storage.redis_username is not None:
+        options["username"] = settings.storage.redis_username
+    if settings.storage.redis_password is not None:
+        options["password"] = settings.storage.redis_password.get_secret_value()
+    if settings.storage.redis_ssl_ca_file is not None:
+        if not settings.storage.redis_url.startswith("rediss://"):
             raise ConfigurationError("redis_ssl_ca_file needs a rediss:// (TLS) redis_url")
-        options["ssl_ca_certs"] = settings.redis_ssl_ca_file
+        options["ssl_ca_certs"] = settings.storage.redis_ssl_ca_file
     return options
 
 
@@ -234,7 +234,7 @@ def redis_client(settings: Settings, *, timeout: float = 2.0) -> Redis:
     """A Redis client that gives up on a dead server after ``timeout`` seconds (callers treat
     Redis as a fast path and fall back), instead of hanging. TLS with a ``rediss://`` URL."""
     return Redis.from_url(
-        settings.redis_url,
+        settings.storage.redis_url,
         socket_timeout=timeout,
         socket_connect_timeout=timeout,
         **redis_options(settings),
@@ -245,11 +245,15 @@ def database_conninfo(settings: Settings) -> str:
     """``database_url`` with ``database_sslmode`` / ``database_sslrootcert`` applied: what
     every PostgreSQL connection of a service connects with."""
     extra = {
-        "sslmode": settings.database_sslmode,
-        "sslrootcert": settings.database_sslrootcert,
+        "sslmode": settings.storage.database_sslmode,
+        "sslrootcert": settings.storage.database_sslrootcert,
     }
     extra = {k: v for k, v in extra.items() if v is not None}
-    return make_conninfo(settings.database_url, **extra) if extra else settings.database_url
+    return (
+        make_conninfo(settings.storage.database_url, **extra)
+        if extra
+        else settings.storage.database_url
+    )
 
 
 def pg_options(

@@ -61,9 +61,9 @@ class Health:
     def of(cls, service: str, settings: Settings) -> Health:
         return cls(
             service,
-            stale_seconds=settings.health_stale_seconds,
-            poll_seconds=settings.health_poll_seconds,
-            max_lag=settings.health_max_lag,
+            stale_seconds=settings.observability.health_stale_seconds,
+            poll_seconds=settings.observability.health_poll_seconds,
+            max_lag=settings.observability.health_max_lag,
         )
 
     # -- what the service reports ---------------------------------------------------------

@@ -111,18 +111,18 @@ def load_jwks(path: Path) -> dict[str, jwt.PyJWK]:
 
 
 def context_keys(settings: Settings) -> ContextKeys:
-    public_keys = load_jwks(Path(settings.context_jwks_file)) if settings.context_jwks_file else {}
-    secret = settings.context_secret if settings.context_hs256 else None
+    public_keys = load_jwks(Path(settings.context.jwks_file)) if settings.context.jwks_file else {}
+    secret = settings.context.secret if settings.context.hs256 else None
     if secret is None and not public_keys:
         raise ConfigurationError("no context keys: enable HS256 or configure a JWKS file")
     return ContextKeys(
         secret=secret,
-        audience=settings.context_audience,
-        issuer=settings.context_issuer,
-        leeway_seconds=settings.clock_skew_seconds,
+        audience=settings.context.audience,
+        issuer=settings.context.issuer,
+        leeway_seconds=settings.context.clock_skew_seconds,
         public_keys=public_keys,
         binding_tenants=frozenset(
-            t.strip() for t in settings.call_binding_tenants.split(",") if t.strip()
+            t.strip() for t in settings.context.call_binding_tenants.split(",") if t.strip()
         ),
     )
 

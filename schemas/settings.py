@@ -1,19 +1,24 @@
-"""One frozen settings model, read once at start from ``RATIFIER_*`` environment variables."""
+"""One frozen settings model, grouped by concern, read once at start from ``RATIFIER_*``
+environment variables (a group's fields from ``RATIFIER_<GROUP>__<FIELD>``)."""
 
 from __future__ import annotations
 
 import os
-from typing import Any, Literal
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
 )
 
 from schemas.names import Topic, topic_name
+from schemas.vocabulary import StreamStage
 
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"]
@@ -98,126 +103,71 @@ class _LegacyBootstrap(PydanticBaseSettingsSource):
         return {"kafka": {"bootstrap": value}} if value else {}
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(
-        env_prefix="RATIFIER_", frozen=True, extra="ignore", env_nested_delimiter="__"
-    )
+class Storage(BaseModel):
+    """PostgreSQL (ledger, audit, domain data) and Redis (claims, approval state)."""
 
-    # Every Kafka client's connection: RATIFIER_KAFKA__BOOTSTRAP, RATIFIER_KAFKA__SECURITY_PROTOCOL,
-    # ... (RATIFIER_KAFKA_BOOTSTRAP still sets the bootstrap list).
-    kafka: KafkaConnection = KafkaConnection()
-    topic_prefix: str = Field(default="ratifier.", pattern=r"^[A-Za-z0-9._-]*$", max_length=100)
-    topic_partitions: int = Field(default=12, ge=1, le=1000)
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    database_url: str = "postgresql://ratifier:ratifier@127.0.0.1:5432/ratifier"
+    # libpq's sslmode and CA bundle, added to database_url's (these win); unset: the URL's.
+    database_sslmode: PostgresSslMode | None = None
+    database_sslrootcert: str | None = None
     # redis:// or rediss:// (TLS); an ACL user and its password (kept out of the URL, and out
     # of logs); the CA bundle of a rediss:// server (default: the system's).
     redis_url: str = "redis://127.0.0.1:6379/0"
     redis_username: str | None = None
     redis_password: SecretStr | None = None
     redis_ssl_ca_file: str | None = None
-    database_url: str = "postgresql://ratifier:ratifier@127.0.0.1:5432/ratifier"
-    # libpq's sslmode and CA bundle, added to database_url's (these win); unset: the URL's.
-    database_sslmode: PostgresSslMode | None = None
-    database_sslrootcert: str | None = None
+
+
+class ContextTokens(BaseModel):
+    """How the context tokens agent runtimes send with calls are verified."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
     # Local-only HS256 secret; production configures its own (and, later, JWKS keys).
-    context_secret: str = Field(
-        default="ratifier-local-development-secret-change-me", min_length=32
-    )
+    secret: str = Field(default="ratifier-local-development-secret-change-me", min_length=32)
     # HS256 with the secret above is for local use; production sets this false and points
-    # RATIFIER_CONTEXT_JWKS_FILE at the runtime's public keys (EdDSA / RS256, by kid).
-    context_hs256: bool = True
-    context_jwks_file: str | None = None
-    context_audience: str = "ratifier"
-    context_issuer: str = "ratifier-local"
+    # RATIFIER_CONTEXT__JWKS_FILE at the runtime's public keys (EdDSA / RS256, by kid).
+    hs256: bool = True
+    jwks_file: str | None = None
+    audience: str = "ratifier"
+    issuer: str = "ratifier-local"
     clock_skew_seconds: int = Field(default=30, ge=0, le=300)
     # Tenants (comma-separated, "*" for all) whose calls must be bound to the agent runtime's
     # key: the context token names it (`cnf`) and each call carries a proof signed with it.
     call_binding_tenants: str = ""
-    catalog: str = "commands.reference:catalog"
-    # Directory with *.cedar policies and one *.cedarschema.json; default: commands/policies.
-    policy_dir: str | None = None
+
+
+class Policies(BaseModel):
+    """Where the Cedar policies come from."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # Directory with *.cedar policies and one *.cedarschema.json; default: the reference
+    # domain's, commands/payments/policies.
+    directory: str | None = None
     # Key of this deployment's policy set on the compacted `policies` topic.
-    policy_set_name: str = "default"
+    set_name: str = "default"
     # A local policy folder that differs from the published set in force is logged at ERROR
     # at start-up ("warn"), or stops start-up ("error").
-    policy_dir_mismatch: Literal["warn", "error"] = "warn"
-    # What a call may be (validation) and what a Kafka record may be (docs/reliability.md,
-    # "Limits"): topics are created with `max.message.bytes` = kafka_max_message_bytes, the
-    # producers may send that much, and consumers fetch at least that much per partition.
+    directory_mismatch: Literal["warn", "error"] = "warn"
+
+
+class RecordLimits(BaseModel):
+    """What a call may be (validation) and what a Kafka record may be (docs/reliability.md,
+    "Limits"): topics are created with `max.message.bytes` = kafka_max_message_bytes, the
+    producers may send that much, and consumers fetch at least that much per partition."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
     max_record_bytes: int = Field(default=64 * 1024, ge=1024)
     kafka_max_message_bytes: int = Field(default=1_048_588, ge=64 * 1024)
     max_nesting_depth: int = Field(default=16, ge=2)
     max_string_length: int = Field(default=8192, ge=16)
-    # Executor: Redis claim lease, bounded retries of failures known to precede any effect,
-    # the Redis fast path switch (the ledger alone decides when off), and crash-test faults.
-    claim_lease_seconds: int = Field(default=30, ge=1)
-    retry_attempts: int = Field(default=4, ge=1, le=20)
-    redis_fast_path: bool = True
-    executor_crash_at: str | None = None
-    # Reconciler: checks per unknown operation before escalating to humans, the first
-    # backoff (doubling) and its cap, and crash-test faults (docs/execution.md: the bound).
-    reconcile_attempts: int = Field(default=8, ge=1)
-    reconcile_backoff_seconds: float = Field(default=1.0, gt=0)
-    reconcile_backoff_cap_seconds: float = Field(default=300.0, gt=0)
-    reconciler_crash_at: str | None = None
-    log_level: str = "INFO"
-    # Approvals: how long a request waits for a human (tools may set their own), how long a
-    # decision that arrives before its request is held, and the approver HTTP endpoint.
-    approval_ttl_seconds: int = Field(default=15 * 60, ge=1)
-    approval_hold_seconds: int = Field(default=60, ge=1)
-    http_port: int = Field(default=6066, ge=0, le=65535)  # 0: no HTTP endpoint
-    # Signed decisions (docs/approvals.md). The approval service signs decisions of the
-    # humans it authenticated, and receipts, with one private key (PEM, Ed25519 or P-256)
-    # under ``approval_signing_kid``. Without a key file the key is DERIVED from
-    # ``approval_signing_seed`` (local development only: every process of a local deployment
-    # derives the same key; production sets the file). Older service public keys (rotation)
-    # and approvers' own keys (EdDSA / ES256, each entry naming its ``sub``, ``tenant`` and
-    # ``roles``) are trusted from JWKS files.
-    approval_signing_key_file: str | None = None
-    approval_signing_kid: str = Field(default="ratifier-local-approvals-1", min_length=1)
-    approval_signing_seed: str = Field(
-        default="ratifier-local-approval-signing-seed-change-me", min_length=32
-    )
-    approval_service_jwks_file: str | None = None
-    approver_jwks_file: str | None = None
-    # How long a decision signed by the service stays usable, and how long a terminal
-    # approval state is kept after the request's expiry (besides the clock skew) before it
-    # is deleted: until then a replayed decision is still recognised as used.
-    # Approver rights (Cedar): a directory with *.cedar and approvers.cedarschema.json;
-    # default: the reference set in approvals/policies.
-    approver_policy_dir: str | None = None
-    approval_decision_validity_seconds: int = Field(default=15 * 60, ge=1)
-    approval_retention_margin_seconds: int = Field(default=300, ge=0)
-    # `ratifier dashboard` serves the web dashboard here, on 127.0.0.1.
-    dashboard_port: int = Field(default=6070, ge=1, le=65535)
-    # `ratifier mcp` serves the catalog over MCP (streamable HTTP) here, on /mcp.
-    mcp_port: int = Field(default=6071, ge=1, le=65535)
-    audit_salt: str = "ratifier-local-audit-salt"
-    # The payment provider the refund domain pays through (`python -m testsupport.provider` runs a
-    # fake one).
-    provider_url: str = "http://127.0.0.1:8765"
-    # Which stream stages this worker runs (comma-separated), so that stages can be scaled
-    # and deployed apart: validator, authorizer, approval-join.
-    streams_stages: str = "validator,authorizer,approval-join"
-    # Observability (docs/observability.md): Prometheus `/metrics` ports of the executor and
-    # the reconciler (0: none; the streams worker serves it on http_port), and where spans go:
-    # '' (off), 'otlp' (OTLP/HTTP to otel_endpoint), 'console', or 'jsonl:/path'.
-    executor_metrics_port: int = Field(default=9102, ge=0, le=65535)
-    reconciler_metrics_port: int = Field(default=9103, ge=0, le=65535)
-    audit_metrics_port: int = Field(default=9104, ge=0, le=65535)
-    # The address every HTTP endpoint of a service binds: metrics, /healthz and /readyz, the
-    # streams worker's web app, the dashboard (the k8s manifests set 0.0.0.0).
-    metrics_host: str = "127.0.0.1"
-    # Health (docs/operations.md, "Health"): a service whose loop has not turned for
-    # health_stale_seconds is not alive; one whose consumer has not polled for
-    # health_poll_seconds, or lags more than health_max_lag records, is not ready.
-    health_stale_seconds: float = Field(default=60.0, gt=0)
-    health_poll_seconds: float = Field(default=30.0, gt=0)
-    health_max_lag: int = Field(default=10_000, ge=0)
-    otel_exporter: str = Field(default="", pattern=r"^(|otlp|console|jsonl:.+)$")
-    otel_endpoint: str = "http://127.0.0.1:4318/v1/traces"
 
     @model_validator(mode="after")
-    def _limits_aligned(self) -> Settings:
+    def _aligned(self) -> RecordLimits:
         # A call that passes validation must fit in a Kafka record, with room for its
         # envelope as it moves on (docs/reliability.md, "Limits").
         if self.max_record_bytes * 2 > self.kafka_max_message_bytes:
@@ -226,6 +176,146 @@ class Settings(BaseSettings):
                 f"({self.max_record_bytes} > {self.kafka_max_message_bytes} / 2)"
             )
         return self
+
+
+class Executor(BaseModel):
+    """The executor: Redis claim lease, bounded retries of failures known to precede any
+    effect, the Redis fast path switch (the ledger alone decides when off)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    claim_lease_seconds: int = Field(default=30, ge=1)
+    retry_attempts: int = Field(default=4, ge=1, le=20)
+    redis_fast_path: bool = True
+
+
+class Reconciler(BaseModel):
+    """The reconciler: checks per unknown operation before escalating to humans, the first
+    backoff (doubling) and its cap (docs/execution.md: the bound)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    attempts: int = Field(default=8, ge=1)
+    backoff_seconds: float = Field(default=1.0, gt=0)
+    backoff_cap_seconds: float = Field(default=300.0, gt=0)
+
+
+class Approvals(BaseModel):
+    """Human approvals (docs/approvals.md)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # How long a request waits for a human (tools may set their own), and how long a
+    # decision that arrives before its request is held.
+    ttl_seconds: int = Field(default=15 * 60, ge=1)
+    hold_seconds: int = Field(default=60, ge=1)
+    # Signed decisions. The approval service signs decisions of the humans it authenticated,
+    # and receipts, with one private key (PEM, Ed25519 or P-256) under ``signing_kid``.
+    # Without a key file the key is DERIVED from ``signing_seed`` (local development only:
+    # every process of a local deployment derives the same key; production sets the file).
+    # Older service public keys (rotation) and approvers' own keys (EdDSA / ES256, each entry
+    # naming its ``sub``, ``tenant`` and ``roles``) are trusted from JWKS files.
+    signing_key_file: str | None = None
+    signing_kid: str = Field(default="ratifier-local-approvals-1", min_length=1)
+    signing_seed: str = Field(
+        default="ratifier-local-approval-signing-seed-change-me", min_length=32
+    )
+    service_jwks_file: str | None = None
+    approver_jwks_file: str | None = None
+    # Approver rights (Cedar): a directory with *.cedar and approvers.cedarschema.json;
+    # default: the reference set in approvals/policies.
+    approver_policy_dir: str | None = None
+    # How long a decision signed by the service stays usable, and how long a terminal
+    # approval state is kept after the request's expiry (besides the clock skew) before it
+    # is deleted: until then a replayed decision is still recognised as used.
+    decision_validity_seconds: int = Field(default=15 * 60, ge=1)
+    retention_margin_seconds: int = Field(default=300, ge=0)
+
+
+def _stage_list(value: Any) -> Any:
+    if isinstance(value, str):
+        return frozenset(s.strip() for s in value.split(",") if s.strip())
+    return value
+
+
+class Streams(BaseModel):
+    """The streams worker."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # Which stream stages this worker runs (comma-separated in the environment), so that
+    # stages can be scaled and deployed apart.
+    stages: Annotated[frozenset[StreamStage], NoDecode, BeforeValidator(_stage_list)] = frozenset(
+        StreamStage
+    )
+    # The approver HTTP endpoint (and the worker's /metrics, /healthz); 0: none.
+    http_port: int = Field(default=6066, ge=0, le=65535)
+
+
+class Observability(BaseModel):
+    """Logs, metrics, health and traces (docs/observability.md, docs/operations.md)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    log_level: str = "INFO"
+    # The address every HTTP endpoint of a service binds: metrics, /healthz and /readyz, the
+    # streams worker's web app, the dashboard (the k8s manifests set 0.0.0.0).
+    metrics_host: str = "127.0.0.1"
+    # Prometheus `/metrics` ports of the executor, the reconciler and the audit sink (0: none;
+    # the streams worker serves it on streams.http_port).
+    executor_metrics_port: int = Field(default=9102, ge=0, le=65535)
+    reconciler_metrics_port: int = Field(default=9103, ge=0, le=65535)
+    audit_metrics_port: int = Field(default=9104, ge=0, le=65535)
+    # Health (docs/operations.md, "Health"): a service whose loop has not turned for
+    # health_stale_seconds is not alive; one whose consumer has not polled for
+    # health_poll_seconds, or lags more than health_max_lag records, is not ready.
+    health_stale_seconds: float = Field(default=60.0, gt=0)
+    health_poll_seconds: float = Field(default=30.0, gt=0)
+    health_max_lag: int = Field(default=10_000, ge=0)
+    # Where spans go: '' (off), 'otlp' (OTLP/HTTP to otel_endpoint), 'console', or
+    # 'jsonl:/path'.
+    otel_exporter: str = Field(default="", pattern=r"^(|otlp|console|jsonl:.+)$")
+    otel_endpoint: str = "http://127.0.0.1:4318/v1/traces"
+
+
+class Settings(BaseSettings):
+    """Grouped by concern; each group is read from ``RATIFIER_<GROUP>__<FIELD>``
+    (``RATIFIER_STORAGE__DATABASE_URL``), the few top-level values from ``RATIFIER_<FIELD>``
+    (docs/operations.md, "Settings")."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="RATIFIER_", frozen=True, extra="ignore", env_nested_delimiter="__"
+    )
+
+    # Every Kafka client's connection: RATIFIER_KAFKA__BOOTSTRAP, RATIFIER_KAFKA__SECURITY_PROTOCOL,
+    # ... (RATIFIER_KAFKA_BOOTSTRAP still sets the bootstrap list).
+    kafka: KafkaConnection = KafkaConnection()
+    storage: Storage = Storage()
+    context: ContextTokens = ContextTokens()
+    policies: Policies = Policies()
+    limits: RecordLimits = RecordLimits()
+    executor: Executor = Executor()
+    reconciler: Reconciler = Reconciler()
+    approvals: Approvals = Approvals()
+    streams: Streams = Streams()
+    observability: Observability = Observability()
+    topic_prefix: str = Field(default="ratifier.", pattern=r"^[A-Za-z0-9._-]*$", max_length=100)
+    topic_partitions: int = Field(default=12, ge=1, le=1000)
+    catalog: str = "commands.reference:catalog"
+    # `ratifier dashboard` serves the web dashboard here, on 127.0.0.1.
+    dashboard_port: int = Field(default=6070, ge=1, le=65535)
+    # `ratifier mcp` serves the catalog over MCP (streamable HTTP) here, on /mcp.
+    mcp_port: int = Field(default=6071, ge=1, le=65535)
+    audit_salt: str = "ratifier-local-audit-salt"
+    # The payment provider the refund domain pays through (`python -m testsupport.provider`
+    # runs a fake one).
+    provider_url: str = "http://127.0.0.1:8765"
+    # `ratifier approvals`: the approver's context token when --token is not given.
+    approver_token: SecretStr | None = None
+    # The local deployment (deploy/local, `ratifier demo`): its data, logs and pid files, and
+    # the `ratifier` command to show people (both shared with the shell scripts, hence flat).
+    local_home: Path = Path.home() / ".cache" / "ratifier-local"
+    bin: str = "ratifier"
 
     @classmethod
     def settings_customise_sources(
@@ -246,11 +336,12 @@ class Settings(BaseSettings):
 
     @classmethod
     def environment_names(cls) -> frozenset[str]:
-        """Every environment variable these settings read (nested ones with ``__``)."""
+        """Every environment variable these settings read (groups' fields with ``__``)."""
         names = {LEGACY_BOOTSTRAP_ENV}
-        for name in cls.model_fields:
-            if name == "kafka":
-                names |= {f"RATIFIER_KAFKA__{n.upper()}" for n in KafkaConnection.model_fields}
+        for name, field in cls.model_fields.items():
+            group = field.annotation
+            if isinstance(group, type) and issubclass(group, BaseModel):
+                names |= {f"RATIFIER_{name.upper()}__{n.upper()}" for n in group.model_fields}
             else:
                 names.add(f"RATIFIER_{name.upper()}")
         return frozenset(names)
@@ -260,14 +351,23 @@ class Settings(BaseSettings):
         """The bootstrap list (``kafka.bootstrap``)."""
         return self.kafka.bootstrap
 
+    def changed(self, **changes: Any) -> Settings:
+        """These settings with some values changed: a top-level value as itself, a group's
+        fields as a mapping (``changed(storage={"database_url": url})``), validated again."""
+        update: dict[str, Any] = {}
+        for name, value in changes.items():
+            if name not in type(self).model_fields:
+                raise ValueError(f"no setting {name!r}")
+            current = getattr(self, name)
+            if isinstance(current, BaseModel) and isinstance(value, Mapping):
+                update[name] = type(current).model_validate(current.model_dump() | dict(value))
+            else:
+                update[name] = value
+        return self.model_copy(update=update)
+
     def with_kafka(self, **changes: Any) -> Settings:
         """These settings with ``kafka`` changed (validated again)."""
-        kafka = KafkaConnection.model_validate(self.kafka.model_dump() | changes)
-        return self.model_copy(update={"kafka": kafka})
-
-    @property
-    def stream_stages(self) -> frozenset[str]:
-        return frozenset(s.strip() for s in self.streams_stages.split(",") if s.strip())
+        return self.changed(kafka=changes)
 
     def topic(self, topic: Topic) -> str:
         return topic_name(self.topic_prefix, topic)

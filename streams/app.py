@@ -33,6 +33,7 @@ from schemas.errors import ConfigurationError
 from schemas.identity import context_keys
 from schemas.names import STREAMS_APP_ID, Topic
 from schemas.settings import KafkaConnection, Settings
+from schemas.vocabulary import StreamStage
 from streams.approval_join import install_approval_join
 from streams.observe import StageObserver
 from streams.offsets import install_rewind_fix
@@ -47,15 +48,15 @@ log = logging.getLogger("ratifier.streams")
 # How the benchmark's faust identity hop batches (bench/faust_identity.py, the T1 baseline).
 BATCH_MAX = 500
 BATCH_WITHIN = 0.005  # seconds a partial batch waits for more records
-STAGES = frozenset({"validator", "authorizer", "approval-join"})
+STAGES = frozenset(StreamStage)
 LAG_REFRESH_SECONDS = 5.0
 
 
 def limits_from(settings: Settings) -> Limits:
     return Limits(
-        max_record_bytes=settings.max_record_bytes,
-        max_nesting_depth=settings.max_nesting_depth,
-        max_string_length=settings.max_string_length,
+        max_record_bytes=settings.limits.max_record_bytes,
+        max_nesting_depth=settings.limits.max_nesting_depth,
+        max_string_length=settings.limits.max_string_length,
     )
 
 
@@ -96,7 +97,7 @@ def faust_settings(settings: Settings) -> dict[str, Any]:
         # A few ms of linger lets the producer batch; without it every record is a request.
         "producer_linger": 0.003,
         # Any record a topic accepts can be fetched, and answered (docs/reliability.md).
-        "producer_max_request_size": settings.kafka_max_message_bytes,
+        "producer_max_request_size": settings.limits.kafka_max_message_bytes,
         "consumer_max_fetch_size": fetch_bytes(settings),
         # A restarted or crashed worker's partitions move after 6 s like the executors',
         # not after faust's default 60 s session timeout (validation, authorization and
@@ -117,9 +118,9 @@ def create_app(
         # Approval state is recovered from the changelog by the partition's new owner; no
         # standby copies, so a worker's timer only ever sees partitions it owns.
         table_standby_replicas=0,
-        web_enabled=settings.http_port > 0,
-        web_port=settings.http_port or 6066,
-        web_bind=settings.metrics_host,
+        web_enabled=settings.streams.http_port > 0,
+        web_port=settings.streams.http_port or 6066,
+        web_bind=settings.observability.metrics_host,
         **faust_options,
     )
     limits = limits_from(settings)
@@ -134,7 +135,7 @@ def create_app(
     observer = StageObserver(tracer_from(settings, service="streams"))
     publisher = StagePublisher(topics)
 
-    stages = settings.stream_stages
+    stages = settings.streams.stages
     unknown = stages - STAGES
     if unknown:
         raise ConfigurationError(
@@ -175,7 +176,7 @@ def create_app(
 
     del refresh_lag  # registered with the app
 
-    if settings.http_port > 0:
+    if settings.streams.http_port > 0:
         inbox = ApprovalInbox(settings)
         install_approval_api(app, settings, inbox=inbox, keys=keys)
 
@@ -202,7 +203,7 @@ def create_app(
             await inbox.close()
 
         app.on_before_shutdown.connect(_close_inbox)
-    if "approval-join" in stages:
+    if StreamStage.APPROVAL_JOIN in stages:
         install_approval_join(
             app,
             settings,

@@ -46,6 +46,7 @@ from schemas.envelopes import (
 )
 from schemas.errors import ErrorCode
 from schemas.names import Topic
+from schemas.vocabulary import AuditKind
 from streams.emit import Emit, outcome
 
 DEFAULT_APPROVAL_TTL = timedelta(minutes=15)
@@ -86,7 +87,7 @@ class ApprovalState(Part):
 
 @dataclass(frozen=True, kw_only=True)
 class AuditEntry:
-    kind: str
+    kind: AuditKind
     tenant: str | None
     call_id: str
     detail: dict[str, Any]
@@ -153,7 +154,7 @@ def commit(call: AuthorizedCall, *, now: datetime, receipt: ApprovalReceipt | No
     )
 
 
-def _audit(kind: str, call: AuthorizedCall | None, call_id: str, **detail: Any) -> AuditEntry:
+def _audit(kind: AuditKind, call: AuthorizedCall | None, call_id: str, **detail: Any) -> AuditEntry:
     if call is not None:
         detail.setdefault("fingerprint", call.fingerprint)
         detail.setdefault("policy_version", call.policy_version)
@@ -255,7 +256,9 @@ def on_authorized(
         return Step(
             state=state,
             emits=(commit(call, now=now, receipt=receipt),),
-            audits=(_audit("approval_auto", call, call.call_id, policy=call.auto_approved_by),),
+            audits=(
+                _audit(AuditKind.APPROVAL_AUTO, call, call.call_id, policy=call.auto_approved_by),
+            ),
         )
     if state is not None and state.phase is not Phase.HELD:
         return Step(state=state)  # redelivery: this call already has its request
@@ -303,7 +306,7 @@ def on_authorized(
         ),
         audits=(
             _audit(
-                "approval_requested",
+                AuditKind.APPROVAL_REQUESTED,
                 call,
                 call.call_id,
                 requested_by=call.actor.sub,
@@ -384,7 +387,7 @@ def on_decided(
             ),
             audits=(
                 AuditEntry(
-                    kind="approval_decision_held",
+                    kind=AuditKind.APPROVAL_DECISION_HELD,
                     tenant=statement.tenant,
                     call_id=call_id,
                     detail=_statement_detail(decision, statement, "request not seen yet"),
@@ -402,7 +405,7 @@ def on_decided(
             ),
         )
     valid = _audit(
-        "approval_decision",
+        AuditKind.APPROVAL_DECISION,
         call,
         call_id,
         **_statement_detail(decision, statement, statement.reason or ""),
@@ -436,7 +439,7 @@ def on_decided(
             state=state.model_copy(update={"approvals": approvals, "decision_ids": used}),
             audits=(
                 _audit(
-                    "approval_decision",
+                    AuditKind.APPROVAL_DECISION,
                     call,
                     call_id,
                     **_statement_detail(decision, statement, statement.reason or ""),
@@ -488,7 +491,7 @@ def edited(
             emits=(_ended(call, status, code, now),),
             audits=(
                 _audit(
-                    "approval_edit_refused",
+                    AuditKind.APPROVAL_EDIT_REFUSED,
                     call,
                     call.call_id,
                     code=code.value,
@@ -518,7 +521,7 @@ def edited(
         emits=(commit(reauthorized, now=now, receipt=receipt),),
         audits=(
             _audit(
-                "approval_edit_committed",
+                AuditKind.APPROVAL_EDIT_COMMITTED,
                 reauthorized,
                 call.call_id,
                 approver=sub,
@@ -541,7 +544,10 @@ def on_tick(state: ApprovalState | None, *, now: datetime, rules: Rules) -> Step
             emits=(_ended(call, Status.EXPIRED, ErrorCode.APPROVAL_EXPIRED, now),),
             audits=(
                 _audit(
-                    "approval_expired", call, call.call_id, expires_at=state.expires_at.isoformat()
+                    AuditKind.APPROVAL_EXPIRED,
+                    call,
+                    call.call_id,
+                    expires_at=state.expires_at.isoformat(),
                 ),
             ),
         )
@@ -550,7 +556,7 @@ def on_tick(state: ApprovalState | None, *, now: datetime, rules: Rules) -> Step
             state=None,
             audits=tuple(
                 AuditEntry(
-                    kind="approval_decision_dropped",
+                    kind=AuditKind.APPROVAL_DECISION_DROPPED,
                     tenant=None,
                     call_id=state.call_id,
                     detail={"decision_id": d.decision_id, "reason": "request never arrived"},
@@ -605,7 +611,7 @@ def _refused(
     refusal: DecisionRefusal,
 ) -> AuditEntry:
     return _audit(
-        "approval_decision_refused",
+        AuditKind.APPROVAL_DECISION_REFUSED,
         call,
         call_id,
         **_statement_detail(decision, statement, refusal.value),

@@ -32,6 +32,7 @@ from schemas.envelopes import (
     AuthorizedCall,
     ProposedCall,
     SourcePosition,
+    Stage,
     Status,
 )
 from schemas.errors import ErrorCode, StorageUnavailable
@@ -39,6 +40,7 @@ from schemas.fingerprint import fingerprint
 from schemas.identity import ContextKeys
 from schemas.names import Topic
 from schemas.settings import Settings
+from schemas.vocabulary import StreamStage
 from streams.approval import (
     ApprovalState,
     EditRequest,
@@ -86,9 +88,9 @@ def install_approval_join(
     )
     rules = Rules(
         keys=approval_keys(settings),
-        ttl=timedelta(seconds=settings.approval_ttl_seconds),
-        hold=timedelta(seconds=settings.approval_hold_seconds),
-        retention=timedelta(seconds=settings.approval_retention_margin_seconds),
+        ttl=timedelta(seconds=settings.approvals.ttl_seconds),
+        hold=timedelta(seconds=settings.approvals.hold_seconds),
+        retention=timedelta(seconds=settings.approvals.retention_margin_seconds),
         rights=PolicyRights.for_settings(settings),
     )
     names = {
@@ -162,7 +164,7 @@ def install_approval_join(
         """Why a record on `approvals.decided` cannot even be looked at; None if it can."""
         if not key:
             return "approval-join: decision without a key"
-        if len(raw or b"") > settings.max_record_bytes:
+        if len(raw or b"") > settings.limits.max_record_bytes:
             return "approval-join: oversized decision"
         try:
             ApprovalDecision.model_validate_json(raw or b"")
@@ -222,7 +224,7 @@ def install_approval_join(
             state = step.state
         return state, steps
 
-    @app.agent(source, name="approval-join")
+    @app.agent(source, name=StreamStage.APPROVAL_JOIN)
     async def approval_join(stream: Any) -> None:
         async for event in stream.events():
             message = event.message
@@ -245,7 +247,7 @@ def install_approval_join(
                     key=event.key.decode(errors="replace") if event.key else None,
                 )
                 hop = observer.finished(
-                    "approve", (letter,), parent=parent, start_ns=started, end_ns=time.time_ns()
+                    Stage.APPROVE, (letter,), parent=parent, start_ns=started, end_ns=time.time_ns()
                 )
                 await publish((letter,), hop)
                 continue
@@ -266,7 +268,7 @@ def install_approval_join(
                 # trace continues from the hop that asked for the approval.
                 parent = parse_traceparent(stored)
             hop = observer.finished(
-                "approve",
+                Stage.APPROVE,
                 emits,
                 parent=parent,
                 start_ns=started,

@@ -34,11 +34,12 @@ from runtime.clients import kafka_admin, kafka_consumer, kafka_producer
 from runtime.emit import Emit
 from runtime.loop import Consumed, ConsumerLoop, Handled, position_of, text_key
 from runtime.retry import retrying
-from schemas.envelopes import Stage, ValidatedCall
+from schemas.envelopes import ValidatedCall
 from schemas.errors import StorageUnavailable
 from schemas.identity import ContextKeys
 from schemas.names import AUTHORIZER_GROUP, STREAMS_APP_ID, VALIDATOR_GROUP, Topic
 from schemas.settings import Settings
+from schemas.vocabulary import StreamStage
 from streams.authorizer import ResourceFetch, on_validated_batch
 from streams.validator import on_proposed
 from telemetry.tracing import Tracer, trace_id_of
@@ -46,22 +47,18 @@ from telemetry.tracing import Tracer, trace_id_of
 log = logging.getLogger("ratifier.streams")
 
 BATCH_MAX = 500  # records per poll: a backlog drains in large batches
-STATELESS_STAGES = frozenset({"validator", "authorizer"})
 
 
 @dataclass(frozen=True, kw_only=True)
 class StageSpec:
-    name: str  # as in `stream_stages`
-    stage: Stage  # metric/span name and the stage of its typed outcomes
+    name: StreamStage  # as in `settings.streams.stages`
     source: Topic
     group: str
 
 
 SPECS = (
-    StageSpec(name="validator", stage=Stage.VALIDATE, source=Topic.PROPOSED, group=VALIDATOR_GROUP),
-    StageSpec(
-        name="authorizer", stage=Stage.AUTHORIZE, source=Topic.VALIDATED, group=AUTHORIZER_GROUP
-    ),
+    StageSpec(name=StreamStage.VALIDATOR, source=Topic.PROPOSED, group=VALIDATOR_GROUP),
+    StageSpec(name=StreamStage.AUTHORIZER, source=Topic.VALIDATED, group=AUTHORIZER_GROUP),
 )
 
 
@@ -159,7 +156,7 @@ class StatelessStages:
         self,
         settings: Settings,
         *,
-        stages: frozenset[str],
+        stages: frozenset[StreamStage],
         catalog: Catalog,
         feed: PolicyFeed,
         keys: ContextKeys,
@@ -171,8 +168,10 @@ class StatelessStages:
         self._tracer = tracer
         self._specs = [s for s in SPECS if s.name in stages]
         self._handlers = {
-            "validator": validator_handler(catalog=catalog, limits=limits, feed=feed),
-            "authorizer": authorizer_handler(catalog=catalog, keys=keys, feed=feed, fetch=fetch),
+            StreamStage.VALIDATOR: validator_handler(catalog=catalog, limits=limits, feed=feed),
+            StreamStage.AUTHORIZER: authorizer_handler(
+                catalog=catalog, keys=keys, feed=feed, fetch=fetch
+            ),
         }
         self._loops: list[ConsumerLoop] = []
         self._stopping = asyncio.Event()
@@ -225,11 +224,11 @@ class StatelessStages:
                     settings,
                     consumer,
                     producer,
-                    stage=spec.stage.value,
+                    stage=spec.name.stage.value,
                     group=settings.group(spec.group),
                     handle=self._handlers[spec.name],
                     tracer=self._tracer,
-                    answers=spec.stage,
+                    answers=spec.name.stage,
                     retry_on=(StorageUnavailable,),
                     max_records=BATCH_MAX,
                     poll_ms=100,

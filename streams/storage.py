@@ -85,7 +85,7 @@ class StreamStorage:
                         {
                             "tenant": entry.tenant,
                             "call_id": entry.call_id,
-                            "kind": entry.kind,
+                            "kind": entry.kind.value,
                             "detail": Jsonb(entry.detail),
                             "event_key": f"{event_key}#{n}:{entry.kind}",
                         },

@@ -6,10 +6,10 @@ Every record the pipeline publishes carries a ``traceparent`` header
 parent is the incoming span, and writes a header naming its own span as the parent of the
 next hop. The trace id is also written on every outcome.
 
-Spans are exported only when ``RATIFIER_OTEL_EXPORTER`` is set:
+Spans are exported only when ``RATIFIER_OBSERVABILITY__OTEL_EXPORTER`` is set:
 
 - ``''`` (default): no OpenTelemetry at all; a stage only generates span ids for headers.
-- ``otlp``: OTLP/HTTP to ``RATIFIER_OTEL_ENDPOINT`` (batched).
+- ``otlp``: OTLP/HTTP to ``RATIFIER_OBSERVABILITY__OTEL_ENDPOINT`` (batched).
 - ``console``: one JSON span per span on stdout (batched).
 - ``jsonl:/path``: one JSON object per span, one per line, appended as each span ends (tests).
 
@@ -90,13 +90,17 @@ def trace_id_of(headers: Any) -> str:
 
 
 def tracer_from(settings: Settings, *, service: str) -> Tracer:
-    """The tracer ``settings.otel_exporter`` asks for; OpenTelemetry is imported only when
-    an exporter is configured."""
-    if not settings.otel_exporter:
+    """The tracer ``settings.observability.otel_exporter`` asks for; OpenTelemetry is imported
+    only when an exporter is configured."""
+    if not settings.observability.otel_exporter:
         return Tracer()
     from telemetry.otel import otel_tracer  # noqa: PLC0415 - no OpenTelemetry cost when off
 
-    return otel_tracer(settings.otel_exporter, endpoint=settings.otel_endpoint, service=service)
+    return otel_tracer(
+        settings.observability.otel_exporter,
+        endpoint=settings.observability.otel_endpoint,
+        service=service,
+    )
 
 
 __all__ = [

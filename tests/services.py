@@ -36,7 +36,7 @@ def session_settings(prefix: str | None = None) -> Settings:
     groups) and the test database."""
     return Settings(
         topic_prefix=prefix or f"t{uuid.uuid4().hex[:10]}.",
-        database_url=TEST_DATABASE_URL,
+        storage={"database_url": TEST_DATABASE_URL},
         topic_partitions=4,
     )
 
@@ -44,10 +44,10 @@ def session_settings(prefix: str | None = None) -> Settings:
 def worker_env(settings: Settings) -> dict[str, str]:
     return {
         "RATIFIER_TOPIC_PREFIX": settings.topic_prefix,
-        "RATIFIER_DATABASE_URL": settings.database_url,
+        "RATIFIER_STORAGE__DATABASE_URL": settings.storage.database_url,
         "RATIFIER_TOPIC_PARTITIONS": str(settings.topic_partitions),
         "RATIFIER_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
-        "RATIFIER_REDIS_URL": settings.redis_url,
+        "RATIFIER_STORAGE__REDIS_URL": settings.storage.redis_url,
     }
 
 

@@ -5,7 +5,7 @@ written with `ratifier.testing` (``test_helpdesk.py``).
 Run ratifier with it::
 
     export RATIFIER_CATALOG=examples.helpdesk:catalog
-    export RATIFIER_POLICY_DIR=examples/helpdesk/policies
+    export RATIFIER_POLICIES__DIRECTORY=examples/helpdesk/policies
     ratifier migrate      # ours, then helpdesk/0001_tickets
     ratifier streams & ratifier executor &
 """

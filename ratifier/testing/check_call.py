@@ -8,8 +8,8 @@ reasons. The file::
       "resource": {"kind": "payment", "id": "pay_A1001", "attributes": {...}}   # optional
     }
 
-Without ``"resource"`` the tool's loader reads it from ``RATIFIER_DATABASE_URL`` (read-only,
-the actor's tenant in the WHERE); ``"resource": null`` means "not found".
+Without ``"resource"`` the tool's loader reads it from ``RATIFIER_STORAGE__DATABASE_URL``
+(read-only, the actor's tenant in the WHERE); ``"resource": null`` means "not found".
 """
 
 from __future__ import annotations

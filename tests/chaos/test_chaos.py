@@ -82,9 +82,9 @@ OUTAGE_SECONDS = 20
 APPROVAL_DELAY = 3.0  # approvals stay pending this long, so a crash always finds some
 # What the streams worker consumes in its group (its committed offsets are checked).
 RECONCILER = {
-    "RATIFIER_RECONCILE_BACKOFF_SECONDS": "0.5",
-    "RATIFIER_RECONCILE_BACKOFF_CAP_SECONDS": "5",
-    "RATIFIER_RECONCILE_ATTEMPTS": "1000",
+    "RATIFIER_RECONCILER__BACKOFF_SECONDS": "0.5",
+    "RATIFIER_RECONCILER__BACKOFF_CAP_SECONDS": "5",
+    "RATIFIER_RECONCILER__ATTEMPTS": "1000",
 }
 
 
@@ -128,11 +128,10 @@ def isolated_services(keys: SigningKeys) -> Iterator[Services]:
         settings = Settings(
             topic_prefix=f"chaos{uuid.uuid4().hex[:6]}.",
             topic_partitions=4,
-            kafka_bootstrap=kafka.bootstrap,
-            redis_url=cache.url,
-            database_url=postgres.url,
-            context_jwks_file=str(keys.jwks_path),
-            approval_ttl_seconds=600,
+            kafka={"bootstrap": kafka.bootstrap},
+            storage={"redis_url": cache.url, "database_url": postgres.url},
+            context={"jwks_file": str(keys.jwks_path)},
+            approvals={"ttl_seconds": 600},
             provider_url=f"http://127.0.0.1:{provider_port}",
         )
         seed_payments(settings)
@@ -142,14 +141,14 @@ def isolated_services(keys: SigningKeys) -> Iterator[Services]:
             workers=[],
             env={
                 **worker_env(settings),
-                "RATIFIER_CONTEXT_JWKS_FILE": str(keys.jwks_path),
-                "RATIFIER_APPROVAL_TTL_SECONDS": str(settings.approval_ttl_seconds),
+                "RATIFIER_CONTEXT__JWKS_FILE": str(keys.jwks_path),
+                "RATIFIER_APPROVALS__TTL_SECONDS": str(settings.approvals.ttl_seconds),
                 "RATIFIER_PROVIDER_URL": settings.provider_url,
-                "RATIFIER_CLAIM_LEASE_SECONDS": "10",
-                "RATIFIER_EXECUTOR_METRICS_PORT": "0",
-                "RATIFIER_RECONCILER_METRICS_PORT": "0",
-                "RATIFIER_AUDIT_METRICS_PORT": "0",
-                "RATIFIER_HTTP_PORT": "0",
+                "RATIFIER_EXECUTOR__CLAIM_LEASE_SECONDS": "10",
+                "RATIFIER_OBSERVABILITY__EXECUTOR_METRICS_PORT": "0",
+                "RATIFIER_OBSERVABILITY__RECONCILER_METRICS_PORT": "0",
+                "RATIFIER_OBSERVABILITY__AUDIT_METRICS_PORT": "0",
+                "RATIFIER_STREAMS__HTTP_PORT": "0",
             },
             log_dir=ARTIFACTS / "chaos-logs",
             provider_url=settings.provider_url,
@@ -449,7 +448,7 @@ class Suite:
         return row
 
     def _ledger_succeeded(self, name: str) -> set[str]:
-        with psycopg.connect(self.settings.database_url) as conn:
+        with psycopg.connect(self.settings.storage.database_url) as conn:
             rows = conn.execute(
                 "SELECT operation_id FROM command_ledger WHERE tenant = 'tenant-a' "
                 "AND idempotency_key LIKE %s AND status = 'succeeded'",

@@ -164,7 +164,7 @@ def committed(pipeline: Pipeline, call_ids: set[str]) -> dict[str, list[dict[str
 
 
 def audit(pipeline: Pipeline, call_id: str) -> list[tuple[str, dict[str, Any]]]:
-    with psycopg.connect(pipeline.settings.database_url) as conn:
+    with psycopg.connect(pipeline.settings.storage.database_url) as conn:
         rows = conn.execute(
             "SELECT kind, detail FROM audit_log WHERE call_id = %s ORDER BY id", (call_id,)
         ).fetchall()

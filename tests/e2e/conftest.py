@@ -39,6 +39,10 @@ from tests.services import (
 ARTIFACTS = Path(os.environ.get("RATIFIER_TEST_ARTIFACTS", "test-artifacts"))
 
 
+# Runs a ratifier worker with crash points injected (test support, never in production).
+CRASHING_MODULE = "testsupport.crashing"
+
+
 def _ed25519() -> tuple[Ed25519PrivateKey, dict[str, Any]]:
     private = Ed25519PrivateKey.generate()
     return private, json.loads(OKPAlgorithm.to_jwk(private.public_key()))
@@ -99,6 +103,19 @@ class Pipeline:
         self.workers.append(worker)
         return worker
 
+    def start_crashing(self, command: str, name: str, *, at: str, **env: str) -> WorkerProcess:
+        """``ratifier <command>`` that SIGKILLs itself at the crash point ``at``
+        (``point:probability``; testsupport/crashing.py)."""
+        worker = start_worker_args(
+            [at, command],
+            name=name,
+            log_dir=self.log_dir,
+            env={**self.env, **env},
+            module=CRASHING_MODULE,
+        )
+        self.workers.append(worker)
+        return worker
+
     def wait_ready(self, timeout: float = 120) -> None:
         """Ready when a call makes it all the way through (consumer groups joined)."""
         warm = proposal(self.settings, tool="get_payment", arguments={"payment_id": "pay_A1001"})
@@ -142,7 +159,7 @@ def free_port() -> int:
 
 def reset_refundable(settings: Settings) -> None:
     """The test database's payments get their full refundable amount back each session."""
-    with psycopg.connect(settings.database_url) as conn:
+    with psycopg.connect(settings.storage.database_url) as conn:
         conn.execute(
             "UPDATE payments SET refundable_minor = amount_minor "
             "WHERE payment_id IN ('pay_A1001', 'pay_A1002', 'pay_B2001')"
@@ -165,12 +182,12 @@ def start_pipeline(
     accepting local HS256 tokens and EdDSA tokens of the published JWKS, with a short approval
     TTL; with ``audit_sink``, also `ratifier audit sink` for that prefix; on the broker at
     ``kafka_bootstrap`` when given."""
-    settings = session_settings().model_copy(
-        update={"context_jwks_file": str(keys.jwks_path), "approval_ttl_seconds": approval_ttl}
+    settings = session_settings().changed(
+        context={"jwks_file": str(keys.jwks_path)}, approvals={"ttl_seconds": approval_ttl}
     )
     if kafka_bootstrap:
         settings = settings.with_kafka(bootstrap=kafka_bootstrap)
-    migrate(settings.database_url)
+    migrate(settings.storage.database_url)
     reset_refundable(settings)
     run(ensure_topics(settings))
     port, provider_port = free_port(), free_port()
@@ -180,13 +197,13 @@ def start_pipeline(
         workers=[],
         env={
             **worker_env(settings),
-            "RATIFIER_CONTEXT_JWKS_FILE": str(keys.jwks_path),
-            "RATIFIER_APPROVAL_TTL_SECONDS": str(settings.approval_ttl_seconds),
+            "RATIFIER_CONTEXT__JWKS_FILE": str(keys.jwks_path),
+            "RATIFIER_APPROVALS__TTL_SECONDS": str(settings.approvals.ttl_seconds),
             "RATIFIER_PROVIDER_URL": provider_url,
             # Several executors per host: metrics ports only where a test asks for them.
-            "RATIFIER_EXECUTOR_METRICS_PORT": "0",
-            "RATIFIER_RECONCILER_METRICS_PORT": "0",
-            "RATIFIER_AUDIT_METRICS_PORT": "0",
+            "RATIFIER_OBSERVABILITY__EXECUTOR_METRICS_PORT": "0",
+            "RATIFIER_OBSERVABILITY__RECONCILER_METRICS_PORT": "0",
+            "RATIFIER_OBSERVABILITY__AUDIT_METRICS_PORT": "0",
             **env,
         },
         log_dir=ARTIFACTS / f"{name}-logs",
@@ -204,7 +221,7 @@ def start_pipeline(
     try:
         wait_http(provider_url + "/_stats", provider)
         if streams:
-            pipeline.start("streams", "streams", RATIFIER_HTTP_PORT=str(port))
+            pipeline.start("streams", "streams", RATIFIER_STREAMS__HTTP_PORT=str(port))
         for n in range(executors):
             pipeline.start("executor", "executor" if n == 0 else f"executor-{n}")
         if audit_sink:

@@ -26,7 +26,7 @@ RECEIPT_KEYS = approval_keys(Settings())
 
 def seed_payments(settings: Settings) -> None:
     """Payments with room for thousands of refunds (the test database only)."""
-    with psycopg.connect(settings.database_url) as conn:
+    with psycopg.connect(settings.storage.database_url) as conn:
         for payment in PAYMENTS:
             conn.execute(
                 "INSERT INTO payments (tenant, payment_id, customer_email, amount_minor, "

@@ -35,7 +35,7 @@ def test_restart_and_rebalance_keep_pending_approvals(own_pipeline: Pipeline) ->
     ids = {r["call_id"] for r in (first, second, third)}
 
     pipeline.stop_worker("streams")  # pending approvals live only in the join's table now
-    pipeline.start("streams", "streams-restarted", RATIFIER_HTTP_PORT="0")
+    pipeline.start("streams", "streams-restarted", RATIFIER_STREAMS__HTTP_PORT="0")
     boss = token(pipeline.settings, "boss")
     decide(pipeline, first, boss)
     assert (
@@ -43,7 +43,7 @@ def test_restart_and_rebalance_keep_pending_approvals(own_pipeline: Pipeline) ->
         == "succeeded"
     )
 
-    pipeline.start("streams", "streams-second", RATIFIER_HTTP_PORT="0")  # rebalance
+    pipeline.start("streams", "streams-second", RATIFIER_STREAMS__HTTP_PORT="0")  # rebalance
     decide(pipeline, second, boss)
     assert (
         terminal_outcomes(pipeline, {second["call_id"]}, timeout=90)[second["call_id"]][0]["status"]
@@ -51,7 +51,9 @@ def test_restart_and_rebalance_keep_pending_approvals(own_pipeline: Pipeline) ->
     )
 
     # Nobody decides the third: its expiry still fires, on whichever worker owns it now.
-    outcomes = terminal_outcomes(pipeline, ids, timeout=pipeline.settings.approval_ttl_seconds + 60)
+    outcomes = terminal_outcomes(
+        pipeline, ids, timeout=pipeline.settings.approvals.ttl_seconds + 60
+    )
     assert {
         c: [(o["status"], (o["error"] or {}).get("code")) for o in found]
         for c, found in outcomes.items()

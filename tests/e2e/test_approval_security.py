@@ -85,9 +85,9 @@ def secured(
         signing_keys,
         "e2e-approval-security",
         audit_sink=True,
-        RATIFIER_POLICY_DIR=str(policies),
+        RATIFIER_POLICIES__DIRECTORY=str(policies),
         # tenant-b requires call binding; tenant-a (the approval tests) does not.
-        RATIFIER_CALL_BINDING_TENANTS="tenant-b",
+        RATIFIER_CONTEXT__CALL_BINDING_TENANTS="tenant-b",
     )
     try:
         yield pipeline
@@ -238,7 +238,7 @@ def test_no_token_on_the_decided_topic_and_none_in_audit_records(secured: Pipeli
     assert set(_jws_types(text)) == {"ratifier-decision+jws"}
 
     def recorded() -> bool:
-        with psycopg.connect(secured.settings.database_url) as conn:
+        with psycopg.connect(secured.settings.storage.database_url) as conn:
             (n,) = conn.execute(
                 "SELECT count(*) FROM audit_records WHERE prefix = %s AND call_id = %s "
                 "AND status = 'succeeded'",
@@ -247,7 +247,7 @@ def test_no_token_on_the_decided_topic_and_none_in_audit_records(secured: Pipeli
         return int(n) > 0
 
     wait_for(recorded, timeout=45)
-    with psycopg.connect(secured.settings.database_url) as conn:
+    with psycopg.connect(secured.settings.storage.database_url) as conn:
         rows = conn.execute(
             "SELECT record::text FROM audit_records WHERE prefix = %s",
             (secured.settings.topic_prefix,),
@@ -318,7 +318,7 @@ def test_a_customer_confirms_their_own_action_and_not_anothers(secured: Pipeline
 
 def test_four_eyes_needs_two_distinct_approvers(secured: Pipeline) -> None:
     method = f"pm_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(secured.settings.database_url) as conn:
+    with psycopg.connect(secured.settings.storage.database_url) as conn:
         conn.execute(
             "INSERT INTO payment_methods (tenant, payment_method_id, customer_email, brand, last4)"
             " VALUES ('tenant-a', %s, 'alice@example.com', 'visa', '4242')",

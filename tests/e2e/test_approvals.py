@@ -194,7 +194,7 @@ def test_expired_request_and_late_approval(pipeline: Pipeline) -> None:
     (request,) = propose(pipeline)
     call_id = request["call_id"]
     (o,) = terminal_outcomes(
-        pipeline, {call_id}, timeout=pipeline.settings.approval_ttl_seconds + 30
+        pipeline, {call_id}, timeout=pipeline.settings.approvals.ttl_seconds + 30
     )[call_id]
     assert (o["status"], o["error"]["code"]) == ("expired", "approval_expired")
     decide(pipeline, request, token(pipeline.settings, "boss"))  # too late

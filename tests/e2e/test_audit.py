@@ -77,7 +77,7 @@ def _final(pipeline: Pipeline, call_id: str) -> dict[str, Any]:
 
 
 def _audit_rows(pipeline: Pipeline, call_id: str) -> list[tuple[str, str | None]]:
-    with psycopg.connect(pipeline.settings.database_url) as conn:
+    with psycopg.connect(pipeline.settings.storage.database_url) as conn:
         rows = conn.execute(
             "SELECT stream, status FROM audit_records WHERE prefix = %s AND call_id = %s "
             "ORDER BY record_at, topic, kafka_offset",
@@ -262,7 +262,7 @@ def test_secret_argument_is_nowhere_in_clear(audited: Pipeline) -> None:
     assert ("calls.deadletter", None) in _wait_recorded(audited, malformed_id, "rejected")
     _wait_recorded(audited, openai_id, "rejected")
 
-    with psycopg.connect(settings.database_url) as conn:
+    with psycopg.connect(settings.storage.database_url) as conn:
         masked = conn.execute(
             "SELECT record -> 'arguments' ->> 'account_number' FROM audit_records "
             "WHERE prefix = %s AND call_id = %s AND stream = 'calls.proposed'",

@@ -62,7 +62,7 @@ def downstream_ids(pipeline: Pipeline) -> set[str]:
 
 
 def refunds_for(pipeline: Pipeline, call_ids: set[str]) -> int:
-    with psycopg.connect(pipeline.settings.database_url) as conn:
+    with psycopg.connect(pipeline.settings.storage.database_url) as conn:
         row = conn.execute(
             "SELECT count(*) FROM refunds WHERE operation_id = ANY(%s)",
             ([f"tenant-a:{c}" for c in call_ids] + [f"tenant-b:{c}" for c in call_ids],),
@@ -123,14 +123,14 @@ def test_bad_tokens_are_unauthenticated_and_go_nowhere(
     pipeline: Pipeline, signing_keys: SigningKeys
 ) -> None:
     settings = pipeline.settings
-    secret = settings.context_secret
+    secret = settings.context.secret
     now = int(time.time())
     claims = {
         "sub": "agent-9",
         "tenant": "tenant-a",
         "roles": ["support"],
         "aud": "ratifier",
-        "iss": settings.context_issuer,
+        "iss": settings.context.issuer,
         "iat": now,
         "nbf": now,
         "exp": now + 300,

@@ -40,7 +40,7 @@ def executors_only(signing_keys: SigningKeys, request: pytest.FixtureRequest) ->
         f"executors-{uuid.uuid4().hex[:4]}",
         streams=False,
         executors=count,
-        RATIFIER_CLAIM_LEASE_SECONDS="5",
+        RATIFIER_EXECUTOR__CLAIM_LEASE_SECONDS="5",
     )
     seed_payments(pipeline.settings)
     try:
@@ -88,9 +88,7 @@ def test_kill_minus_nine_at_each_point(executors_only: Pipeline, point: str) -> 
     pipeline = executors_only
     # Per command for the first three points, once per batch for the last.
     rate = "1" if point == "after_publish" else "0.1"
-    crashing = pipeline.start(
-        "executor", "executor-crashing", RATIFIER_EXECUTOR_CRASH_AT=f"{point}:{rate}"
-    )
+    crashing = pipeline.start_crashing("executor", "executor-crashing", at=f"{point}:{rate}")
     commands = [refund_command(f"k-{uuid.uuid4().hex[:12]}") for _ in range(60)]
     publish_commands(pipeline.settings, commands)
     deadline = time.monotonic() + 60
@@ -117,7 +115,7 @@ def test_kill_minus_nine_at_each_point(executors_only: Pipeline, point: str) -> 
     assert succeeded <= set(stats["by_key"])
 
     # Reconciliation settles what the crash left unknown; then the whole history must hold.
-    pipeline.start("reconciler", "reconciler", RATIFIER_RECONCILE_BACKOFF_SECONDS="0.2")
+    pipeline.start("reconciler", "reconciler", RATIFIER_RECONCILER__BACKOFF_SECONDS="0.2")
     history = History(proposed={c.call_id: c.operation_id for c in commands})
     deadline = time.monotonic() + 90
     while True:
@@ -154,7 +152,7 @@ def flush_and_restart(
 @pytest.mark.parametrize("executors_only", [2], indirect=True)
 def test_redis_flushed_and_restarted_mid_run(executors_only: Pipeline) -> None:
     pipeline = executors_only
-    with contextlib.closing(redis.Redis.from_url(pipeline.settings.redis_url)) as client:
+    with contextlib.closing(redis.Redis.from_url(pipeline.settings.storage.redis_url)) as client:
         first, again = flush_and_restart(pipeline, client)
     more = [c.model_copy(update={"call_id": f"m-{uuid.uuid4().hex[:12]}"}) for c in first]
     publish_commands(pipeline.settings, more)

@@ -52,7 +52,7 @@ def probed(signing_keys: SigningKeys) -> Iterator[tuple[Pipeline, int]]:
     pipeline = start_pipeline(
         signing_keys,
         f"health-{uuid.uuid4().hex[:4]}",
-        RATIFIER_EXECUTOR_METRICS_PORT=str(executor_port),
+        RATIFIER_OBSERVABILITY__EXECUTOR_METRICS_PORT=str(executor_port),
     )
     try:
         yield pipeline, executor_port
@@ -93,7 +93,7 @@ def test_an_executor_without_a_broker_is_alive_and_not_ready(
         "executor",
         "executor-no-broker",
         RATIFIER_KAFKA__BOOTSTRAP="127.0.0.1:1",  # nothing listens there
-        RATIFIER_EXECUTOR_METRICS_PORT=str(port),
+        RATIFIER_OBSERVABILITY__EXECUTOR_METRICS_PORT=str(port),
     )
     base = f"http://127.0.0.1:{port}"
 

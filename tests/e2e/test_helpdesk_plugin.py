@@ -37,7 +37,7 @@ def helpdesk(
         "helpdesk",
         PYTHONPATH=str(plugins),
         RATIFIER_CATALOG="helpdesk_plugin:catalog",
-        RATIFIER_POLICY_DIR=str(plugins / "helpdesk_plugin" / "policies"),
+        RATIFIER_POLICIES__DIRECTORY=str(plugins / "helpdesk_plugin" / "policies"),
     )
     try:
         yield started

@@ -155,7 +155,7 @@ def test_a_killed_streams_worker_answers_again_within_seconds(isolated: Pipeline
     worker.kill()
     isolated.workers.remove(worker)
     killed = time.monotonic()
-    isolated.start("streams", "streams-2", RATIFIER_HTTP_PORT=str(isolated.http_port))
+    isolated.start("streams", "streams-2", RATIFIER_STREAMS__HTTP_PORT=str(isolated.http_port))
     tag = f"restart-{uuid.uuid4().hex[:8]}"
     calls = good_calls(isolated, 4, tag)
     run(publish(isolated.settings, calls))

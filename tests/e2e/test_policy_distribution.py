@@ -126,7 +126,7 @@ def test_hot_swap_refusal_and_replay(pipeline: Pipeline, tmp_path: Path) -> None
 
     # An invalid set is refused: the candidate stays in force.
     broken = PolicySetRecord(
-        name=settings.policy_set_name,
+        name=settings.policies.set_name,
         policies="permit (principal,",
         cedar_schema={},
         version="sha256:broken",

@@ -28,7 +28,10 @@ from tests.services import outcomes_by_call, read_until, run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
-RECONCILER_ENV = {"RATIFIER_RECONCILE_BACKOFF_SECONDS": "0.2", "RATIFIER_RECONCILE_ATTEMPTS": "4"}
+RECONCILER_ENV = {
+    "RATIFIER_RECONCILER__BACKOFF_SECONDS": "0.2",
+    "RATIFIER_RECONCILER__ATTEMPTS": "4",
+}
 
 
 @pytest.fixture
@@ -37,8 +40,8 @@ def pipeline_with_reconciler(signing_keys: SigningKeys) -> Iterator[Pipeline]:
         signing_keys,
         f"reconcile-{uuid.uuid4().hex[:4]}",
         streams=False,
-        RATIFIER_CLAIM_LEASE_SECONDS="3",
-        RATIFIER_RETRY_ATTEMPTS="2",
+        RATIFIER_EXECUTOR__CLAIM_LEASE_SECONDS="3",
+        RATIFIER_EXECUTOR__RETRY_ATTEMPTS="2",
     )
     seed_payments(pipeline.settings)
     park_leftovers(pipeline)
@@ -54,7 +57,7 @@ def park_leftovers(pipeline: Pipeline) -> None:
     """The test database is shared by every session on this machine: unknown operations
     left by an interrupted earlier run are escalated here, so that this test's reconciler
     does not send them to this test's provider (it would, correctly, and spend its faults)."""
-    with psycopg.connect(pipeline.settings.database_url) as conn:
+    with psycopg.connect(pipeline.settings.storage.database_url) as conn:
         conn.execute(
             "UPDATE command_ledger SET escalated_at = now() "
             "WHERE status = 'unknown' AND escalated_at IS NULL"
@@ -93,7 +96,7 @@ def outcomes_until(
 
 
 def ledger(pipeline: Pipeline, operation_id: str) -> dict[str, Any]:
-    with psycopg.connect(pipeline.settings.database_url) as conn:
+    with psycopg.connect(pipeline.settings.storage.database_url) as conn:
         row = conn.execute(
             "SELECT status, reconcile_attempts, escalated_at FROM command_ledger "
             "WHERE operation_id = %s",
@@ -104,7 +107,7 @@ def ledger(pipeline: Pipeline, operation_id: str) -> dict[str, Any]:
 
 
 def refund_status(pipeline: Pipeline, operation_id: str) -> str:
-    with psycopg.connect(pipeline.settings.database_url) as conn:
+    with psycopg.connect(pipeline.settings.storage.database_url) as conn:
         row = conn.execute(
             "SELECT status FROM refunds WHERE operation_id = %s", (operation_id,)
         ).fetchone()
@@ -227,8 +230,8 @@ def test_reconciler_killed_mid_schedule_neither_loses_nor_repeats(
     patient = pipeline.start(
         "reconciler",
         "reconciler-patient",
-        RATIFIER_RECONCILE_BACKOFF_SECONDS="0.2",
-        RATIFIER_RECONCILE_ATTEMPTS="60",
+        RATIFIER_RECONCILER__BACKOFF_SECONDS="0.2",
+        RATIFIER_RECONCILER__ATTEMPTS="60",
     )
     faults(pipeline, drop_after=1)
     command = refund_command(f"kill-{uuid.uuid4().hex[:10]}")
@@ -245,8 +248,8 @@ def test_reconciler_killed_mid_schedule_neither_loses_nor_repeats(
     pipeline.start(
         "reconciler",
         "reconciler-restarted",
-        RATIFIER_RECONCILE_BACKOFF_SECONDS="0.2",
-        RATIFIER_RECONCILE_ATTEMPTS="60",
+        RATIFIER_RECONCILER__BACKOFF_SECONDS="0.2",
+        RATIFIER_RECONCILER__ATTEMPTS="60",
     )
     while ledger(pipeline, command.operation_id)["attempts"] <= before:
         assert time.monotonic() < deadline + 60, "the schedule was lost"

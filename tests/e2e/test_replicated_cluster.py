@@ -333,7 +333,7 @@ def test_pipeline_through_a_killed_leader(
     settings = pipeline.settings
     assert settings.kafka_bootstrap == cluster.bootstrap
     seed_payments(settings)
-    pipeline.start("reconciler", "reconciler", RATIFIER_RECONCILE_BACKOFF_SECONDS="0.2")
+    pipeline.start("reconciler", "reconciler", RATIFIER_RECONCILER__BACKOFF_SECONDS="0.2")
     history = History()
     proposed: set[str] = set()
     try:

@@ -35,9 +35,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 # A patient reconciler: checks every 0.2 to 1 s, never escalates within a test.
 PATIENT = {
-    "RATIFIER_RECONCILE_BACKOFF_SECONDS": "0.2",
-    "RATIFIER_RECONCILE_BACKOFF_CAP_SECONDS": "1",
-    "RATIFIER_RECONCILE_ATTEMPTS": "500",
+    "RATIFIER_RECONCILER__BACKOFF_SECONDS": "0.2",
+    "RATIFIER_RECONCILER__BACKOFF_CAP_SECONDS": "1",
+    "RATIFIER_RECONCILER__ATTEMPTS": "500",
 }
 
 
@@ -50,9 +50,9 @@ def start_executor_only(
         keys,
         f"{name}-{uuid.uuid4().hex[:4]}",
         streams=False,
-        RATIFIER_CLAIM_LEASE_SECONDS="3",
-        RATIFIER_RETRY_ATTEMPTS="2",
-        RATIFIER_DATABASE_URL=database_url or TEST_DATABASE_URL,
+        RATIFIER_EXECUTOR__CLAIM_LEASE_SECONDS="3",
+        RATIFIER_EXECUTOR__RETRY_ATTEMPTS="2",
+        RATIFIER_STORAGE__DATABASE_URL=database_url or TEST_DATABASE_URL,
         RATIFIER_KAFKA_BOOTSTRAP=kafka_bootstrap or Settings().kafka_bootstrap,
     )
 
@@ -196,7 +196,7 @@ def test_retry_sharing_an_unknown_operation_gets_the_settlement(
     after = outcomes_until_all(pipeline.settings, [late.call_id], SETTLED, 60)[late.call_id]
     assert [(o["status"], o["result"]["provider_ref"]) for o in after] == [("succeeded", ref)]
 
-    db = pipeline.settings.database_url
+    db = pipeline.settings.storage.database_url
     assert provider_stats(pipeline.provider_url)["by_key"][first.operation_id] == 1
     assert ledger_row(db, first.operation_id)[0] == "succeeded"
     wait_marked_published(db, first.operation_id, calls)
@@ -208,12 +208,13 @@ def test_reconciler_killed_between_settlement_and_publish_loses_nothing(
     executor_only: Pipeline,
 ) -> None:
     pipeline = executor_only
-    db = pipeline.settings.database_url
+    db = pipeline.settings.storage.database_url
     key = f"crash-{uuid.uuid4().hex[:10]}"
     operation_id, first, retry = make_two_calls_unknown(pipeline, key)
 
-    crash = {"RATIFIER_RECONCILER_CRASH_AT": "after_settle:1"}
-    crashing = pipeline.start("reconciler", "reconciler-crashing", **crash, **PATIENT)
+    crashing = pipeline.start_crashing(
+        "reconciler", "reconciler-crashing", at="after_settle:1", **PATIENT
+    )
     assert wait_exit(crashing, 90) == -9, crashing.log_tail()
     assert "crash test: SIGKILL at after_settle" in crashing.log_tail()
     # Settled and committed, nothing published: both outcomes owed, in the outbox.
@@ -246,7 +247,7 @@ def test_reconciler_survives_postgres_restart_and_settles(signing_keys: SigningK
     with private_postgres() as server:
         migrate(server.url)
         pipeline = start_executor_only(signing_keys, "pgrestart", server.url)
-        settings = pipeline.settings.model_copy(update={"database_url": server.url})
+        settings = pipeline.settings.changed(storage={"database_url": server.url})
         pipeline.settings = settings
         try:
             seed_payments(settings)
@@ -300,7 +301,7 @@ def test_reconciler_survives_an_unreachable_broker_and_settles(executor_only: Pi
             assert reconciler.process.poll() is None, reconciler.log_tail()
             assert time.monotonic() < deadline, reconciler.log_tail()
             time.sleep(0.2)
-        assert ledger_row(pipeline.settings.database_url, operation_id)[0] == "unknown"
+        assert ledger_row(pipeline.settings.storage.database_url, operation_id)[0] == "unknown"
         broker.start()
         settled = outcomes_until_all(pipeline.settings, [first, retry], SETTLED, 120)
         assert_each_settled_once(settled)
@@ -322,7 +323,7 @@ def test_reconciler_survives_a_broker_crash_and_publishes_what_it_settled(
         pipeline = start_executor_only(signing_keys, "kafkacrash", kafka_bootstrap=kafka.bootstrap)
         shared = pipeline.settings
         pipeline.settings = shared.with_kafka(bootstrap=kafka.bootstrap)
-        db = shared.database_url
+        db = shared.storage.database_url
         try:
             seed_payments(pipeline.settings)
             park_leftovers(pipeline)

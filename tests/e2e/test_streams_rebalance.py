@@ -38,7 +38,7 @@ def test_a_worker_joining_mid_burst_loses_no_call(signing_keys: SigningKeys) -> 
         ids = {c["call_id"] for c in calls}
         # A second worker starts, and the burst arrives while it joins: partitions of every
         # stage move while records are in flight.
-        pipeline.start("streams", "streams-2", RATIFIER_HTTP_PORT="0")
+        pipeline.start("streams", "streams-2", RATIFIER_STREAMS__HTTP_PORT="0")
         run(publish(settings, [(c["call_id"], json.dumps(c).encode()) for c in calls]))
         started = time.monotonic()
 

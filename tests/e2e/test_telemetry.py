@@ -55,11 +55,11 @@ def observed(
         signing_keys,
         f"telemetry-{uuid.uuid4().hex[:4]}",
         audit_sink=True,
-        RATIFIER_AUDIT_METRICS_PORT=str(audit_port),
-        RATIFIER_OTEL_EXPORTER=f"jsonl:{spans}",
-        RATIFIER_EXECUTOR_METRICS_PORT=str(executor_port),
-        RATIFIER_CLAIM_LEASE_SECONDS="3",
-        RATIFIER_RETRY_ATTEMPTS="2",
+        RATIFIER_OBSERVABILITY__AUDIT_METRICS_PORT=str(audit_port),
+        RATIFIER_OBSERVABILITY__OTEL_EXPORTER=f"jsonl:{spans}",
+        RATIFIER_OBSERVABILITY__EXECUTOR_METRICS_PORT=str(executor_port),
+        RATIFIER_EXECUTOR__CLAIM_LEASE_SECONDS="3",
+        RATIFIER_EXECUTOR__RETRY_ATTEMPTS="2",
     )
     try:
         seed_payments(pipeline.settings)
@@ -67,8 +67,8 @@ def observed(
         pipeline.start(
             "reconciler",
             "reconciler",
-            RATIFIER_RECONCILE_BACKOFF_SECONDS="0.2",
-            RATIFIER_RECONCILER_METRICS_PORT=str(reconciler_port),
+            RATIFIER_RECONCILER__BACKOFF_SECONDS="0.2",
+            RATIFIER_OBSERVABILITY__RECONCILER_METRICS_PORT=str(reconciler_port),
         )
         yield Observed(
             pipeline=pipeline,

@@ -17,14 +17,14 @@ from tests.services import run, session_settings
 @pytest.fixture(scope="session")
 def settings() -> Iterator[Settings]:
     settings = session_settings()
-    migrate(settings.database_url)
+    migrate(settings.storage.database_url)
     yield settings
     run(delete_topics(settings))
 
 
 @pytest.fixture
 async def pool(settings: Settings) -> AsyncIterator[AsyncConnectionPool[Any]]:
-    pool = pg_pool(settings.database_url, max_size=4, dict_rows=True)
+    pool = pg_pool(settings.storage.database_url, max_size=4, dict_rows=True)
     await pool.open(wait=True, timeout=10)
     yield pool
     await pool.close()

@@ -61,7 +61,12 @@ def _records(settings: Settings) -> list[tuple[Topic, bytes | None, bytes, list[
         (Topic.DEADLETTER, None, json.dumps(letter).encode(), []),
         (Topic.PROPOSED, b"garbage", b"\xff\xfe not json " + SECRET.encode(), []),
         (Topic.PROPOSED, b"nul", b'{"call_id": "nul\\u0000", "arguments": {}}', []),
-        (Topic.PROPOSED, b"big", b'{"pad": "' + b"x" * (5 * settings.max_record_bytes) + b'"}', []),
+        (
+            Topic.PROPOSED,
+            b"big",
+            b'{"pad": "' + b"x" * (5 * settings.limits.max_record_bytes) + b'"}',
+            [],
+        ),
     ]
 
 
@@ -80,7 +85,7 @@ async def _publish(settings: Settings) -> None:
 
 
 def _rows(settings: Settings) -> list[dict[str, Any]]:
-    with psycopg.connect(settings.database_url, row_factory=psycopg.rows.dict_row) as conn:
+    with psycopg.connect(settings.storage.database_url, row_factory=psycopg.rows.dict_row) as conn:
         return conn.execute(
             "SELECT * FROM audit_records WHERE prefix = %s ORDER BY topic, kafka_offset",
             (settings.topic_prefix,),
@@ -185,7 +190,7 @@ async def _committed_equals_end(settings: Settings) -> bool:
 
 
 def test_audit_records_are_append_only(settings: Settings) -> None:
-    with psycopg.connect(settings.database_url) as conn:
+    with psycopg.connect(settings.storage.database_url) as conn:
         conn.execute(
             "INSERT INTO audit_records (topic, kafka_partition, kafka_offset, prefix, stream, "
             "record_at, record) VALUES (%s, 0, 0, %s, 'outcomes', now(), '{}')",

@@ -106,7 +106,7 @@ def world(dash_settings: Settings) -> Iterator[dict[str, Any]]:
     tag = uuid.uuid4().hex[:8]
     ta, tb = f"ta-{tag}", f"tb-{tag}"
     ids = {name: f"{name}-{tag}" for name in ("ok", "deny", "pend", "old", "done", "unk", "rec")}
-    with psycopg.connect(settings.database_url, autocommit=True) as conn:
+    with psycopg.connect(settings.storage.database_url, autocommit=True) as conn:
         rows = Rows(conn, settings.topic_prefix)
         t0 = now - timedelta(seconds=30)
         # A read that went all the way through, with timestamps for each stage.
@@ -328,7 +328,7 @@ async def test_decisions_are_published_signed_and_bound(
 
 async def test_reads_cannot_write(settings: Settings) -> None:
     pool = pg_pool(
-        settings.database_url, max_size=1, dict_rows=True, autocommit=True, read_only=True
+        settings.storage.database_url, max_size=1, dict_rows=True, autocommit=True, read_only=True
     )
     await pool.open(wait=True, timeout=10)
     try:

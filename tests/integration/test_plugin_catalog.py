@@ -24,7 +24,8 @@ def test_only_the_reference_catalog_brings_the_reference_seed() -> None:
     helpdesk = load_catalog("examples.helpdesk:catalog")
     reference_versions = [v for v, _ in _pending_files(MIGRATIONS_DIR, reference)]
     helpdesk_versions = [v for v, _ in _pending_files(MIGRATIONS_DIR, helpdesk)]
-    assert "payments/0001_seed" in reference_versions
+    assert "payments/0002_seed" in reference_versions
+    assert "payments/0001_tables" in reference_versions
     assert not any("seed" in v for v in helpdesk_versions)
     assert "helpdesk/0001_tickets" in helpdesk_versions
     assert [v for v, _ in _pending_files(MIGRATIONS_DIR, Catalog([]))] == [
@@ -33,9 +34,9 @@ def test_only_the_reference_catalog_brings_the_reference_seed() -> None:
 
 
 def test_a_plugins_migrations_are_applied_once_under_its_name(settings: Settings) -> None:
-    migrate(settings.database_url, catalog="examples.helpdesk:catalog")
-    assert migrate(settings.database_url, catalog="examples.helpdesk:catalog") == []
-    with psycopg.connect(settings.database_url) as conn:
+    migrate(settings.storage.database_url, catalog="examples.helpdesk:catalog")
+    assert migrate(settings.storage.database_url, catalog="examples.helpdesk:catalog") == []
+    with psycopg.connect(settings.storage.database_url) as conn:
         versions = {r[0] for r in conn.execute("SELECT version FROM schema_migrations")}
         tickets = conn.execute("SELECT count(*) FROM helpdesk_tickets").fetchone()
     assert "helpdesk/0001_tickets" in versions
@@ -44,9 +45,13 @@ def test_a_plugins_migrations_are_applied_once_under_its_name(settings: Settings
 
 
 async def test_a_foreign_ticket_loads_exactly_like_a_missing_one(settings: Settings) -> None:
-    migrate(settings.database_url, catalog="examples.helpdesk:catalog")
+    migrate(settings.storage.database_url, catalog="examples.helpdesk:catalog")
     pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-        settings.database_url, min_size=1, max_size=1, open=False, kwargs={"row_factory": dict_row}
+        settings.storage.database_url,
+        min_size=1,
+        max_size=1,
+        open=False,
+        kwargs={"row_factory": dict_row},
     )
     await pool.open(wait=True, timeout=10)
     try:

@@ -36,14 +36,15 @@ def test_a_worker_refuses_a_database_behind_its_build_and_starts_after_migrate(
     empty_database: str,
 ) -> None:
     ours = sorted(path.stem for path in MIGRATIONS_DIR.glob("*.sql"))
-    every = [*ours, "payments/0001_seed"]  # the reference catalog's own, after ours
+    # the reference catalog's own, after ours
+    every = [*ours, "payments/0001_tables", "payments/0002_seed", "payments/0003_payout_accounts"]
     assert pending_migrations(empty_database) == every
     with pytest.raises(ConfigurationError, match="ratifier migrate"):
         require_current_schema(empty_database)
     # The real command: it exits with a clear message instead of migrating by itself.
     refused = subprocess.run(
         [sys.executable, "-m", "ratifier.cli", "reconciler"],
-        env={**os.environ, "RATIFIER_DATABASE_URL": empty_database},
+        env={**os.environ, "RATIFIER_STORAGE__DATABASE_URL": empty_database},
         capture_output=True,
         text=True,
         timeout=60,
@@ -56,3 +57,31 @@ def test_a_worker_refuses_a_database_behind_its_build_and_starts_after_migrate(
     assert migrate(empty_database) == every
     require_current_schema(empty_database)
     assert pending_migrations(empty_database) == []
+
+
+def test_a_database_migrated_before_the_domain_moved_applies_nothing_again(
+    empty_database: str,
+) -> None:
+    """The reference domain's tables were part of our 0001_schema and 0007_payout_accounts,
+    and its seed was `payments/0001_seed`: a database that recorded those versions has
+    nothing pending after the move (each moved file names its former version)."""
+    migrate(empty_database)
+    formerly = {
+        "payments/0001_tables": "0001_schema",
+        "payments/0002_seed": "payments/0001_seed",
+        "payments/0003_payout_accounts": "0007_payout_accounts",
+    }
+    with psycopg.connect(empty_database, autocommit=True) as conn:
+        for moved in formerly:
+            conn.execute("DELETE FROM schema_migrations WHERE version = %s", (moved,))
+        conn.execute(
+            "INSERT INTO schema_migrations (version) VALUES ('0007_payout_accounts'), "
+            "('payments/0001_seed') ON CONFLICT DO NOTHING"
+        )
+        before = {r[0] for r in conn.execute("SELECT version FROM schema_migrations")}
+    assert before >= set(formerly.values())
+    assert pending_migrations(empty_database) == []
+    assert migrate(empty_database) == []
+    with psycopg.connect(empty_database) as conn:
+        after = {r[0] for r in conn.execute("SELECT version FROM schema_migrations")}
+    assert after == before

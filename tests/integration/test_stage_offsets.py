@@ -9,11 +9,12 @@ from aiokafka import TopicPartition
 from runtime.clients import kafka_admin, kafka_consumer, kafka_producer
 from schemas.names import STREAMS_APP_ID, VALIDATOR_GROUP, Topic
 from schemas.settings import Settings
+from schemas.vocabulary import StreamStage
 from streams.stateless import SPECS, adopt_offsets
 
 pytestmark = pytest.mark.integration
 
-VALIDATOR = next(s for s in SPECS if s.name == "validator")
+VALIDATOR = next(s for s in SPECS if s.name is StreamStage.VALIDATOR)
 
 
 async def commit(settings: Settings, group: str, offsets: dict[int, int]) -> None:

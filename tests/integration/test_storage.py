@@ -6,7 +6,8 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from commands.payments import GetPaymentArguments, load_payment
+from commands.payments.loaders import load_payment
+from commands.payments.models import GetPaymentArguments
 from ratifier.migrate import migrate
 from schemas.envelopes import Actor
 from schemas.settings import Settings
@@ -15,8 +16,8 @@ pytestmark = pytest.mark.integration
 
 
 def test_migrate_is_idempotent_and_seeds_two_tenants(settings: Settings) -> None:
-    assert migrate(settings.database_url) == []
-    with psycopg.connect(settings.database_url) as conn:
+    assert migrate(settings.storage.database_url) == []
+    with psycopg.connect(settings.storage.database_url) as conn:
         tenants = {r[0] for r in conn.execute("SELECT DISTINCT tenant FROM payments")}
         tables = {
             r[0]
@@ -38,7 +39,7 @@ async def test_loader_keeps_tenant_in_where(pool: AsyncConnectionPool[Any]) -> N
 
 
 def test_audit_log_is_append_only(settings: Settings) -> None:
-    with psycopg.connect(settings.database_url) as conn:
+    with psycopg.connect(settings.storage.database_url) as conn:
         conn.execute("INSERT INTO audit_log (kind) VALUES ('test')")
         with pytest.raises(psycopg.errors.RaiseException, match="append-only"):
             conn.execute("DELETE FROM audit_log WHERE kind = 'test'")

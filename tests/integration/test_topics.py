@@ -35,5 +35,5 @@ async def test_topics_created_once_with_configured_partitions(
         for response in configs
         for resource in response.resources
     }
-    expected = {"max.message.bytes": str(settings.kafka_max_message_bytes)}
+    expected = {"max.message.bytes": str(settings.limits.kafka_max_message_bytes)}
     assert limits == {settings.topic(t): expected for t in Topic}

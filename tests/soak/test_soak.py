@@ -207,7 +207,7 @@ class Soak:
                     )
                 if now >= next_restart:
                     if restart_streams:
-                        await self.restart("streams", "streams", RATIFIER_HTTP_PORT="0")
+                        await self.restart("streams", "streams", RATIFIER_STREAMS__HTTP_PORT="0")
                     else:
                         await self.restart("executor", "executor")
                     restart_streams = not restart_streams
@@ -231,7 +231,7 @@ class Soak:
 
 
 def _succeeded_operations(pipeline: Pipeline, run_id: str) -> set[str]:
-    with psycopg.connect(pipeline.settings.database_url) as conn:
+    with psycopg.connect(pipeline.settings.storage.database_url) as conn:
         rows = conn.execute(
             "SELECT operation_id FROM command_ledger "
             "WHERE tenant = 'tenant-a' AND idempotency_key LIKE %s AND status = 'succeeded'",
@@ -246,7 +246,7 @@ def test_soak(signing_keys: SigningKeys) -> None:
     pipeline = start_pipeline(signing_keys, "soak", executors=2, approval_ttl=300)
     try:
         seed_payments(pipeline.settings)
-        pipeline.start("streams", "streams-2", RATIFIER_HTTP_PORT="0")
+        pipeline.start("streams", "streams-2", RATIFIER_STREAMS__HTTP_PORT="0")
         soak = Soak(pipeline, run_id)
         figures = asyncio.run(soak.run())
         ledger = soak.ledger

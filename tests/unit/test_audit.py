@@ -12,13 +12,14 @@ from hypothesis import strategies as st
 
 from audit.masking import Masker
 from audit.records import AuditRow, KafkaRecord, audit_row
-from audit.story import build_story, render
+from audit.story import _LOG_EVENTS, build_story, render
 from commands.catalog import Catalog
 from commands.reference import catalog as reference_catalog
 from schemas.envelopes import Actor
 from schemas.errors import Unauthenticated
 from schemas.identity import ContextKeys, issue_context_token, verify_context_token
 from schemas.names import TRACEPARENT_HEADER, Topic
+from schemas.vocabulary import AuditKind
 from tests.unit.conftest import KEYS, NOW
 
 SALT = "unit-salt"
@@ -393,3 +394,8 @@ def test_events_of_the_same_millisecond_keep_pipeline_order() -> None:
         "decision accepted: approve by boss",
         "command committed for execution",
     ]
+
+
+def test_every_audit_kind_a_stage_writes_has_its_story() -> None:
+    """Writers and readers share `AuditKind`: a new kind without a story line fails here."""
+    assert set(_LOG_EVENTS) == set(AuditKind)

@@ -25,7 +25,7 @@ from commands.export import (
     export_catalog,
     openai_schema,
 )
-from commands.payments import TOOLS
+from commands.payments.tools import TOOLS
 from commands.reference import catalog as reference_catalog
 from ratifier.cli import build_parser, main
 from schemas.envelopes import Effect

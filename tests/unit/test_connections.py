@@ -201,10 +201,12 @@ def test_redis_acl_user_password_and_tls() -> None:
     plain = Settings()
     assert redis_options(plain) == {}
     secured = Settings(
-        redis_url="rediss://redis.internal:6380/0",
-        redis_username="ratifier",
-        redis_password="redis-secret",
-        redis_ssl_ca_file="/etc/ratifier/redis-ca.pem",
+        storage={
+            "redis_url": "rediss://redis.internal:6380/0",
+            "redis_username": "ratifier",
+            "redis_password": "redis-secret",
+            "redis_ssl_ca_file": "/etc/ratifier/redis-ca.pem",
+        }
     )
     assert redis_options(secured) == {
         "username": "ratifier",
@@ -213,21 +215,21 @@ def test_redis_acl_user_password_and_tls() -> None:
     }
     assert "redis-secret" not in repr(secured)
     with pytest.raises(ConfigurationError, match="rediss://"):
-        redis_options(secured.model_copy(update={"redis_url": "redis://redis.internal:6379/0"}))
+        redis_options(secured.changed(storage={"redis_url": "redis://redis.internal:6379/0"}))
 
 
 def test_postgres_sslmode_is_added_to_the_url() -> None:
-    plain = Settings(database_url="postgresql://u:p@db:5432/ratifier")
+    plain = Settings(storage={"database_url": "postgresql://u:p@db:5432/ratifier"})
     assert database_conninfo(plain) == "postgresql://u:p@db:5432/ratifier"
-    secured = plain.model_copy(
-        update={"database_sslmode": "verify-full", "database_sslrootcert": "/etc/pg/ca.pem"}
+    secured = plain.changed(
+        storage={"database_sslmode": "verify-full", "database_sslrootcert": "/etc/pg/ca.pem"}
     )
     conninfo = database_conninfo(secured)
     assert "sslmode=verify-full" in conninfo
     assert "sslrootcert=/etc/pg/ca.pem" in conninfo
     assert "dbname=ratifier" in conninfo and "host=db" in conninfo
     with pytest.raises(ValidationError):
-        Settings(database_sslmode="sometimes")
+        Settings(storage={"database_sslmode": "sometimes"})
 
 
 def write_self_signed_ca(directory: Path) -> Path:

@@ -104,8 +104,8 @@ def test_one_deployment_per_stage_with_probes_on_its_port(rendered: list[Resourc
         assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"]
         env = {e["name"]: e.get("value") for e in container.get("env", [])}
         if container["args"] == ["streams"]:
-            stages.add(env["RATIFIER_STREAMS_STAGES"])
-    assert stages == Settings().stream_stages
+            stages.add(env["RATIFIER_STREAMS__STAGES"])
+    assert stages == Settings().streams.stages
 
 
 def test_every_stage_has_a_disruption_budget(rendered: list[Resource]) -> None:
@@ -153,6 +153,16 @@ def test_services_and_autoscaler_point_at_existing_workloads(rendered: list[Reso
     # More executors than partitions would idle.
     assert scaled["maxReplicaCount"] <= int(config["RATIFIER_TOPIC_PARTITIONS"])
     assert 1 <= scaled["minReplicaCount"] <= scaled["maxReplicaCount"]
+
+
+def test_every_setting_is_documented_in_operations() -> None:
+    text = (REPO / "docs" / "operations.md").read_text(encoding="utf-8")
+    missing = sorted(
+        name
+        for name in Settings.environment_names()
+        if name not in text and f"…__{name.partition('__')[2]}" not in text
+    )
+    assert not missing, f"docs/operations.md, 'Settings', misses {missing}"
 
 
 def test_settings_in_the_config_are_real_settings(
@@ -207,7 +217,7 @@ def test_local_overlay_changes_image_namespace_and_scale() -> None:
     assert deployments["ratifier-streams-validator"]["spec"]["replicas"] == 1
     config = of_kind(local, "ConfigMap")["ratifier-config"]["data"]
     assert config["RATIFIER_KAFKA_BOOTSTRAP"] == "kafka.kafka.svc:9092"
-    assert config["RATIFIER_METRICS_HOST"] == "0.0.0.0"  # kept from the base
+    assert config["RATIFIER_OBSERVABILITY__METRICS_HOST"] == "0.0.0.0"  # kept from the base
 
 
 def test_yaml_lints_clean() -> None:

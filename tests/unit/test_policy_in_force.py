@@ -46,7 +46,7 @@ def test_a_differing_local_folder_is_loud(
 
 
 def test_a_differing_local_folder_can_stop_start_up(policies: PolicySet) -> None:
-    settings = Settings(policy_dir_mismatch="error")
+    settings = Settings(policies={"directory_mismatch": "error"})
     feed = PolicyFeed(settings, policies)
     feed.apply(published(policies, settings))
     with pytest.raises(ConfigurationError, match="LOCAL POLICY FOLDER DIFFERS"):

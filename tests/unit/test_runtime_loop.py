@@ -362,11 +362,11 @@ async def test_limits_are_aligned() -> None:
     from runtime.clients import fetch_bytes, kafka_producer
 
     with pytest.raises(ValidationError, match="max_record_bytes"):
-        Settings(max_record_bytes=900_000)
-    settings = Settings(kafka_max_message_bytes=2_000_000)
-    assert fetch_bytes(settings) > settings.kafka_max_message_bytes
+        Settings(limits={"max_record_bytes": 900_000})
+    settings = Settings(limits={"kafka_max_message_bytes": 2_000_000})
+    assert fetch_bytes(settings) > settings.limits.kafka_max_message_bytes
     producer = kafka_producer(settings)
     try:
-        assert producer._max_request_size == settings.kafka_max_message_bytes
+        assert producer._max_request_size == settings.limits.kafka_max_message_bytes
     finally:
         await producer.stop()

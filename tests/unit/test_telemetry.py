@@ -110,7 +110,7 @@ def test_missing_or_malformed_header_starts_a_new_trace() -> None:
 
 
 def test_tracer_without_exporter_only_makes_span_ids() -> None:
-    tracer = tracer_from(Settings(otel_exporter=""), service="test")
+    tracer = tracer_from(Settings(observability={"otel_exporter": ""}), service="test")
     assert type(tracer) is Tracer and not tracer.enabled
     ids = {
         tracer.record(
@@ -123,12 +123,12 @@ def test_tracer_without_exporter_only_makes_span_ids() -> None:
 
 def test_otel_settings_are_checked() -> None:
     with pytest.raises(ValueError, match="otel_exporter"):
-        Settings(otel_exporter="zipkin")
+        Settings(observability={"otel_exporter": "zipkin"})
 
 
 def test_jsonl_exporter_writes_spans_in_the_chosen_trace(tmp_path: Path) -> None:
     path = tmp_path / "spans.jsonl"
-    tracer = tracer_from(Settings(otel_exporter=f"jsonl:{path}"), service="test")
+    tracer = tracer_from(Settings(observability={"otel_exporter": f"jsonl:{path}"}), service="test")
     try:
         root = tracer.record(
             stage="validate",
@@ -286,8 +286,13 @@ def test_grafana_dashboard_refers_only_to_exported_metrics() -> None:
 
 def test_prometheus_scrape_config_names_the_default_ports() -> None:
     text = (ROOT / "deploy/prometheus/prometheus.yml").read_text()
-    for setting in ("http_port", "executor_metrics_port", "reconciler_metrics_port"):
-        assert f"127.0.0.1:{Settings.model_fields[setting].default}" in text
+    defaults = Settings()
+    for port in (
+        defaults.streams.http_port,
+        defaults.observability.executor_metrics_port,
+        defaults.observability.reconciler_metrics_port,
+    ):
+        assert f"127.0.0.1:{port}" in text
 
 
 async def test_every_stream_stage_outcome_carries_the_calls_trace(

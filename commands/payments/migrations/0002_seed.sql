@@ -1,3 +1,4 @@
+-- formerly: payments/0001_seed
 -- Seed data for the reference domain: two tenants. Idempotent.
 
 INSERT INTO payments (tenant, payment_id, customer_email, amount_minor, currency, refundable_minor, status)

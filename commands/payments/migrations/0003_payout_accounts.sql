@@ -1,3 +1,4 @@
+-- formerly: 0007_payout_accounts
 -- Reference domain: bank accounts attached to a payment to receive its refund when the card
 -- cannot take it. The account number is a secret argument (`Secret()`): only its last four
 -- characters are kept.
