@@ -283,8 +283,10 @@ class Settings(BaseSettings):
     (``RATIFIER_STORAGE__DATABASE_URL``), the few top-level values from ``RATIFIER_<FIELD>``
     (docs/operations.md, "Settings")."""
 
+    # An unknown keyword is an error (a misspelt or renamed setting must not silently keep its
+    # default); unknown RATIFIER_* environment variables are simply not read.
     model_config = SettingsConfigDict(
-        env_prefix="RATIFIER_", frozen=True, extra="ignore", env_nested_delimiter="__"
+        env_prefix="RATIFIER_", frozen=True, extra="forbid", env_nested_delimiter="__"
     )
 
     # Every Kafka client's connection: RATIFIER_KAFKA__BOOTSTRAP, RATIFIER_KAFKA__SECURITY_PROTOCOL,
