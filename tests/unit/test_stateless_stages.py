@@ -1,0 +1,69 @@
+"""The stateless stages' handlers on the runtime loop: one answer per consumed record, in
+order; a record the authorizer cannot read fails alone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiokafka import ConsumerRecord
+
+from commands.catalog import Catalog
+from commands.policy import PolicySet
+from commands.validate import Limits
+from schemas.envelopes import AuthorizedCall, ValidatedCall
+from schemas.names import TRACEPARENT_HEADER, Topic
+from streams.stateless import authorizer_handler, validator_handler
+from tests.unit.conftest import KEYS
+from tests.unit.test_stages import PAYMENT, FakeStore, proposed, validated
+
+TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+
+
+class Feed:
+    def __init__(self, policies: PolicySet) -> None:
+        self.current = policies
+
+
+def record(value: bytes | None, offset: int, headers: Any = ()) -> ConsumerRecord[bytes, bytes]:
+    return ConsumerRecord(
+        topic="t.calls",
+        partition=0,
+        offset=offset,
+        timestamp=0,
+        timestamp_type=0,
+        key=b"c-1",
+        value=value,
+        checksum=None,
+        serialized_key_size=3,
+        serialized_value_size=len(value or b""),
+        headers=tuple(headers),
+    )
+
+
+async def test_validator_answers_each_record_with_its_trace(
+    catalog: Catalog, policies: PolicySet
+) -> None:
+    handle = validator_handler(catalog=catalog, limits=Limits(), feed=Feed(policies))  # type: ignore[arg-type]
+    parent = f"00-{TRACE}-00f067aa0ba902b7-01".encode()
+    good, garbage = await handle(
+        [record(proposed(), 7, [(TRACEPARENT_HEADER, parent)]), record(b"\x00", 8)]
+    )
+    (forwarded,) = good.emits
+    assert forwarded.topic is Topic.VALIDATED and isinstance(forwarded.value, ValidatedCall)
+    assert forwarded.value.trace_id == TRACE
+    assert [e.topic for e in garbage.emits] == [Topic.DEADLETTER]
+    assert garbage.emits[0].value.source.offset == 8  # type: ignore[attr-defined]
+
+
+async def test_authorizer_fails_only_the_unreadable_record(
+    catalog: Catalog, policies: PolicySet
+) -> None:
+    store = FakeStore(PAYMENT)
+    handle = authorizer_handler(catalog=catalog, keys=KEYS, feed=Feed(policies), fetch=store.fetch)  # type: ignore[arg-type]
+    call = validated().model_dump_json().encode()
+    first, broken, last = await handle([record(call, 1), record(b"{not json", 2), record(call, 3)])
+    assert broken.failure == "unreadable" and broken.emits == ()
+    for handled in (first, last):
+        assert handled.failure is None
+        (emit,) = handled.emits
+        assert emit.topic is Topic.AUTHORIZED and isinstance(emit.value, AuthorizedCall)
