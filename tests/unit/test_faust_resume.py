@@ -1,0 +1,111 @@
+"""The corrected order of faust's resumption after a rebalance (streams/offsets.py): seek to
+the committed offsets, resume the flow, and only then fetch from the stream partitions again."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from streams.offsets import _resume_streams_in_order
+
+STREAM, CHANGELOG = ("t.calls.authorized", 1), ("t-approvals-changelog", 1)
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.steps: list[str] = []
+
+    def step(self, name: str, result: Any = None) -> Any:
+        def record(*_args: Any, **_kwargs: Any) -> Any:
+            self.steps.append(name)
+            return result
+
+        return record
+
+
+def fake_recovery(steps: Recorder, generation: int = 3) -> Any:
+    async def seek() -> None:
+        steps.steps.append("seek")
+
+    async def on_rebalance_complete_send() -> None:
+        return None
+
+    async def maybe_start() -> None:
+        steps.steps.append("fetcher")
+
+    async def wait(coro: Any, timeout: float | None = None) -> None:
+        await coro
+
+    consumer = type(
+        "Consumer",
+        (),
+        {
+            "assignment": staticmethod(lambda: {STREAM, CHANGELOG}),
+            "perform_seek": staticmethod(seek),
+            "resume_flow": staticmethod(steps.step("resume_flow")),
+            "resume_partitions": staticmethod(
+                lambda tps: steps.steps.append(f"resume_partitions {sorted(tps)}")
+            ),
+        },
+    )
+    app = type(
+        "App",
+        (),
+        {
+            "consumer": consumer,
+            "consumer_generation_id": generation,
+            "conf": type("Conf", (), {"broker_request_timeout": 5.0}),
+            "on_rebalance_complete": type(
+                "Signal", (), {"send": staticmethod(on_rebalance_complete_send)}
+            ),
+            "flow_control": type("Flow", (), {"resume": staticmethod(steps.step("flow"))}),
+            "_fetcher": type("Fetcher", (), {"maybe_start": staticmethod(maybe_start)}),
+            "on_rebalance_end": staticmethod(steps.step("end")),
+        },
+    )
+    tables = type(
+        "Tables",
+        (),
+        {
+            "on_actives_ready": staticmethod(lambda: None),
+            "on_standbys_ready": staticmethod(lambda: None),
+        },
+    )
+    return type(
+        "Recovery",
+        (),
+        {
+            "app": app,
+            "tables": tables,
+            "completed": asyncio.Event(),
+            "log": type(
+                "Log",
+                (),
+                {
+                    "info": staticmethod(lambda *a: None),
+                    "warning": staticmethod(steps.step("stale")),
+                },
+            ),
+            "_wait": staticmethod(wait),
+            "_is_changelog_tp": staticmethod(lambda tp: tp == CHANGELOG),
+        },
+    )()
+
+
+async def test_partitions_resume_after_the_seek_and_the_flow() -> None:
+    steps = Recorder()
+    await _resume_streams_in_order(fake_recovery(steps), generation_id=3)
+    assert steps.steps == [
+        "seek",
+        "flow",
+        "resume_flow",
+        f"resume_partitions {[STREAM]}",
+        "fetcher",
+        "end",
+    ]
+
+
+async def test_a_stale_generation_resumes_nothing() -> None:
+    steps = Recorder()
+    await _resume_streams_in_order(fake_recovery(steps, generation=4), generation_id=3)
+    assert steps.steps == ["stale"]
