@@ -34,6 +34,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 import psycopg
@@ -42,14 +43,17 @@ from aiokafka.errors import KafkaError
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from pydantic import ValidationError
 
 from commands.catalog import Catalog, Connection, EffectRequest, HandlerResult
 from commands.sql import named_query
 from executors.ledger import CommandLedger
 from executors.service import crash_hook
 from runtime.clients import database_conninfo, kafka_consumer, kafka_producer
+from runtime.emit import Emit
 from runtime.health import Health, serve_health
-from schemas.envelopes import ErrorInfo, Outcome, Stage, Status
+from runtime.replies import ReplySender, send_reply
+from schemas.envelopes import ErrorInfo, Outcome, ReplyAddress, Stage, Status
 from schemas.errors import (
     ErrorCode,
     OutcomeUnknown,
@@ -117,6 +121,7 @@ class WaitingCall:
 
     call_id: str
     trace_id: str | None
+    reply_to: ReplyAddress | None = None  # v1.3: its settled outcome is copied there too
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -134,25 +139,48 @@ def waiting_calls(row: dict[str, Any], recorded: Sequence[WaitingCall]) -> list[
     (the ledger entry's), then those recorded as answered `unknown`. The entry's own call
     keeps the trace of its unknown outcome when that outcome was its own."""
     unknown = row.get("outcome") or {}
-    own_trace = unknown.get("trace_id") if unknown.get("call_id") == row["call_id"] else None
+    own = unknown.get("call_id") == row["call_id"]
     calls: dict[str, WaitingCall] = {
-        row["call_id"]: WaitingCall(call_id=row["call_id"], trace_id=own_trace)
+        row["call_id"]: WaitingCall(
+            call_id=row["call_id"],
+            trace_id=unknown.get("trace_id") if own else None,
+            reply_to=_reply_to(unknown.get("reply_to")) if own else None,
+        )
     }
     for call in recorded:
         known = calls.get(call.call_id)
         if known is None or (known.trace_id is None and call.trace_id is not None):
             calls[call.call_id] = call
+        elif known.reply_to is None and call.reply_to is not None:
+            calls[call.call_id] = WaitingCall(
+                call_id=known.call_id, trace_id=known.trace_id, reply_to=call.reply_to
+            )
     return list(calls.values())
 
 
 def readdressed(outcome: Outcome, calls: Sequence[WaitingCall]) -> list[Outcome]:
-    """The one settled outcome, once per waiting call, in that call's own trace."""
+    """The one settled outcome, once per waiting call, in that call's own trace, to that
+    call's own reply address."""
     return [
         outcome.model_copy(
-            update={"call_id": call.call_id, "trace_id": call.trace_id or outcome.trace_id}
+            update={
+                "call_id": call.call_id,
+                "trace_id": call.trace_id or outcome.trace_id,
+                "reply_to": call.reply_to,
+            }
         )
         for call in calls
     ]
+
+
+def _reply_to(raw: Any) -> ReplyAddress | None:
+    """A reply address as recorded (JSON), None when absent or unreadable."""
+    if raw is None:
+        return None
+    try:
+        return ReplyAddress.model_validate(raw)
+    except ValidationError:
+        return None
 
 
 def describe_failure(exc: BaseException) -> str:
@@ -184,6 +212,7 @@ def _outcome(
         at=datetime.now(UTC),
         # The call's trace, as recorded with its unknown outcome.
         trace_id=unknown.get("trace_id") or new_trace_id(),
+        reply_to=_reply_to(unknown.get("reply_to")),
     )
 
 
@@ -213,7 +242,9 @@ class Reconciler:
         async with conn.cursor() as cur:
             await cur.execute(named_query(_PKG, "waiting_calls"), key)
             recorded = [
-                WaitingCall(call_id=r["call_id"], trace_id=r["trace_id"])
+                WaitingCall(
+                    call_id=r["call_id"], trace_id=r["trace_id"], reply_to=_reply_to(r["reply_to"])
+                )
                 for r in await cur.fetchall()
             ]
             owed = readdressed(outcome, waiting_calls(row, recorded))
@@ -494,21 +525,32 @@ async def publish_outcomes(
     tracer = tracer or Tracer()
     parents = parents if parents is not None else {}
     begun = started or time.time_ns()
+    # Each outcome's reply copy (runtime/replies.py), best-effort, like every stage's.
+    replies = ReplySender(
+        partial(send_reply, producer),
+        namespace=settings.reply_namespace,
+        timeout=settings.reply_send_timeout_seconds,
+        skip_for=settings.reply_skip_seconds,
+    )
     futures = []
+    reply_acks = []
     for o in outcomes:
         parent = parents.get(o.operation_id or "")
         if parent is not None and parent.trace_id != o.trace_id:
             parent = None  # the executor's hop of another call waiting on this operation
+        hop = _hop(tracer, o, parent, begun)
         futures.append(
             await producer.send(
                 settings.topic(Topic.OUTCOMES),
                 key=o.call_id.encode(),
                 value=o.to_bytes(),
-                headers=[(TRACEPARENT_HEADER, _hop(tracer, o, parent, begun))],
+                headers=[(TRACEPARENT_HEADER, hop)],
             )
         )
+        reply_acks += await replies.send((Emit(topic=Topic.OUTCOMES, key=o.call_id, value=o),), hop)
     for future in futures:
         await future
+    await replies.settle(reply_acks)
     for o in outcomes:
         parents.pop(o.operation_id or "", None)
 

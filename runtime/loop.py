@@ -52,8 +52,17 @@ from runtime.emit import Emit
 from runtime.health import Health
 from runtime.hop import record_hop, status_of, trace_id_in
 from runtime.publish import Answer, IsolatedPublisher, Publication
+from runtime.replies import ReplySender, send_reply
 from runtime.retry import Stopped, retrying
-from schemas.envelopes import DeadLetter, ErrorInfo, Outcome, SourcePosition, Stage, Status
+from schemas.envelopes import (
+    DeadLetter,
+    ErrorInfo,
+    Outcome,
+    ReplyAddress,
+    SourcePosition,
+    Stage,
+    Status,
+)
 from schemas.errors import ErrorCode, StorageUnavailable
 from schemas.names import TRACEPARENT_HEADER, Topic
 from schemas.settings import Settings
@@ -79,6 +88,8 @@ class Handled:
     call_id: str | None = None
     tool: str = ""
     tenant: str | None = None
+    # The call's reply address, when known: its typed outcome is copied there too.
+    reply_to: ReplyAddress | None = None
     # Metric status and error code (default: those of ``emits``); the trace of ``emits``
     # (default: theirs, else the incoming ``traceparent``'s).
     status: str | None = None
@@ -121,6 +132,7 @@ def failed(
     tenant: str | None = None,
     replaces: Outcome | None = None,
     trace_id: str | None = None,
+    reply_to: ReplyAddress | None = None,
 ) -> tuple[Emit, ...]:
     """What answers a record that could not be handled or published: a bounded dead letter,
     and, when its call id is known and a ``stage`` answers calls, a typed outcome. An outcome
@@ -154,6 +166,7 @@ def failed(
                 error=ErrorInfo.of(ErrorCode.PERMANENT_ERROR),
                 at=now,
                 trace_id=trace_id,
+                reply_to=reply_to,
             )
         except ValidationError:
             pass  # not a valid call id after all: the dead letter alone answers the record
@@ -231,7 +244,17 @@ class ConsumerLoop:
         self._health = health
         self.stopping = asyncio.Event()
         self._publisher = (
-            IsolatedPublisher(self._send, what=stage, stop=self.stopping)
+            IsolatedPublisher(
+                self._send,
+                what=stage,
+                stop=self.stopping,
+                replies=ReplySender(
+                    partial(send_reply, producer),
+                    namespace=settings.reply_namespace,
+                    timeout=settings.reply_send_timeout_seconds,
+                    skip_for=settings.reply_skip_seconds,
+                ),
+            )
             if producer is not None
             else None
         )
@@ -337,6 +360,7 @@ class ConsumerLoop:
                 if keep
                 else None,
                 trace_id=handled.trace_id,
+                reply_to=handled.reply_to,
             )
 
         return answer

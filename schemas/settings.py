@@ -13,7 +13,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from schemas.names import Topic, topic_name
+from schemas.names import Topic, reply_namespace, topic_name
 
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"]
@@ -213,6 +213,11 @@ class Settings(BaseSettings):
     health_stale_seconds: float = Field(default=60.0, gt=0)
     health_poll_seconds: float = Field(default=30.0, gt=0)
     health_max_lag: int = Field(default=10_000, ge=0)
+    # Reply routing (docs/agents.md, "Reply topics"): how long a stage waits for the broker to
+    # take one reply copy before it skips it (the outcome itself is on `outcomes` regardless),
+    # and how long a reply topic that failed is skipped before it is tried again.
+    reply_send_timeout_seconds: float = Field(default=2.0, gt=0, le=60)
+    reply_skip_seconds: float = Field(default=30.0, ge=0, le=3600)
     otel_exporter: str = Field(default="", pattern=r"^(|otlp|console|jsonl:.+)$")
     otel_endpoint: str = "http://127.0.0.1:4318/v1/traces"
 
@@ -271,6 +276,11 @@ class Settings(BaseSettings):
 
     def topic(self, topic: Topic) -> str:
         return topic_name(self.topic_prefix, topic)
+
+    @property
+    def reply_namespace(self) -> str:
+        """The only topic-name prefix a call's ``reply_to`` may name (`schemas.names`)."""
+        return reply_namespace(self.topic_prefix)
 
     def group(self, group_id: str) -> str:
         """Consumer-group (and faust app) ids live under the topic prefix, so that two

@@ -44,7 +44,7 @@ from streams.authorizer import on_validated_batch
 from streams.emit import Emit
 from streams.observe import StageObserver
 from streams.offsets import install_rewind_fix
-from streams.publisher import StagePublisher, position
+from streams.publisher import StagePublisher, position, stage_replies
 from streams.storage import StreamStorage
 from streams.validator import dead_letter, on_proposed
 from telemetry.metrics import metrics_body, refresh_consumer_lag
@@ -65,6 +65,7 @@ def limits_from(settings: Settings) -> Limits:
         max_record_bytes=settings.max_record_bytes,
         max_nesting_depth=settings.max_nesting_depth,
         max_string_length=settings.max_string_length,
+        reply_namespace=settings.reply_namespace,
     )
 
 
@@ -151,7 +152,7 @@ def create_app(
 
     health = Health.of("streams", settings)
     observer = StageObserver(tracer_from(settings, service="streams"))
-    publisher = StagePublisher(topics)
+    publisher = StagePublisher(topics, replies=stage_replies(app, settings))
 
     def unreadable(event: Any, stage: str, why: str) -> tuple[Emit, ...]:
         return (

@@ -149,6 +149,7 @@ def commit(call: AuthorizedCall, *, now: datetime, receipt: ApprovalReceipt | No
             policy_version=call.policy_version,
             approval=receipt,
             committed_at=now,
+            reply_to=call.reply_to,
         ),
     )
 
@@ -182,6 +183,7 @@ def _ended(
         operation_id=call.operation_id,
         trace_id=call.trace_id,
         error=error,
+        reply_to=call.reply_to,
     )
 
 
@@ -276,6 +278,7 @@ def on_authorized(
         expires_at=now + ttl,
         subject=call.resource_owner,
         required_approvals=required,
+        reply_to=call.reply_to,
     )
     pending = ApprovalState(
         call_id=call.call_id,
@@ -299,6 +302,7 @@ def on_authorized(
                 policy_version=call.policy_version,
                 operation_id=call.operation_id,
                 trace_id=call.trace_id,
+                reply_to=call.reply_to,
             ),
         ),
         audits=(

@@ -1,7 +1,8 @@
 """Publishing a stream stage's records, one consumed record isolated from the others
 (runtime/publish.py): a record whose output the producer or the broker refuses is answered
 instead by a bounded dead letter and, when its call id can be read, a typed outcome; the
-other records of its batch are published as decided."""
+other records of its batch are published as decided. Reply copies (runtime/replies.py) go out
+with their records through the app's producer."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ import faust
 from runtime.emit import Emit
 from runtime.loop import call_id_in, failed, text_key
 from runtime.publish import Answer, IsolatedPublisher, Publication
+from runtime.replies import Reply, ReplySender, reply_headers
 from schemas.envelopes import Outcome, SourcePosition, Stage
 from schemas.names import TRACEPARENT_HEADER, Topic
+from schemas.settings import Settings
 
 
 def position(event: Any) -> SourcePosition:
@@ -43,10 +46,32 @@ def answer_for(event: Any, stage: Stage, emits: tuple[Emit, ...]) -> Answer | No
     return answer
 
 
+def stage_replies(app: faust.App, settings: Settings) -> ReplySender:
+    """The reply copies of the stream stages, sent by ``app``'s producer."""
+
+    async def send(reply: Reply, traceparent: bytes | None) -> Awaitable[Any]:
+        ack: Awaitable[Any] = await app.producer.send(
+            reply.topic,
+            reply.key.encode(),
+            reply.value.to_bytes(),
+            reply.partition,
+            None,
+            reply_headers(reply, traceparent),
+        )
+        return ack
+
+    return ReplySender(
+        send,
+        namespace=settings.reply_namespace,
+        timeout=settings.reply_send_timeout_seconds,
+        skip_for=settings.reply_skip_seconds,
+    )
+
+
 class StagePublisher:
-    def __init__(self, topics: dict[Topic, Any]) -> None:
+    def __init__(self, topics: dict[Topic, Any], *, replies: ReplySender | None = None) -> None:
         self._topics = topics
-        self._publisher = IsolatedPublisher(self._send, what="streams")
+        self._publisher = IsolatedPublisher(self._send, what="streams", replies=replies)
 
     async def _send(self, emit: Emit, traceparent: bytes | None) -> Awaitable[Any]:
         future: Awaitable[Any] = await self._topics[emit.topic].send(
