@@ -152,7 +152,8 @@ def create_app(
 
     health = Health.of("streams", settings)
     observer = StageObserver(tracer_from(settings, service="streams"))
-    publisher = StagePublisher(topics, replies=stage_replies(app, settings))
+    replies, reply_producer = stage_replies(settings)
+    publisher = StagePublisher(topics, replies=replies)
 
     def unreadable(event: Any, stage: str, why: str) -> tuple[Emit, ...]:
         return (
@@ -331,6 +332,7 @@ def create_app(
 
     async def _close_store(_app: Any, /, *_args: Any, signal: Any, **_kwargs: Any) -> None:
         await storage.close()
+        await reply_producer.stop()
         observer.tracer.shutdown()
 
     app.on_before_shutdown.connect(_close_store)
