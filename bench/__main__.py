@@ -38,6 +38,7 @@ from redis.asyncio import Redis
 from approvals.signing import approval_keys, sign_decision, statement_for
 from bench import approval_state
 from bench import idle as idle_bench
+from bench import replies as replies_bench
 from bench.common import (
     RESULTS,
     BenchRun,
@@ -1217,6 +1218,7 @@ def render(report: Report, total_seconds: float) -> str:
     lines += _cpu_budget(v, e2e_cpu)
     lines += _profile_section(v)
     lines += _approval_state_section()
+    lines += replies_bench.section()
     lines += _capacity_section(v)
     if report.errors:
         lines += ["## Failed or skipped steps", ""]
