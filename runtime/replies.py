@@ -143,6 +143,10 @@ class ReplySender:
             except Exception as exc:  # noqa: BLE001 - a reply copy never fails its record
                 self._failed(reply, exc)
                 continue
+            # A publisher that does not settle its copies (the approval-join's, acknowledged
+            # with faust's commit) must not leave a refused one's error unread.
+            ack = asyncio.ensure_future(ack)
+            ack.add_done_callback(_read_outcome)
             acks.append((reply, ack))
         return acks
 
@@ -154,8 +158,7 @@ class ReplySender:
         _done, pending = await asyncio.wait(futures, timeout=self._timeout)
         for (reply, _ack), future in zip(acks, futures, strict=True):
             if future in pending:
-                # Not cancelled (the producer completes it); its late error is read, not raised.
-                future.add_done_callback(_read_outcome)
+                # Not cancelled: the producer completes it (its late error is read, not raised).
                 self._failed(reply, "no acknowledgement in time")
             elif future.cancelled() or future.exception() is not None:
                 self._failed(reply, "refused" if future.cancelled() else future.exception() or "")

@@ -5,15 +5,18 @@ sending reply copies best-effort."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Sequence
 from typing import Any
 
+import pytest
 from aiokafka import TopicPartition
 
 from commands.catalog import Catalog
 from commands.policy import PolicySet
 from commands.validate import Limits, Malformed, parse_envelope
 from executors.reconciler import WaitingCall, readdressed, waiting_calls
+from ratifier.client import RatifierClient
 from runtime.emit import Emit
 from runtime.loop import ConsumerLoop, Handled, failed
 from runtime.replies import ReplySender, reply_copies
@@ -293,3 +296,21 @@ async def test_reply_sender_counts_refused_acknowledgements() -> None:
     await sender.settle(await sender.send((emit,), None))
     assert (sender.sent, sender.failed) == (0, 1)
     assert await sender.send((emit,), None) == []  # skipped for a while
+
+
+def test_the_client_names_its_reply_topic_on_every_call_and_refuses_a_foreign_one() -> None:
+    client = RatifierClient(bootstrap="127.0.0.1:1", replies=True, client_id="agent-7")
+    assert client.reply_to == ReplyAddress(topic="ratifier.replies.agent-7")
+    sent = json.loads(client._envelope("c-1", "get_payment", {}, "token", "c-1"))
+    assert sent["reply_to"] == {"topic": "ratifier.replies.agent-7"}
+    assert client.new_call_id() != client.new_call_id()
+    shared = RatifierClient(
+        bootstrap="127.0.0.1:1", reply_topic="ratifier.replies.fleet", reply_partition=4
+    )
+    shared_sent = json.loads(shared._envelope("c-2", "get_payment", {}, "token", "c-2"))
+    assert shared_sent["reply_to"] == {"topic": "ratifier.replies.fleet", "partition": 4}
+    home = RatifierClient(bootstrap="127.0.0.1:1")
+    assert home.reply_to is None
+    assert "reply_to" not in json.loads(home._envelope("c-3", "get_payment", {}, "t", "c-3"))
+    with pytest.raises(ValueError, match="replies"):
+        RatifierClient(bootstrap="127.0.0.1:1", reply_topic="ratifier.outcomes")
