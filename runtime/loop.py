@@ -32,6 +32,7 @@ same isolation.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
 import time
@@ -110,6 +111,16 @@ def call_id_in(raw: bytes | None) -> str | None:
     """The call id named near the start of ``raw``, read without parsing it whole."""
     match = _CALL_ID_PROBE.search((raw or b"")[:4096])
     return match.group(1).decode() if match else None
+
+
+def reply_to_in(raw: bytes | None) -> ReplyAddress | None:
+    """The reply address a consumed call record names, when it can be read (a record that
+    cannot be parsed has none: its failure outcome goes to `outcomes` only)."""
+    try:
+        body = json.loads(raw or b"")
+        return ReplyAddress.model_validate(body["reply_to"]) if body.get("reply_to") else None
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+        return None  # pydantic's ValidationError is a ValueError
 
 
 def position_of(record: Consumed) -> SourcePosition:
@@ -360,7 +371,8 @@ class ConsumerLoop:
                 if keep
                 else None,
                 trace_id=handled.trace_id,
-                reply_to=handled.reply_to,
+                reply_to=handled.reply_to
+                or (reply_to_in(record.value) if record is not None else None),
             )
 
         return answer

@@ -17,7 +17,7 @@ from aiokafka import AIOKafkaProducer
 
 from runtime.clients import kafka_producer, start_kafka_client
 from runtime.emit import Emit
-from runtime.loop import call_id_in, failed, text_key
+from runtime.loop import call_id_in, failed, reply_to_in, text_key
 from runtime.publish import Answer, IsolatedPublisher, Publication
 from runtime.replies import Reply, ReplySender, send_reply
 from schemas.envelopes import Outcome, SourcePosition, Stage
@@ -46,6 +46,7 @@ def answer_for(event: Any, stage: Stage, emits: tuple[Emit, ...]) -> Answer | No
             replaces=next((e.value for e in emits if isinstance(e.value, Outcome)), None)
             if refusals == 1
             else None,
+            reply_to=reply_to_in(event.value),
         )
 
     return answer

@@ -18,7 +18,7 @@ from commands.validate import Limits, Malformed, parse_envelope
 from executors.reconciler import WaitingCall, readdressed, waiting_calls
 from ratifier.client import RatifierClient
 from runtime.emit import Emit
-from runtime.loop import ConsumerLoop, Handled, failed
+from runtime.loop import ConsumerLoop, Handled, failed, reply_to_in
 from runtime.replies import ReplySender, reply_copies
 from schemas.envelopes import (
     ApprovalRequest,
@@ -314,3 +314,12 @@ def test_the_client_names_its_reply_topic_on_every_call_and_refuses_a_foreign_on
     assert "reply_to" not in json.loads(home._envelope("c-3", "get_payment", {}, "t", "c-3"))
     with pytest.raises(ValueError, match="replies"):
         RatifierClient(bootstrap="127.0.0.1:1", reply_topic="ratifier.outcomes")
+
+
+def test_a_failure_answer_reads_the_reply_address_of_the_record_it_answers() -> None:
+    call = {"call_id": "c-5", "reply_to": {"topic": "ratifier.replies.agent-7", "partition": 2}}
+    assert reply_to_in(json.dumps(call).encode()) == ReplyAddress(
+        topic="ratifier.replies.agent-7", partition=2
+    )
+    for unreadable in (b"", b"not json", b"[1]", b'{"reply_to": {"topic": "a b"}}', None):
+        assert reply_to_in(unreadable) is None
