@@ -102,8 +102,8 @@ bench-approvals: install ## approval-join state after 10^6 approvals (pure, ~10 
 	$(BIN)/python -m bench.approval_state --approvals 1000000 --rate 200 --write
 	@if [ -f bench/results.json ]; then $(BIN)/python -m bench --render; fi
 
-bench-replies: up ## reply routing: 50 client processes x 100 calls in flight, home partitions vs reply topics (~3 min) → bench/replies-result.json, RESULTS.md
-	$(BIN)/python -m bench.replies --clients 50 --calls 100 --write
+bench-replies: up ## reply routing: 50 client processes x 100 calls in flight, home partitions vs reply topics, twice (~4 min) → bench/replies-result.json, RESULTS.md
+	$(BIN)/python -m bench.replies --clients 50 --calls 100 --rounds 2 --write
 	@if [ -f bench/results.json ]; then $(BIN)/python -m bench --render; fi
 
 bench-validator: up ## validator benchmark alone (pure and through Kafka; prints its table)
