@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 PYTEST := $(BIN)/pytest
 export RATIFIER_BIN := $(CURDIR)/$(BIN)/ratifier
 
-.PHONY: help install up down status lint contract format schemas unit fuzz soak integration browser e2e cluster chaos manifests test dashboard demo bench bench-idle bench-approvals bench-validator bench-authorizer bench-executor clean
+.PHONY: help install up down status lint contract format schemas unit fuzz soak integration browser e2e cluster chaos manifests test dashboard demo bench bench-idle bench-approvals bench-replies bench-validator bench-authorizer bench-executor clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -100,6 +100,10 @@ bench-idle: up ## T5 for real: 30 min idle, then one call → bench/idle-result.
 
 bench-approvals: install ## approval-join state after 10^6 approvals (pure, ~10 min) → bench/approval-state-result.json, RESULTS.md
 	$(BIN)/python -m bench.approval_state --approvals 1000000 --rate 200 --write
+	@if [ -f bench/results.json ]; then $(BIN)/python -m bench --render; fi
+
+bench-replies: up ## reply routing: 50 client processes x 100 calls in flight, home partitions vs reply topics, twice (~4 min) → bench/replies-result.json, RESULTS.md
+	$(BIN)/python -m bench.replies --clients 50 --calls 100 --rounds 2 --write
 	@if [ -f bench/results.json ]; then $(BIN)/python -m bench --render; fi
 
 bench-validator: up ## validator benchmark alone (pure and through Kafka; prints its table)

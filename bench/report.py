@@ -14,6 +14,7 @@ from typing import Any
 
 from bench import approval_state
 from bench import idle as idle_bench
+from bench import replies as replies_bench
 from bench.common import (
     BENCH_PAYMENTS,
     HOP_TOPICS,
@@ -320,6 +321,7 @@ def render(results: Results) -> str:
     lines += _cpu_budget(v, e2e_cpu)
     lines += _profile_section(v)
     lines += _approval_state_section()
+    lines += replies_bench.section()
     lines += _capacity_section(v)
     if results.errors:
         lines += ["## Failed or skipped steps", ""]

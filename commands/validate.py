@@ -27,6 +27,8 @@ class Limits:
     max_record_bytes: int = 64 * 1024
     max_nesting_depth: int = 16
     max_string_length: int = 8192
+    # The only topic-name prefix a `reply_to` may name (Settings.reply_namespace).
+    reply_namespace: str = "ratifier.replies."
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -156,7 +158,21 @@ def _problems(prefix: str, exc: ValidationError) -> tuple[FieldProblem, ...]:
 
 
 def validate(call: ProposedCall, catalog: Catalog, limits: Limits) -> Validated | Rejection:
-    """Decide whether ``call`` names a known tool with schema-valid arguments."""
+    """Decide whether ``call`` names a known tool with schema-valid arguments, and a reply
+    address (if any) that ratifier may write to."""
+    if call.reply_to is not None and not call.reply_to.under(limits.reply_namespace):
+        # An agent must not make ratifier write into any other topic.
+        return Rejection(
+            call=call,
+            tool_name=(call.tool or "")[:128],
+            code=ErrorCode.INVALID_REPLY_ADDRESS,
+            fields=(
+                FieldProblem(
+                    path="$.reply_to.topic",
+                    problem=f"must start with {limits.reply_namespace}"[:200],
+                ),
+            ),
+        )
     name, arguments, prefix = _tool_and_arguments(call)
     shown_name = name if isinstance(name, str) else ""
     tool = catalog.get(name) if isinstance(name, str) else None

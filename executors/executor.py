@@ -140,6 +140,7 @@ class CommandExecutor:
             approval=command.approval,
             at=datetime.now(UTC),
             trace_id=trace_id,
+            reply_to=command.reply_to,
         )
 
     def _failed(self, command: CommittedCommand, code: ErrorCode, trace_id: str | None) -> Outcome:
@@ -158,7 +159,7 @@ class CommandExecutor:
     @staticmethod
     def _readdressed(stored: Outcome, command: CommittedCommand) -> Outcome:
         """The stored outcome of this operation, answered to the call that asked again."""
-        return stored.model_copy(update={"call_id": command.call_id})
+        return stored.model_copy(update={"call_id": command.call_id, "reply_to": command.reply_to})
 
     # -- the flow ---------------------------------------------------------------------------
 

@@ -141,7 +141,14 @@ class CommandLedger:
         async with conn.cursor() as cur:
             await cur.execute(
                 named_query(_PKG, "await_settlement"),
-                {**self._key(command), "call_id": command.call_id, "trace_id": trace_id},
+                {
+                    **self._key(command),
+                    "call_id": command.call_id,
+                    "trace_id": trace_id,
+                    "reply_to": Jsonb(command.reply_to.model_dump(mode="json"))
+                    if command.reply_to is not None
+                    else None,
+                },
             )
 
     async def audit(

@@ -45,6 +45,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
 from aiokafka.errors import KafkaError
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from pydantic import ValidationError
 
 from commands.catalog import Catalog, Connection, EffectRequest, HandlerResult
 from commands.sql import named_query
@@ -63,7 +64,7 @@ from runtime.hop import record_emits_hop
 from runtime.loop import ConsumerLoop, Handled
 from runtime.retry import Stopped, retrying
 from runtime.signals import stop_on_signals
-from schemas.envelopes import ErrorInfo, Outcome, Stage, Status
+from schemas.envelopes import ErrorInfo, Outcome, ReplyAddress, Stage, Status
 from schemas.errors import (
     ErrorCode,
     OutcomeUnknown,
@@ -110,6 +111,7 @@ class WaitingCall:
 
     call_id: str
     trace_id: str | None
+    reply_to: ReplyAddress | None = None  # v1.3: its settled outcome is copied there too
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -127,25 +129,48 @@ def waiting_calls(row: dict[str, Any], recorded: Sequence[WaitingCall]) -> list[
     (the ledger entry's), then those recorded as answered `unknown`. The entry's own call
     keeps the trace of its unknown outcome when that outcome was its own."""
     unknown = row.get("outcome") or {}
-    own_trace = unknown.get("trace_id") if unknown.get("call_id") == row["call_id"] else None
+    own = unknown.get("call_id") == row["call_id"]
     calls: dict[str, WaitingCall] = {
-        row["call_id"]: WaitingCall(call_id=row["call_id"], trace_id=own_trace)
+        row["call_id"]: WaitingCall(
+            call_id=row["call_id"],
+            trace_id=unknown.get("trace_id") if own else None,
+            reply_to=_reply_to(unknown.get("reply_to")) if own else None,
+        )
     }
     for call in recorded:
         known = calls.get(call.call_id)
         if known is None or (known.trace_id is None and call.trace_id is not None):
             calls[call.call_id] = call
+        elif known.reply_to is None and call.reply_to is not None:
+            calls[call.call_id] = WaitingCall(
+                call_id=known.call_id, trace_id=known.trace_id, reply_to=call.reply_to
+            )
     return list(calls.values())
 
 
 def readdressed(outcome: Outcome, calls: Sequence[WaitingCall]) -> list[Outcome]:
-    """The one settled outcome, once per waiting call, in that call's own trace."""
+    """The one settled outcome, once per waiting call, in that call's own trace, to that
+    call's own reply address."""
     return [
         outcome.model_copy(
-            update={"call_id": call.call_id, "trace_id": call.trace_id or outcome.trace_id}
+            update={
+                "call_id": call.call_id,
+                "trace_id": call.trace_id or outcome.trace_id,
+                "reply_to": call.reply_to,
+            }
         )
         for call in calls
     ]
+
+
+def _reply_to(raw: Any) -> ReplyAddress | None:
+    """A reply address as recorded (JSON), None when absent or unreadable."""
+    if raw is None:
+        return None
+    try:
+        return ReplyAddress.model_validate(raw)
+    except ValidationError:
+        return None
 
 
 def describe_failure(exc: BaseException) -> str:
@@ -177,6 +202,7 @@ def _outcome(
         at=datetime.now(UTC),
         # The call's trace, as recorded with its unknown outcome.
         trace_id=unknown.get("trace_id") or new_trace_id(),
+        reply_to=_reply_to(unknown.get("reply_to")),
     )
 
 
@@ -206,7 +232,9 @@ class Reconciler:
         async with conn.cursor() as cur:
             await cur.execute(named_query(_PKG, "waiting_calls"), key)
             recorded = [
-                WaitingCall(call_id=r["call_id"], trace_id=r["trace_id"])
+                WaitingCall(
+                    call_id=r["call_id"], trace_id=r["trace_id"], reply_to=_reply_to(r["reply_to"])
+                )
                 for r in await cur.fetchall()
             ]
             owed = readdressed(outcome, waiting_calls(row, recorded))

@@ -108,9 +108,12 @@ class ExecutorService:
             first_retry=pool.check,
         )
         outcome: Outcome = done.outcome
-        if outcome.trace_id != trace_id:
-            # A stored outcome answering a repeated call is published in that call's trace.
-            outcome = outcome.model_copy(update={"trace_id": trace_id})
+        if outcome.trace_id != trace_id or outcome.reply_to != command.reply_to:
+            # A stored outcome answering a repeated call is published in that call's trace,
+            # and to that call's reply address.
+            outcome = outcome.model_copy(
+                update={"trace_id": trace_id, "reply_to": command.reply_to}
+            )
         emits = [Emit(topic=Topic.OUTCOMES, key=outcome.call_id, value=outcome)]
         if done.unknown:
             emits.append(Emit(topic=Topic.UNKNOWN, key=command.operation_id, value=command))
@@ -120,6 +123,7 @@ class ExecutorService:
             call_id=outcome.call_id,
             tool=outcome.tool,
             tenant=outcome.tenant,
+            reply_to=command.reply_to,
         )
 
     async def _keep_alive(self, claims: ClaimStore) -> None:

@@ -342,7 +342,7 @@ def cmd_mcp(settings: Settings, args: argparse.Namespace) -> int:
         verify_context_token(fixed, keys)  # refuse to start with a token the pipeline refuses
 
     async def serve() -> None:
-        async with RatifierClient.from_settings(settings) as client:
+        async with RatifierClient.from_settings(settings, replies=args.replies) as client:
             catalog = load_catalog(settings.catalog)
             approvals_url = args.approvals_url or (
                 f"http://127.0.0.1:{settings.streams.http_port}"
@@ -520,6 +520,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--approvals-url",
         help="the approval API end users confirm through (MCP elicitation); "
         "default: http://127.0.0.1:RATIFIER_STREAMS__HTTP_PORT",
+    )
+    mcp.add_argument(
+        "--replies",
+        action="store_true",
+        help="read outcomes from a reply topic of the gateway's own (created under "
+        "<prefix>replies., deleted on exit) instead of home partitions of outcomes",
     )
     mcp.set_defaults(func=cmd_mcp)
     schemas = sub.add_parser("schemas", help="write JSON Schema files of the contract")

@@ -18,10 +18,17 @@
   with the same record, so one logical call never mints a second key. Derive the key from the
   agent's own step identity (`idempotency_key_for`) and a restarted agent re-proposing the same
   step gets the stored outcome instead of a second effect.
-- Outcomes are read without a consumer group, from the client's *home* partitions of
-  ``outcomes`` only: the client mints call ids whose Kafka key hashes to those partitions (the
-  same murmur2 partitioner every stage's producer uses), so it never reads the whole topic.
-  Duplicate outcome records (at-least-once stages) are dropped by call id.
+- With a reply topic (``replies=True``, or ``reply_topic=``; contract v1.3), every call names
+  it as its ``reply_to`` and the client reads that topic only: ratifier copies each outcome
+  and approval request of the call there (they are on `outcomes` and `approvals.requested`
+  too). ``replies=True`` creates a topic of the client's own under the reply namespace
+  (``<prefix>replies.<client id>``, one partition, short retention) and deletes it on close.
+- Without one, outcomes are read without a consumer group, from the client's *home*
+  partitions of ``outcomes`` (and ``approvals.requested``) only: the client mints call ids
+  whose Kafka key hashes to those partitions (the same murmur2 partitioner every stage's
+  producer uses), so it never reads the whole topic, but it still reads the other clients'
+  records on those partitions. Duplicate outcome records (at-least-once stages) are dropped
+  by call id.
 - The client starts a W3C trace per call (or continues the caller's ``traceparent``); the
   outcome's ``trace_id`` names it.
 
@@ -49,10 +56,11 @@ from aiokafka.errors import KafkaError
 from aiokafka.partitioner import murmur2
 from pydantic import ValidationError
 
+from ratifier.topics import REPLY_RETENTION_MS, delete_reply_topic, ensure_reply_topic
 from runtime.clients import kafka_security
-from schemas.envelopes import ApprovalRequest, Outcome, Status
+from schemas.envelopes import ApprovalRequest, Outcome, ReplyAddress, Status
 from schemas.identity import sign_call_proof
-from schemas.names import TRACEPARENT_HEADER, Topic, topic_name
+from schemas.names import REPLY_OF_HEADER, TRACEPARENT_HEADER, Topic, reply_namespace, topic_name
 from schemas.settings import KafkaConnection, Settings
 
 log = logging.getLogger("ratifier.client")
@@ -148,12 +156,23 @@ class RatifierClient:
         client_id: str | None = None,
         proof_key: Any = None,
         proof_algorithm: str = "EdDSA",
+        replies: bool = False,
+        reply_topic: str | None = None,
+        reply_partition: int | None = None,
+        create_reply_topic: bool | None = None,
+        reply_retention_ms: int = REPLY_RETENTION_MS,
+        max_message_bytes: int = 1_048_588,
     ) -> None:
         """``connection``: the broker and its security (TLS, SASL), as the services take it;
         ``bootstrap`` alone: a plaintext broker list (or, with ``connection``, its override).
         ``proof_key``: the agent runtime's private key that its context tokens name in
         ``cnf`` (call binding, docs/approvals.md): every call then carries a proof signed
-        with it, so a token copied from `calls.proposed` mints nothing."""
+        with it, so a token copied from `calls.proposed` mints nothing.
+        ``replies`` / ``reply_topic``: read replies from a reply topic of its own instead of
+        the home partitions of `outcomes` (``reply_topic`` must lie under
+        ``<topic_prefix>replies.``; ``reply_partition``: the one partition of a shared reply
+        topic this client reads). ``create_reply_topic`` (default: when ``replies`` names the
+        topic itself) creates it if missing, and deletes it on close."""
         if connection is None:
             connection = KafkaConnection(bootstrap=bootstrap or "127.0.0.1:9092")
         elif bootstrap is not None:
@@ -164,6 +183,18 @@ class RatifierClient:
         self._prefix = topic_prefix
         self._home_count = max(1, home_partitions)
         self._client_id = client_id or f"agent-client-{uuid.uuid4().hex[:8]}"
+        self._reply: ReplyAddress | None = None
+        if replies or reply_topic is not None:
+            topic = reply_topic or f"{reply_namespace(topic_prefix)}{self._client_id}"
+            self._reply = ReplyAddress(topic=topic, partition=reply_partition)
+            if not self._reply.under(reply_namespace(topic_prefix)):
+                raise ValueError(f"a reply topic must start with {reply_namespace(topic_prefix)}")
+        self._own_reply_topic = (
+            create_reply_topic if create_reply_topic is not None else reply_topic is None
+        )
+        self._reply_retention_ms = reply_retention_ms
+        self._max_message_bytes = max_message_bytes
+        self._created_reply_topic = False
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._home: tuple[int, ...] = ()
@@ -174,11 +205,17 @@ class RatifierClient:
 
     @classmethod
     def from_settings(cls, settings: Settings, **options: Any) -> RatifierClient:
+        options.setdefault("max_message_bytes", settings.limits.kafka_max_message_bytes)
         return cls(connection=settings.kafka, topic_prefix=settings.topic_prefix, **options)
 
     @property
     def home_partitions(self) -> tuple[int, ...]:
         return self._home
+
+    @property
+    def reply_to(self) -> ReplyAddress | None:
+        """The reply address every call of this client names (None: home partitions)."""
+        return self._reply
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -210,15 +247,31 @@ class RatifierClient:
             auto_offset_reset="latest",
             fetch_max_wait_ms=50,
         )
+        if self._reply is not None and self._own_reply_topic:
+            self._created_reply_topic = await ensure_reply_topic(
+                self._connection,
+                self._reply.topic,
+                partitions=1 if self._reply.partition is None else self._reply.partition + 1,
+                retention_ms=self._reply_retention_ms,
+                max_message_bytes=self._max_message_bytes,
+            )
         await self._producer.start()
         await self._consumer.start()
         partitions = await self._partitions_of(outcomes)
         self._partitions = len(partitions)
-        self._home = tuple(
-            sorted(random.sample(partitions, min(self._home_count, len(partitions))))
-        )
-        # Approval requests are keyed and partitioned like outcomes (by call id).
-        assigned = [TopicPartition(t, p) for t in (outcomes, requests) for p in self._home]
+        if self._reply is not None:
+            # Replies only: every outcome and approval request of this client's calls.
+            if self._reply.partition is not None:
+                mine = [self._reply.partition]
+            else:
+                mine = await self._partitions_of(self._reply.topic)
+            assigned = [TopicPartition(self._reply.topic, p) for p in mine]
+        else:
+            self._home = tuple(
+                sorted(random.sample(partitions, min(self._home_count, len(partitions))))
+            )
+            # Approval requests are keyed and partitioned like outcomes (by call id).
+            assigned = [TopicPartition(t, p) for t in (outcomes, requests) for p in self._home]
         self._consumer.assign(assigned)
         # Resolve every position before anything is published, so no outcome is missed.
         for tp in assigned:
@@ -242,11 +295,20 @@ class RatifierClient:
             await self._consumer.stop()
         if self._producer is not None:
             await self._producer.stop()
+        if self._created_reply_topic and self._reply is not None:
+            self._created_reply_topic = False
+            try:
+                await delete_reply_topic(self._connection, self._reply.topic)
+            except KafkaError as exc:  # its short retention empties it anyway
+                log.warning("deleting reply topic %s failed: %s", self._reply.topic, exc)
 
     # -- publishing ---------------------------------------------------------------------------
 
     def new_call_id(self) -> str:
-        """A fresh call id whose Kafka key lands on one of this client's home partitions."""
+        """A fresh call id (without a reply topic: one whose Kafka key lands on one of this
+        client's home partitions)."""
+        if self._reply is not None:
+            return f"call-{uuid.uuid4().hex}"
         while True:
             call_id = f"call-{uuid.uuid4().hex}"
             if self._partition_of(call_id) in self._home:
@@ -268,6 +330,8 @@ class RatifierClient:
             "context": context,
             "proposed_at": datetime.now(UTC).isoformat(),
         }
+        if self._reply is not None:
+            envelope["reply_to"] = self._reply.model_dump(mode="json", exclude_none=True)
         if self._proof_key is not None:
             # The proof covers the arguments as the validator passes them on: send them
             # complete (defaults included), as the tool's schema has them.
@@ -420,7 +484,7 @@ class RatifierClient:
                     tracked = self._calls.get(key) if key else None
                     if tracked is None:
                         continue  # another agent's call on a shared partition
-                    if tp.topic == requests:
+                    if _is_request(tp.topic, requests, record.headers):
                         self._on_request(tracked, record.value)
                     else:
                         self._on_outcome(tracked, record.value)
@@ -458,6 +522,17 @@ class RatifierClient:
                         call_id=outcome.call_id, outcome=outcome, request=tracked.request
                     )
                 )
+
+
+def _is_request(topic: str, requests: str, headers: Sequence[tuple[str, bytes]] | None) -> bool:
+    """Whether a record read is an approval request: on `approvals.requested`, or a reply
+    copy of one (its ``ratifier-reply-of`` header)."""
+    if topic == requests:
+        return True
+    for name, value in headers or ():
+        if name == REPLY_OF_HEADER:
+            return value == Topic.APPROVALS_REQUESTED.value.encode()
+    return False
 
 
 def _trace(traceparent: str | None) -> tuple[str, bytes]:

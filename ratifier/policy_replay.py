@@ -103,6 +103,7 @@ async def replay(
         max_record_bytes=settings.limits.max_record_bytes,
         max_nesting_depth=settings.limits.max_nesting_depth,
         max_string_length=settings.limits.max_string_length,
+        reply_namespace=settings.reply_namespace,
     )
     consumer = kafka_consumer(settings, settings.topic(Topic.PROPOSED), group=None)
     pool = pg_pool(database_conninfo(settings), max_size=2, dict_rows=True, autocommit=True)

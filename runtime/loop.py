@@ -32,6 +32,7 @@ same isolation.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
 import time
@@ -52,8 +53,17 @@ from runtime.emit import Emit
 from runtime.health import Health
 from runtime.hop import record_hop, status_of, trace_id_in
 from runtime.publish import Answer, IsolatedPublisher, Publication
+from runtime.replies import ReplySender, send_reply
 from runtime.retry import Stopped, retrying
-from schemas.envelopes import DeadLetter, ErrorInfo, Outcome, SourcePosition, Stage, Status
+from schemas.envelopes import (
+    DeadLetter,
+    ErrorInfo,
+    Outcome,
+    ReplyAddress,
+    SourcePosition,
+    Stage,
+    Status,
+)
 from schemas.errors import ErrorCode, StorageUnavailable
 from schemas.names import TRACEPARENT_HEADER, Topic
 from schemas.settings import Settings
@@ -79,6 +89,8 @@ class Handled:
     call_id: str | None = None
     tool: str = ""
     tenant: str | None = None
+    # The call's reply address, when known: its typed outcome is copied there too.
+    reply_to: ReplyAddress | None = None
     # Metric status and error code (default: those of ``emits``); the trace of ``emits``
     # (default: theirs, else the incoming ``traceparent``'s).
     status: str | None = None
@@ -101,6 +113,16 @@ def call_id_in(raw: bytes | None) -> str | None:
     return match.group(1).decode() if match else None
 
 
+def reply_to_in(raw: bytes | None) -> ReplyAddress | None:
+    """The reply address a consumed call record names, when it can be read (a record that
+    cannot be parsed has none: its failure outcome goes to `outcomes` only)."""
+    try:
+        body = json.loads(raw or b"")
+        return ReplyAddress.model_validate(body["reply_to"]) if body.get("reply_to") else None
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+        return None  # pydantic's ValidationError is a ValueError
+
+
 def position_of(record: Consumed) -> SourcePosition:
     return SourcePosition(topic=record.topic, partition=record.partition, offset=record.offset)
 
@@ -121,6 +143,7 @@ def failed(
     tenant: str | None = None,
     replaces: Outcome | None = None,
     trace_id: str | None = None,
+    reply_to: ReplyAddress | None = None,
 ) -> tuple[Emit, ...]:
     """What answers a record that could not be handled or published: a bounded dead letter,
     and, when its call id is known and a ``stage`` answers calls, a typed outcome. An outcome
@@ -154,6 +177,7 @@ def failed(
                 error=ErrorInfo.of(ErrorCode.PERMANENT_ERROR),
                 at=now,
                 trace_id=trace_id,
+                reply_to=reply_to,
             )
         except ValidationError:
             pass  # not a valid call id after all: the dead letter alone answers the record
@@ -236,6 +260,12 @@ class ConsumerLoop:
                 what=stage,
                 stop=self.stopping,
                 beat=health.beat if health is not None else None,
+                replies=ReplySender(
+                    partial(send_reply, producer),
+                    namespace=settings.reply_namespace,
+                    timeout=settings.replies.send_timeout_seconds,
+                    skip_for=settings.replies.skip_seconds,
+                ),
             )
             if producer is not None
             else None
@@ -342,6 +372,8 @@ class ConsumerLoop:
                 if keep
                 else None,
                 trace_id=handled.trace_id,
+                reply_to=handled.reply_to
+                or (reply_to_in(record.value) if record is not None else None),
             )
 
         return answer

@@ -4,7 +4,8 @@ A record whose output the producer refuses (too large, not serializable) or the 
 (a non-retriable error on its acknowledgement) is switched to its next answer: first its dead
 letter with its own outcome kept (without ``result``), then with a generic typed outcome, then
 nothing (logged). A broker that is away (retriable errors, timeouts) is waited out on the
-backoff ladder; a stop requested meanwhile raises :class:`runtime.retry.Stopped`.
+backoff ladder; a stop requested meanwhile raises :class:`runtime.retry.Stopped`. Each record's
+reply copies (runtime/replies.py) are sent with it, best-effort.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
 
 from runtime.emit import Emit
+from runtime.replies import Reply, ReplySender
 from runtime.retry import backoff, pause
 from schemas.names import Topic
 
@@ -50,6 +52,7 @@ class Publication:
     answer: Answer | None  # None: no other answer can be given
     refusals: int = 0
     futures: list[Awaitable[Any]] = field(default_factory=list)
+    replies: list[tuple[Reply, Awaitable[Any]]] = field(default_factory=list)
 
 
 class IsolatedPublisher:
@@ -63,11 +66,13 @@ class IsolatedPublisher:
         what: str,
         stop: asyncio.Event | None = None,
         beat: Callable[[], object] | None = None,
+        replies: ReplySender | None = None,
     ) -> None:
         self._send_one = send
         self._what = what
         self._stop = stop
         self._beat = beat
+        self.replies = replies
 
     async def _wait(self, attempt: int) -> None:
         if self._beat is not None:
@@ -93,7 +98,6 @@ class IsolatedPublisher:
             try:
                 for emit in item.emits:
                     item.futures.append(await self._send_one(emit, item.traceparent))
-                return
             except Exception as exc:  # noqa: BLE001 - the record's refusal or the broker's
                 if not is_transient(exc):
                     self.refused(item, exc)
@@ -101,6 +105,10 @@ class IsolatedPublisher:
                 log.warning("%s: broker unavailable (%s); retrying", self._what, exc)
                 await self._wait(attempt)
                 attempt += 1
+            else:
+                if self.replies is not None:
+                    item.replies = await self.replies.send(item.emits, item.traceparent)
+                return
 
     async def publish_all(self, items: Sequence[Publication]) -> None:
         """Send every item, then wait for the acknowledgements of all of them; an item the
@@ -122,3 +130,5 @@ class IsolatedPublisher:
                     await self._wait(attempt)
                     attempt += 1
                 await self.send(item)
+        if self.replies is not None:
+            await self.replies.settle([reply for item in items for reply in item.replies])

@@ -15,11 +15,11 @@ from typing import Any
 from pydantic.json_schema import models_json_schema
 
 from schemas.envelopes import CONTRACT_RECORDS, Record
-from schemas.names import TRACEPARENT_HEADER
+from schemas.names import REPLY_NAMESPACE, REPLY_OF_HEADER, TRACEPARENT_HEADER
 
 ASYNCAPI_VERSION = "3.0.0"
 # The contract's version: major = the records' "v", minor = additive changes since.
-CONTRACT_VERSION = "1.1.0"
+CONTRACT_VERSION = "1.3.0"
 KAFKA_BINDING_VERSION = "0.5.0"
 
 # What each topic's Kafka key is (the partition key): a field of the record.
@@ -112,6 +112,7 @@ def render() -> dict[str, Any]:
                 "channel": {"$ref": f"#/channels/{channel_id}"},
                 "messages": [message_ref],
             }
+    _add_reply_channel(messages, channels, operations)
     return {
         "asyncapi": ASYNCAPI_VERSION,
         "info": {
@@ -140,7 +141,73 @@ def render() -> dict[str, Any]:
                 "prefix": {
                     "description": "the deployment's topic prefix (RATIFIER_TOPIC_PREFIX)",
                     "default": "ratifier.",
-                }
+                },
+                "replyName": {
+                    "description": (
+                        "the rest of a reply topic's name, chosen by the agent (the client "
+                        "library: its client id); the agent's `reply_to.topic` is the whole "
+                        "address"
+                    ),
+                },
             },
         },
+    }
+
+
+# The records copied to a call's reply address (v1.3), by the topic their original is on.
+REPLY_MESSAGES: dict[str, str] = {"outcomes": "Outcome", "approvals.requested": "ApprovalRequest"}
+
+
+def _add_reply_channel(
+    messages: dict[str, Any], channels: dict[str, Any], operations: dict[str, Any]
+) -> None:
+    """Reply topics (v1.3): a copy of each outcome and approval request of a call that names a
+    `reply_to`, keyed by call id; the ``ratifier-reply-of`` header says which of the two."""
+    channel_messages: dict[str, Any] = {}
+    for topic, model in REPLY_MESSAGES.items():
+        message_id = f"reply{model}"
+        messages[message_id] = {
+            "name": f"Reply{model}",
+            "title": f"a copy of a {model} on {topic}, at the call's reply address",
+            "contentType": "application/json",
+            "payload": {"$ref": f"#/components/schemas/{model}"},
+            "headers": {
+                "type": "object",
+                "properties": {
+                    REPLY_OF_HEADER: {
+                        "type": "string",
+                        "const": topic,
+                        "description": "the topic the original record is on",
+                    },
+                    TRACEPARENT_HEADER: {
+                        "type": "string",
+                        "description": "W3C trace context of the hop that wrote the record",
+                    },
+                },
+            },
+            "bindings": {
+                "kafka": {
+                    "key": {"type": "string", "description": "the record's `call_id`"},
+                    "bindingVersion": KAFKA_BINDING_VERSION,
+                }
+            },
+        }
+        channel_messages[message_id] = {"$ref": f"#/components/messages/{message_id}"}
+    channels["replies"] = {
+        "address": "{prefix}" + REPLY_NAMESPACE + "{replyName}",
+        "title": "reply topics",
+        "description": (
+            "An agent's own reply topic (a call's `reply_to`): ratifier writes only to topics "
+            "under the reply namespace; the agent creates the topic and reads only it."
+        ),
+        "messages": channel_messages,
+        "parameters": {
+            "prefix": {"$ref": "#/components/parameters/prefix"},
+            "replyName": {"$ref": "#/components/parameters/replyName"},
+        },
+    }
+    operations["readReplies"] = {
+        "action": "receive",
+        "channel": {"$ref": "#/channels/replies"},
+        "messages": [{"$ref": f"#/channels/replies/messages/{m}"} for m in channel_messages],
     }

@@ -26,6 +26,9 @@ Tenant = Annotated[str, StringConstraints(pattern=TENANT_PATTERN)]
 ShortText = Annotated[str, StringConstraints(max_length=512)]
 PolicyId = Annotated[str, StringConstraints(max_length=128)]
 JsonObject = dict[str, Any]
+# A Kafka topic name (the broker's legal characters and length).
+REPLY_TOPIC_PATTERN = r"^[A-Za-z0-9._-]{1,249}$"
+MAX_REPLY_PARTITION = 1023
 
 
 class Part(BaseModel):
@@ -85,6 +88,22 @@ class Route(StrEnum):
     APPROVAL = "approval"
 
 
+class ReplyAddress(Part):
+    """Where a copy of the call's outcomes (and its approval request) is also published, so
+    that an agent process reads its own replies only (v1.3, additive). ``topic`` is a full
+    topic name and must lie under the deployment's reply namespace (``<topic_prefix>replies.``):
+    any other is refused by the validator (``invalid_reply_address``). ``partition``: the
+    partition to write (a shared reply topic, one partition per client); absent: chosen by
+    the record's key (the call id)."""
+
+    topic: Annotated[str, StringConstraints(pattern=REPLY_TOPIC_PATTERN)]
+    partition: int | None = Field(default=None, ge=0, le=MAX_REPLY_PARTITION)
+
+    def under(self, namespace: str) -> bool:
+        """Whether this address lies in ``namespace`` (a topic-name prefix), strictly below it."""
+        return bool(namespace) and self.topic.startswith(namespace) and self.topic != namespace
+
+
 class ProposedCall(Record):
     """`calls.proposed`, key `call_id`: a model's tool call, as the agent runtime sends it."""
 
@@ -101,6 +120,8 @@ class ProposedCall(Record):
     # v1.2: a compact JWS by the key the context token names in `cnf` over this call
     # (`schemas.identity.sign_call_proof`); required where the tenant requires call binding.
     proof: str | None = Field(default=None, max_length=4096)
+    # v1.3: a copy of every outcome of this call goes there too (besides `outcomes`).
+    reply_to: ReplyAddress | None = None
 
     @model_validator(mode="after")
     def _shape_matches_format(self) -> Self:
@@ -132,6 +153,7 @@ class ValidatedCall(Record):
     validated_at: datetime
     trace_id: str | None = None
     proof: str | None = None  # v1.2: passed on unverified, like the context
+    reply_to: ReplyAddress | None = None  # v1.3: checked by the validator, carried on
 
 
 class Actor(Part):
@@ -175,6 +197,7 @@ class AuthorizedCall(Record):
     # v1.2: whom the resource the call acts on belongs to (its loader's owner attribute,
     # e.g. a payment's customer): the subject who may confirm the call.
     resource_owner: str | None = Field(default=None, max_length=256)
+    reply_to: ReplyAddress | None = None  # v1.3: the call's reply address, carried on
 
 
 class ApprovalReceipt(Part):
@@ -219,6 +242,7 @@ class CommittedCommand(Record):
     policy_version: str
     approval: ApprovalReceipt | None = None
     committed_at: datetime
+    reply_to: ReplyAddress | None = None  # v1.3: the call's reply address, carried on
 
     @property
     def idempotency_key(self) -> str:
@@ -293,6 +317,8 @@ class Outcome(Record):
     approval: ApprovalReceipt | None = None
     at: datetime
     trace_id: str | None = None
+    # v1.3: the call's reply address; the record is also published there (keyed by call id).
+    reply_to: ReplyAddress | None = None
 
     @property
     def terminal(self) -> bool:
@@ -369,6 +395,8 @@ class ApprovalRequest(Record):
     # how many distinct approvers it needs.
     subject: str | None = None
     required_approvals: int = Field(default=1, ge=1)
+    # v1.3: the call's reply address; the request is also published there (keyed by call id).
+    reply_to: ReplyAddress | None = None
 
 
 class ApprovalVerdict(StrEnum):

@@ -26,6 +26,8 @@ class ErrorCode(StrEnum):
     PERMANENT_ERROR = "permanent_error"
     RETRY_EXHAUSTED = "retry_exhausted"
     CANCELLED = "cancelled"
+    # v1.3: `reply_to` names a topic outside the deployment's reply namespace.
+    INVALID_REPLY_ADDRESS = "invalid_reply_address"
 
 
 class RefusalReason(StrEnum):
@@ -65,6 +67,7 @@ SAFE_MESSAGES: dict[ErrorCode, str] = {
     ErrorCode.PERMANENT_ERROR: "The call cannot succeed with these arguments.",
     ErrorCode.RETRY_EXHAUSTED: "Retries are exhausted; the call was escalated.",
     ErrorCode.CANCELLED: "The call was cancelled before its effect.",
+    ErrorCode.INVALID_REPLY_ADDRESS: "The reply address is not a reply topic of this deployment.",
 }
 
 

@@ -43,7 +43,18 @@ REDIS_OWNER_PREFIX = "ratifier:owner:"
 
 TRACEPARENT_HEADER = "traceparent"
 
+# Reply topics (an agent's `reply_to`, v1.3) live under `<topic_prefix>replies.`: ratifier
+# writes reply copies there and nowhere else. A reply copy names the topic its original was
+# published to (`outcomes` or `approvals.requested`) in this header.
+REPLY_NAMESPACE = "replies."
+REPLY_OF_HEADER = "ratifier-reply-of"
+
 
 def topic_name(prefix: str, topic: Topic) -> str:
     """The broker-side name of ``topic`` under ``prefix`` (default ``ratifier.``)."""
     return f"{prefix}{topic.value}"
+
+
+def reply_namespace(prefix: str) -> str:
+    """The topic-name prefix every reply topic of the deployment under ``prefix`` has."""
+    return f"{prefix}{REPLY_NAMESPACE}"

@@ -17,7 +17,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from schemas.names import Topic, topic_name
+from schemas.names import Topic, reply_namespace, topic_name
 from schemas.vocabulary import StreamStage
 
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
@@ -252,6 +252,18 @@ class Streams(BaseModel):
     http_port: int = Field(default=6066, ge=0, le=65535)
 
 
+class Replies(BaseModel):
+    """Reply routing (docs/agents.md, "Reply topics")."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # How long a stage waits for the broker to take one reply copy before it skips it (the
+    # outcome itself is on `outcomes` regardless), and how long a reply topic that failed is
+    # skipped before it is tried again.
+    send_timeout_seconds: float = Field(default=2.0, gt=0, le=60)
+    skip_seconds: float = Field(default=30.0, ge=0, le=3600)
+
+
 class Observability(BaseModel):
     """Logs, metrics, health and traces (docs/observability.md, docs/operations.md)."""
 
@@ -301,6 +313,7 @@ class Settings(BaseSettings):
     approvals: Approvals = Approvals()
     streams: Streams = Streams()
     observability: Observability = Observability()
+    replies: Replies = Replies()
     topic_prefix: str = Field(default="ratifier.", pattern=r"^[A-Za-z0-9._-]*$", max_length=100)
     topic_partitions: int = Field(default=12, ge=1, le=1000)
     catalog: str = "commands.reference:catalog"
@@ -373,6 +386,11 @@ class Settings(BaseSettings):
 
     def topic(self, topic: Topic) -> str:
         return topic_name(self.topic_prefix, topic)
+
+    @property
+    def reply_namespace(self) -> str:
+        """The only topic-name prefix a call's ``reply_to`` may name (`schemas.names`)."""
+        return reply_namespace(self.topic_prefix)
 
     def group(self, group_id: str) -> str:
         """Consumer-group (and faust app) ids live under the topic prefix, so that two

@@ -37,7 +37,7 @@ from schemas.vocabulary import StreamStage
 from streams.approval_join import install_approval_join
 from streams.observe import StageObserver
 from streams.offsets import install_rewind_fix
-from streams.publisher import StagePublisher
+from streams.publisher import StagePublisher, stage_replies
 from streams.stateless import StatelessStages
 from streams.storage import StreamStorage
 from telemetry.metrics import metrics_body, refresh_consumer_lag
@@ -57,6 +57,7 @@ def limits_from(settings: Settings) -> Limits:
         max_record_bytes=settings.limits.max_record_bytes,
         max_nesting_depth=settings.limits.max_nesting_depth,
         max_string_length=settings.limits.max_string_length,
+        reply_namespace=settings.reply_namespace,
     )
 
 
@@ -133,7 +134,8 @@ def create_app(
 
     health = Health.of("streams", settings)
     observer = StageObserver(tracer_from(settings, service="streams"))
-    publisher = StagePublisher(topics)
+    replies, reply_producer = stage_replies(settings)
+    publisher = StagePublisher(topics, replies=replies)
 
     stages = settings.streams.stages
     unknown = stages - STAGES
@@ -220,6 +222,7 @@ def create_app(
     async def _close_store(_app: Any, /, *_args: Any, signal: Any, **_kwargs: Any) -> None:
         await stateless.stopped(grace_seconds=10.0)
         await storage.close()
+        await reply_producer.stop()
         observer.tracer.shutdown()
 
     app.on_before_shutdown.connect(_close_store)

@@ -150,6 +150,7 @@ def commit(call: AuthorizedCall, *, now: datetime, receipt: ApprovalReceipt | No
             policy_version=call.policy_version,
             approval=receipt,
             committed_at=now,
+            reply_to=call.reply_to,
         ),
     )
 
@@ -183,6 +184,7 @@ def _ended(
         operation_id=call.operation_id,
         trace_id=call.trace_id,
         error=error,
+        reply_to=call.reply_to,
     )
 
 
@@ -279,6 +281,7 @@ def on_authorized(
         expires_at=now + ttl,
         subject=call.resource_owner,
         required_approvals=required,
+        reply_to=call.reply_to,
     )
     pending = ApprovalState(
         call_id=call.call_id,
@@ -302,6 +305,7 @@ def on_authorized(
                 policy_version=call.policy_version,
                 operation_id=call.operation_id,
                 trace_id=call.trace_id,
+                reply_to=call.reply_to,
             ),
         ),
         audits=(

@@ -52,6 +52,7 @@ def _ended(
         at=now,
         policy_version=policies.version,
         trace_id=call.trace_id,
+        reply_to=call.reply_to,
     )
 
 
@@ -120,6 +121,7 @@ def _routed(pending: _Pending, decision: Decision, now: datetime, policies: Poli
             policy_version=decision.policy_version,
             trace_id=call.trace_id,
             error=decision.error_info(),
+            reply_to=call.reply_to,
         )
     return Emit(
         topic=Topic.AUTHORIZED,
@@ -147,6 +149,7 @@ def _routed(pending: _Pending, decision: Decision, now: datetime, policies: Poli
             policies=tuple(p[:128] for p in decision.policy_ids[:16]),
             auto_approved_by=auto_approving_policy(policies, tool.effect, decision),
             resource_owner=resource_owner(request.resource),
+            reply_to=call.reply_to,
         ),
     )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from runtime.emit import Emit
-from schemas.envelopes import ErrorInfo, FieldProblem, Outcome, Stage, Status
+from schemas.envelopes import ErrorInfo, FieldProblem, Outcome, ReplyAddress, Stage, Status
 from schemas.errors import ErrorCode
 from schemas.names import Topic
 
@@ -26,6 +26,7 @@ def outcome(
     operation_id: str | None = None,
     trace_id: str | None = None,
     error: ErrorInfo | None = None,
+    reply_to: ReplyAddress | None = None,
 ) -> Emit:
     """An `outcomes` record for a call that ends (or waits) in a stream stage; ``error``,
     when given, replaces the generic one of ``code`` (reasons, policies, a safe message)."""
@@ -43,5 +44,6 @@ def outcome(
             policy_version=policy_version,
             at=at,
             trace_id=trace_id,
+            reply_to=reply_to,
         ),
     )

@@ -76,6 +76,10 @@ def on_proposed(
                 at=now,
                 trace_id=trace_id,
                 policy_version=policy_version,
+                # A refused address is not honoured, not even for its refusal.
+                reply_to=None
+                if result.code is ErrorCode.INVALID_REPLY_ADDRESS
+                else parsed.reply_to,
             ),
         )
     return (
@@ -92,6 +96,7 @@ def on_proposed(
                 validated_at=now,
                 trace_id=trace_id,
                 proof=parsed.proof,
+                reply_to=parsed.reply_to,
             ),
         ),
     )

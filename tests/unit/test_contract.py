@@ -9,7 +9,7 @@ from schemas.envelopes import CONTRACT_RECORDS, ErrorInfo
 from schemas.errors import SAFE_MESSAGES, ErrorCode, RatifierError
 from schemas.export import ASYNCAPI_FILE, DEFAULT_DIR, render
 from schemas.fingerprint import canonical_json, fingerprint
-from schemas.names import Topic
+from schemas.names import REPLY_NAMESPACE, Topic
 
 
 def test_json_schema_files_are_fresh() -> None:
@@ -30,7 +30,15 @@ def test_every_record_topic_is_a_topic() -> None:
 def test_the_asyncapi_document_names_every_topic_with_its_key() -> None:
     document = json.loads(render()[ASYNCAPI_FILE])
     addresses = {c["address"] for c in document["channels"].values()}
-    assert addresses == {"{prefix}" + topic for topic in CONTRACT_RECORDS}
+    # Every topic, and (v1.3) the agents' reply topics under the reply namespace.
+    assert addresses == {"{prefix}" + topic for topic in CONTRACT_RECORDS} | {
+        "{prefix}" + REPLY_NAMESPACE + "{replyName}"
+    }
+    replies = document["channels"]["replies"]["messages"]
+    assert {m["$ref"].rsplit("/", 1)[1] for m in replies.values()} == {
+        "replyOutcome",
+        "replyApprovalRequest",
+    }
     for topic, model in CONTRACT_RECORDS.items():
         assert TOPIC_KEYS[topic] in model.model_fields, (topic, TOPIC_KEYS[topic])
     schemas = document["components"]["schemas"]
