@@ -23,7 +23,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import ed25519
 from jwt.algorithms import OKPAlgorithm
 
-import commands
+from commands.policy import DEFAULT_POLICY_DIR
 from ratifier.topics import delete_topics
 from schemas.envelopes import ApprovalVerdict, DecisionKind
 from schemas.identity import context_keys, issue_context_token, sign_call_proof
@@ -65,7 +65,7 @@ when { context.effect == "destructive" && resource.tenant == principal.tenant &&
 def operator_policies(directory: Path) -> Path:
     """The reference call policies, except that destructive operators may propose
     destructive calls (which the approver policies then route to four-eyes)."""
-    source = Path(commands.__file__).parent / "policies"
+    source = DEFAULT_POLICY_DIR
     directory.mkdir(parents=True, exist_ok=True)
     for path in source.iterdir():
         text = path.read_text(encoding="utf-8")
