@@ -286,6 +286,12 @@ def test_soak(signing_keys: SigningKeys) -> None:
             restarts=dict(soak.restarts),
             rss_growth_percent=growth,
             rss_last_mib={n: round(s[-1][1] / 1024) for n, s in soak.rss.items() if s},
+            # Every 6th sample (every 30 s: seconds since the start, MiB), to tell a plateau
+            # from a leak.
+            rss_series_mib={
+                n: [(round(t), round(rss / 1024, 1)) for t, rss in s[::6]]
+                for n, s in soak.rss.items()
+            },
         )
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         (ARTIFACTS / "soak.json").write_text(json.dumps(figures, indent=2) + "\n")
