@@ -23,14 +23,12 @@ from pathlib import Path
 from approvals.signing import (
     ApprovalKeys,
     local_signing_key,
-    sign_decision,
-    statement_for,
     verify_decision,
 )
 from commands.reference import catalog
-from schemas.envelopes import Actor, ActorRef, ApprovalVerdict, AuthorizedCall, Effect, Route
-from schemas.fingerprint import fingerprint
+from schemas.envelopes import Actor, AuthorizedCall
 from streams.approval import ApprovalState, Rules, due, on_authorized, on_decided, on_tick
+from testsupport.records import authorized_refund, signed_approval
 
 BOSS = Actor(sub="boss", tenant="tenant-a", roles=("approver",))
 
@@ -47,24 +45,7 @@ def _keys() -> ApprovalKeys:
 
 def _call(n: int, now: datetime) -> AuthorizedCall:
     arguments = {"payment_id": "pay_A1002", "amount_minor": 1 + n % 500, "reason": "bench"}
-    call_id = f"bench-{n:09d}"
-    return AuthorizedCall(
-        call_id=call_id,
-        operation_id=f"tenant-a:{call_id}",
-        idempotency_key=call_id,
-        tenant="tenant-a",
-        actor=ActorRef(sub="agent-1", roles=("refund",)),
-        tool="propose_refund",
-        arguments=arguments,
-        fingerprint=fingerprint(
-            tenant="tenant-a", tool="propose_refund", arguments=arguments, policy_version="p1"
-        ),
-        effect=Effect.EXTERNAL_WRITE,
-        policy_version="p1",
-        route=Route.APPROVAL,
-        proposed_at=now,
-        authorized_at=now,
-    )
+    return authorized_refund(f"bench-{n:09d}", arguments, now=now)
 
 
 def run(approvals: int, rate: float) -> dict[str, float]:
@@ -100,17 +81,8 @@ def run(approvals: int, rate: float) -> dict[str, float]:
         call = _call(n, now)
         step = on_authorized(None, call, tool=tool, now=now, rules=rules)
         put(call.call_id, step.state)
-        record = sign_decision(
-            statement_for(
-                call_id=call.call_id,
-                tenant=call.tenant,
-                fingerprint=call.fingerprint,
-                approver=BOSS,
-                verdict=ApprovalVerdict.APPROVE,
-                now=now,
-                validity=rules.keys.decision_validity,
-            ),
-            rules.keys,
+        record = signed_approval(
+            call, rules.keys, approver=BOSS, now=now, validity=rules.keys.decision_validity
         )
         verified = verify_decision(record, kafka_key=call.call_id, keys=rules.keys, now=now)
         step = on_decided(

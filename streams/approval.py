@@ -452,10 +452,35 @@ def on_decided(
                 ),
             ),
         )
-    receipt = _receipt(
+    return _approved(
+        state,
         call,
+        statement,
         approvers=approvals,
         decision_ids=used,
+        now=now,
+        rules=rules,
+        audits=(valid,),
+    )
+
+
+def _approved(
+    state: ApprovalState,
+    call: AuthorizedCall,
+    statement: DecisionStatement,
+    *,
+    approvers: tuple[str, ...],
+    decision_ids: tuple[str, ...],
+    now: datetime,
+    rules: Rules,
+    audits: tuple[AuditEntry, ...],
+    **update: Any,
+) -> Step:
+    """Commit ``call`` with a receipt signed for ``approvers``; the state ends committed."""
+    receipt = _receipt(
+        call,
+        approvers=approvers,
+        decision_ids=decision_ids,
         decided_at=statement.issued_at,
         expires_at=state.expires_at or now,
         basis=statement.kind.value,
@@ -467,12 +492,13 @@ def on_decided(
             Phase.COMMITTED,
             now,
             rules,
-            decided_by=sub,
-            approvals=approvals,
-            decision_ids=used,
+            decided_by=statement.approver.sub,
+            approvals=approvers,
+            decision_ids=decision_ids,
+            **update,
         ),
         emits=(commit(call, now=now, receipt=receipt),),
-        audits=(valid,),
+        audits=audits,
     )
 
 
@@ -503,26 +529,14 @@ def edited(
                 ),
             ),
         )
-    receipt = _receipt(
+    return _approved(
+        state,
         reauthorized,
+        statement,
         approvers=(sub,),
         decision_ids=state.decision_ids,
-        decided_at=statement.issued_at,
-        expires_at=state.expires_at or now,
-        basis=statement.kind.value,
-        keys=rules.keys,
-    )
-    return Step(
-        state=_terminal(
-            state,
-            Phase.COMMITTED,
-            now,
-            rules,
-            decided_by=sub,
-            approvals=(sub,),
-            authorized=reauthorized,
-        ),
-        emits=(commit(reauthorized, now=now, receipt=receipt),),
+        now=now,
+        rules=rules,
         audits=(
             _audit(
                 AuditKind.APPROVAL_EDIT_COMMITTED,
@@ -532,6 +546,7 @@ def edited(
                 original_fingerprint=call.fingerprint,
             ),
         ),
+        authorized=reauthorized,
     )
 
 

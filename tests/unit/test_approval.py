@@ -25,8 +25,8 @@ from approvals.signing import (
 from commands.catalog import Catalog
 from schemas.envelopes import (
     Actor,
-    ActorRef,
     ApprovalDecision,
+    ApprovalReceipt,
     ApprovalVerdict,
     AuthorizedCall,
     CommittedCommand,
@@ -50,6 +50,7 @@ from streams.approval import (
     on_tick,
 )
 from tests.unit.conftest import NOW, SIGNING
+from testsupport.records import authorized_refund, signed_approval
 
 ARGS = {"payment_id": "pay_A1001", "amount_minor": 4900, "reason": "charged twice"}
 HOLD = timedelta(seconds=60)
@@ -64,25 +65,21 @@ def authorized(
     effect: Effect = Effect.EXTERNAL_WRITE,
     **kw: Any,
 ) -> AuthorizedCall:
-    args = arguments or ARGS
-    return AuthorizedCall(
-        call_id=call_id,
-        operation_id=f"tenant-a:{call_id}",
-        idempotency_key=call_id,
-        tenant="tenant-a",
-        actor=ActorRef(sub="agent-1", roles=("refund",)),
-        tool="propose_refund",
-        arguments=args,
-        fingerprint=fingerprint(
-            tenant="tenant-a", tool="propose_refund", arguments=args, policy_version="p1"
-        ),
-        effect=effect,
-        policy_version="p1",
-        route=kw.pop("route", Route.APPROVAL),
-        proposed_at=NOW,
-        authorized_at=NOW,
-        **kw,
+    return authorized_refund(call_id, arguments or ARGS, now=NOW, effect=effect, **kw)
+
+
+def assert_receipt_valid(receipt: ApprovalReceipt, call: AuthorizedCall) -> None:
+    """The executor's commit-time check accepts ``receipt`` for ``call``."""
+    refusal = receipt_refusal(
+        receipt,
+        call_id=call.call_id,
+        tenant=call.tenant,
+        fingerprint=call.fingerprint,
+        policy_version=call.policy_version,
+        keys=SIGNING,
+        now=NOW,
     )
+    assert refusal is None
 
 
 def decision(
@@ -160,18 +157,7 @@ def test_request_then_valid_approval_commits_once_with_signed_receipt(catalog: C
     )
     assert receipt.decision_ids == (d.decision_id,)
     assert receipt.expires_at == state.expires_at
-    assert (
-        receipt_refusal(
-            receipt,
-            call_id=call.call_id,
-            tenant=call.tenant,
-            fingerprint=call.fingerprint,
-            policy_version=call.policy_version,
-            keys=SIGNING,
-            now=NOW,
-        )
-        is None
-    )
+    assert_receipt_valid(receipt, call)
     assert step.state is not None and step.state.phase is Phase.COMMITTED
     # The same decision replayed, and a second approval, both commit nothing.
     again = decide(catalog, step.state, d)
@@ -281,30 +267,14 @@ def test_bad_signatures_and_unknown_keys_are_refused(catalog: Catalog) -> None:
         "bad_signature"
     )
     stranger = replace(SIGNING, signing_key=local_signing_key("someone else's seed, long enough"))
-    forged = sign_decision(
-        statement_for(
-            call_id=call.call_id,
-            tenant=call.tenant,
-            fingerprint=call.fingerprint,
-            approver=BOSS,
-            verdict=ApprovalVerdict.APPROVE,
-            now=NOW,
-            validity=timedelta(minutes=5),
-        ),
-        stranger,
-    )
+    forged = signed_approval(call, stranger, approver=BOSS, now=NOW, validity=timedelta(minutes=5))
     assert refusal(decide(catalog, state, forged)) == "bad_signature"
-    unknown = sign_decision(
-        statement_for(
-            call_id=call.call_id,
-            tenant=call.tenant,
-            fingerprint=call.fingerprint,
-            approver=BOSS,
-            verdict=ApprovalVerdict.APPROVE,
-            now=NOW,
-            validity=timedelta(minutes=5),
-        ),
+    unknown = signed_approval(
+        call,
         stranger,
+        approver=BOSS,
+        now=NOW,
+        validity=timedelta(minutes=5),
         key=stranger.signing_key,
         kid="rotated-out",
     )
@@ -391,18 +361,7 @@ def test_auto_approval_receipt_names_the_policy(catalog: Catalog) -> None:
         "refund-small-auto",
         "policy:refund-small-auto",
     )
-    assert (
-        receipt_refusal(
-            receipt,
-            call_id=call.call_id,
-            tenant=call.tenant,
-            fingerprint=call.fingerprint,
-            policy_version=call.policy_version,
-            keys=SIGNING,
-            now=NOW,
-        )
-        is None
-    )
+    assert_receipt_valid(receipt, call)
     assert [a.kind for a in step.audits] == ["approval_auto"]
     plain = authorized(route=Route.AUTO)
     (unreceipted,) = committed(
