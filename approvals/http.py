@@ -54,6 +54,10 @@ def install_approval_api(
             {"error": {"code": exc.code.value, "message": exc.safe_message}}, status=status
         )
 
+    def unknown_verdict(view: View, allowed: str) -> Response:
+        message = f"decision must be {allowed}"
+        return view.json({"error": {"code": "invalid_arguments", "message": message}}, status=400)
+
     @app.page("/approvals")
     class Pending(View):
         async def get(self, request: Request) -> Response:
@@ -96,15 +100,7 @@ def install_approval_api(
             except RatifierError as exc:
                 return failure(self, exc)
             except (ValueError, ValidationError):
-                return self.json(
-                    {
-                        "error": {
-                            "code": "invalid_arguments",
-                            "message": "decision must be approve, reject or edit",
-                        }
-                    },
-                    status=400,
-                )
+                return unknown_verdict(self, "approve, reject or edit")
             await publish_decision(settings, decision)
             return self.json(
                 {"published": True, "call_id": call_id, "fingerprint": found.fingerprint},
@@ -146,15 +142,7 @@ def install_approval_api(
             except RatifierError as exc:
                 return failure(self, exc)
             except (ValueError, ValidationError):
-                return self.json(
-                    {
-                        "error": {
-                            "code": "invalid_arguments",
-                            "message": "decision must be approve or reject",
-                        }
-                    },
-                    status=400,
-                )
+                return unknown_verdict(self, "approve or reject")
             await publish_decision(settings, decision)
             return self.json(
                 {
