@@ -18,6 +18,7 @@ from schemas.identity import context_keys, issue_context_token
 from schemas.names import (
     AUTHORIZER_GROUP,
     EXECUTOR_GROUP,
+    PIPELINE_TOPICS,
     STREAMS_APP_ID,
     VALIDATOR_GROUP,
     Topic,
@@ -231,3 +232,43 @@ async def commit_lag(
     finally:
         await consumer.stop()
         await admin.close()
+
+
+async def where_calls_are(
+    settings: Settings, call_ids: set[str], topics: Sequence[Topic] = PIPELINE_TOPICS
+) -> dict[str, dict[str, list[str]]]:
+    """For each of ``call_ids``: the pipeline topics holding a record that names it, with each
+    record's partition and offset. Read from the start of every topic: a diagnosis for a call
+    that never ended (where did it stop?), printed by a failing test."""
+    found: dict[str, dict[str, list[str]]] = {c: {} for c in call_ids}
+    needles = {c: c.encode() for c in call_ids}
+    consumer = kafka_consumer(settings, group=None)
+    await consumer.start()
+    try:
+        await consumer.topics()
+        partitions = [
+            TopicPartition(settings.topic(t), p)
+            for t in topics
+            for p in consumer.partitions_for_topic(settings.topic(t)) or ()
+        ]
+        if not partitions:
+            return found
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        ends = await consumer.end_offsets(partitions)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            positions = {tp: await consumer.position(tp) for tp in ends}
+            if all(positions[tp] >= end for tp, end in ends.items()):
+                break
+            for tp, batch in (await consumer.getmany(timeout_ms=500)).items():
+                name = tp.topic.removeprefix(settings.topic_prefix)
+                for record in batch:
+                    for call_id, needle in needles.items():
+                        if needle in (record.key or b"") or needle in (record.value or b""):
+                            found[call_id].setdefault(name, []).append(
+                                f"{tp.partition}@{record.offset}"
+                            )
+        return found
+    finally:
+        await consumer.stop()

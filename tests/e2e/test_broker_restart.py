@@ -19,7 +19,14 @@ from schemas.names import Topic
 from schemas.settings import Settings
 from tests.e2e.conftest import SigningKeys, start_pipeline
 from tests.e2e.private_services import PrivateKafka, kafka_jars, private_kafka, required
-from tests.services import PIPELINE_INPUTS, commit_lag, context_token, keyed_call, run
+from tests.services import (
+    PIPELINE_INPUTS,
+    commit_lag,
+    context_token,
+    keyed_call,
+    run,
+    where_calls_are,
+)
 
 RATE = 20  # calls per second
 LOAD_SECONDS = 30
@@ -113,7 +120,15 @@ def test_broker_restart_under_load_loses_nothing_and_leaves_no_offset_behind(
 
             final = run(final_outcomes(settings, set(sent), timeout=180))
             lost = sorted(set(sent) - final.keys())
-            assert not lost, f"{len(lost)} of {len(sent)} calls never answered: {lost[:5]}"
+            if lost:
+                # Where each lost call stopped, and the groups' positions, for the diagnosis.
+                where = run(where_calls_are(settings, set(lost[:10])))
+                behind = run(commit_lag(settings, PIPELINE_INPUTS, timeout=1))
+                logs = "\n".join(f"{w.log_path}:\n{w.log_tail(60)}" for w in pipeline.workers)
+                pytest.fail(
+                    f"{len(lost)} of {len(sent)} calls never answered: {lost[:10]}\n"
+                    f"where they are: {where}\ncommit lag: {behind}\nworker logs:\n{logs}"
+                )
             assert pipeline.alive(), [w.log_tail() for w in pipeline.workers]
 
             behind = run(commit_lag(settings, PIPELINE_INPUTS, timeout=60))
