@@ -31,13 +31,16 @@ from schemas.names import Topic
 from tests.e2e.approvals_kit import decide, token
 from tests.e2e.conftest import ARTIFACTS, Pipeline, SigningKeys, start_pipeline
 from tests.e2e.executor_kit import PAYMENTS, provider_stats, seed_payments
-from tests.services import context_token, keyed_call
+from tests.services import context_token, keyed_call, where_calls_are
 
 pytestmark = pytest.mark.soak
 
 SOAK_SECONDS = int(os.environ.get("RATIFIER_SOAK_SECONDS", "600"))
 RESTART_EVERY = min(120, max(20, SOAK_SECONDS // 5))
-WARMUP_SECONDS = min(120, SOAK_SECONDS // 5)
+# Memory is compared from the end of the warm-up: once an executor and a streams worker have
+# each been restarted once (every surviving worker has then taken over its peer's partitions,
+# and its buffers and table once), plus 30 s.
+WARMUP_SECONDS = 2 * RESTART_EVERY + 30
 SETTLE_SECONDS = 240
 FINAL = {"succeeded", "failed", "rejected", "denied", "conflict", "expired", "cancelled"}
 
@@ -55,6 +58,8 @@ class Ledger:
 
     calls: dict[str, Call] = field(default_factory=dict)
     finals: dict[str, set[str]] = field(default_factory=dict)
+    # Each call's final outcome records (status/stage/code), for the diagnosis of a failure.
+    answers: dict[str, list[str]] = field(default_factory=dict)
     decided: set[str] = field(default_factory=set)
     reads: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
@@ -137,6 +142,11 @@ class Soak:
                                 await asyncio.to_thread(decide, self.pipeline, body, self.approver)
                         elif body["status"] in FINAL:
                             self.ledger.finals.setdefault(call_id, set()).add(body["status"])
+                            error = body.get("error") or {}
+                            self.ledger.answers.setdefault(call_id, []).append(
+                                f"{body['status']}/{body.get('stage')}/{error.get('code')}"
+                                f"@{record.partition}:{record.offset}"
+                            )
         finally:
             await consumer.stop()
 
@@ -270,6 +280,18 @@ def test_soak(signing_keys: SigningKeys) -> None:
         mine = {k: v for k, v in stats["by_key"].items() if f"soak-{run_id}-refund-" in k}
         applied_twice = {k: v for k, v in mine.items() if v > 1}
         ledger_succeeded = _succeeded_operations(pipeline, run_id)
+        examples = {
+            "lost": {
+                c: where
+                for c, where in asyncio.run(
+                    where_calls_are(pipeline.settings, set(lost[:5]))
+                ).items()
+            },
+            "two_final_outcomes": {c: ledger.answers.get(c) for c in list(twice)[:10]},
+            "unexpected": {
+                c: (ledger.calls[c].kind, ledger.answers.get(c)) for c in list(wrong)[:10]
+            },
+        }
         growth = {}
         for name, samples in soak.rss.items():
             after = [rss for t, rss in samples if t >= WARMUP_SECONDS]
@@ -288,6 +310,8 @@ def test_soak(signing_keys: SigningKeys) -> None:
             rss_last_mib={n: round(s[-1][1] / 1024) for n, s in soak.rss.items() if s},
             # Every 6th sample (every 30 s: seconds since the start, MiB), to tell a plateau
             # from a leak.
+            warmup_seconds=WARMUP_SECONDS,
+            examples=examples,
             rss_series_mib={
                 n: [(round(t), round(rss / 1024, 1)) for t, rss in s[::6]]
                 for n, s in soak.rss.items()
