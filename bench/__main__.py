@@ -52,7 +52,7 @@ async def measure(plan: Plan) -> Results:
         flush=True,
     )
     run.values["plan"] = asdict(plan)
-    run.values["latency_settings"] = latency_settings()
+    run.values["latency_settings"] = await latency_settings()
     url = BenchRun.create("setup").settings.storage.database_url
     await asyncio.to_thread(migrate, url)
     await asyncio.to_thread(seed_payments, url)

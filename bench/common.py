@@ -461,19 +461,72 @@ async def drain(
         await produce_all(run.settings, source, values)
     workers = start()
     spy: subprocess.Popen[bytes] | None = None
-    try:
-        first = await count_until(run.settings, target, 1, timeout=150)
+
+    def cpu() -> float:
+        return sum(cpu_seconds(w.process.pid) for w in workers)
+
+    def started() -> None:
+        nonlocal spy
         if profile_to is not None:
             spy = start_spy(workers[0].process.pid, profile_to)
-        cpu0 = sum(cpu_seconds(w.process.pid) for w in workers)
-        done = await count_until(run.settings, target, n, timeout=timeout)
-        cpu1 = sum(cpu_seconds(w.process.pid) for w in workers)
-        return (n - 1) / max(done - first, 1e-9), (cpu1 - cpu0) / max(n - 1, 1) * 1e6
+
+    try:
+        return await steady_rate(run.settings, target, n, timeout, cpu=cpu, on_first=started)
     finally:
         if spy is not None:
             stop_spy(spy)
         for w in workers:
             run.stop(w)
+
+
+async def steady_rate(
+    settings: Settings,
+    topic: str,
+    n: int,
+    timeout: float,
+    *,
+    cpu: Callable[[], float],
+    on_first: Callable[[], None],
+) -> tuple[float, float]:
+    """Follow ``topic`` from the start until ``n`` records arrived; return (records/s, CPU
+    µs per record) over the middle of the drain: from the poll in which the 10th percentile
+    record arrived (exclusive) to the one in which the 90th did (inclusive). Timing from the
+    first record would count the first output batch without the time it took to make, which
+    favours whoever batches more; start-up and the tail are left out too."""
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=settings.kafka_bootstrap,
+        group_id=None,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        max_poll_records=5000,
+        fetch_max_bytes=16 * 1024 * 1024,
+    )
+    await consumer.start()
+    low, high = max(1, n // 10), max(1, n * 9 // 10)
+    seen = 0
+    marks: list[tuple[float, int, float]] = []  # (arrival, records so far, CPU s) per poll
+    deadline = time.perf_counter() + 150 + timeout
+    try:
+        while seen < n:
+            if time.perf_counter() > deadline:
+                raise TimeoutError(f"{topic}: saw {seen} of {n}")
+            batches = await consumer.getmany(timeout_ms=50, max_records=5000)
+            arrived = sum(len(records) for records in batches.values())
+            if not arrived:
+                continue
+            if seen == 0:
+                on_first()
+            seen += arrived
+            marks.append((time.perf_counter(), seen, cpu()))
+    finally:
+        await consumer.stop()
+    start = next(m for m in marks if m[1] >= low)
+    end = next(m for m in marks if m[1] >= high)
+    if end[0] <= start[0]:  # too few records for the middle: first to last poll
+        start, end = marks[0], marks[-1]
+    records = max(end[1] - start[1], 1)
+    return records / max(end[0] - start[0], 1e-9), (end[2] - start[2]) / records * 1e6
 
 
 # --- py-spy: what a process spends its CPU on -------------------------------------------------

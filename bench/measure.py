@@ -1089,7 +1089,7 @@ async def whole_pipeline(report: Measurements, plan: Plan) -> None:
         await run.close()
 
 
-def latency_settings() -> list[tuple[str, str, str, str]]:
+async def latency_settings() -> list[tuple[str, str, str, str]]:
     """The latency settings in force (producer linger, consumer fetch wait, poll), read from
     the code that builds the clients, for the baselines and the pipeline alike."""
     from faust.transport.drivers import aiokafka as faust_aiokafka
@@ -1106,11 +1106,13 @@ def latency_settings() -> list[tuple[str, str, str, str]]:
         name: param.default
         for name, param in inspect.signature(ConsumerLoop.__init__).parameters.items()
     }
+    # A consumer as the pipeline builds it, never started: only its settings are read.
     probe = kafka_consumer(settings, group="latency-settings-probe")
     fetch_wait = getattr(probe, "_fetch_max_wait_ms", "?")
     fetch_min = getattr(probe, "_fetch_min_bytes", "?")
+    await probe.stop()
     faust_linger_ms = float(faust_settings(settings)["producer_linger"]) * 1000
-    faust_source = Path(str(faust_aiokafka.__file__)).read_text(encoding="utf-8")
+    faust_source = Path(str(faust_aiokafka.__file__)).read_text(encoding="utf-8")  # noqa: ASYNC240
     faust_wait = "1500" if "fetch_max_wait_ms=1500" in faust_source else "?"
     runtime = f"fetch_max_wait_ms={fetch_wait}, fetch_min_bytes={fetch_min}"
     return [
