@@ -525,6 +525,8 @@ async def steady_rate(
     end = next(m for m in marks if m[1] >= high)
     if end[0] <= start[0]:  # too few records for the middle: first to last poll
         start, end = marks[0], marks[-1]
+    if end[0] <= start[0]:  # all in one poll: no rate can be told
+        return float("nan"), float("nan")
     records = max(end[1] - start[1], 1)
     return records / max(end[0] - start[0], 1e-9), (end[2] - start[2]) / records * 1e6
 

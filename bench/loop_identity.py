@@ -23,6 +23,7 @@ from schemas.envelopes import Record
 from schemas.names import Topic
 from schemas.settings import Settings
 from streams.stateless import BATCH_MAX
+from telemetry.tracing import tracer_from
 
 # As streams/stateless.py configures its loops (kept in step by hand: the loop's own
 # defaults would measure another shape).
@@ -70,6 +71,7 @@ async def run(source: Topic, target: Topic, group: str) -> None:
         stage="identity",
         group=group,
         handle=identity(target),
+        tracer=tracer_from(settings, service="bench-identity"),  # as the stages' (off unless set)
         max_records=BATCH_MAX,
         poll_ms=POLL_MS,
     )
