@@ -503,7 +503,6 @@ async def steady_rate(
         fetch_max_bytes=16 * 1024 * 1024,
     )
     await consumer.start()
-    low, high = max(1, n // 10), max(1, n * 9 // 10)
     seen = 0
     marks: list[tuple[float, int, float]] = []  # (arrival, records so far, CPU s) per poll
     deadline = time.perf_counter() + 150 + timeout
@@ -521,14 +520,22 @@ async def steady_rate(
             marks.append((time.perf_counter(), seen, cpu()))
     finally:
         await consumer.stop()
+    return middle_rate(marks, n)
+
+
+def middle_rate(marks: Sequence[tuple[float, int, float]], n: int) -> tuple[float, float]:
+    """(records/s, CPU µs per record) from polls of (arrival, records so far, CPU seconds):
+    between the poll in which the 10th percentile record arrived, exclusive, and the one in
+    which the 90th did, inclusive; nan when every record arrived in one poll."""
+    low, high = max(1, n // 10), max(1, n * 9 // 10)
     start = next(m for m in marks if m[1] >= low)
     end = next(m for m in marks if m[1] >= high)
     if end[0] <= start[0]:  # too few records for the middle: first to last poll
         start, end = marks[0], marks[-1]
     if end[0] <= start[0]:  # all in one poll: no rate can be told
         return float("nan"), float("nan")
-    records = max(end[1] - start[1], 1)
-    return records / max(end[0] - start[0], 1e-9), (end[2] - start[2]) / records * 1e6
+    records = end[1] - start[1]
+    return records / (end[0] - start[0]), (end[2] - start[2]) / records * 1e6
 
 
 # --- py-spy: what a process spends its CPU on -------------------------------------------------

@@ -8,6 +8,9 @@ import json
 from dataclasses import asdict
 from typing import Any
 
+import pytest
+
+from bench.common import middle_rate
 from bench.report import NEXT_STEP, Results, floor_line, profiles, render, targets
 
 STREAM_PROFILE = {
@@ -176,3 +179,15 @@ def test_a_quick_run_says_so_and_survives_its_json_round_trip() -> None:
     md = render(loaded)
     assert md == render(saved)
     assert "**Quick run**" in md and "--quick" in md
+
+
+def test_a_drain_rate_leaves_out_the_first_batch_and_the_tail() -> None:
+    # A relay of 2,000-record batches, one every 0.1 s, whose first batch came out after
+    # 0.1 s of work: 10 batches, 20,000 records, 1 ms of CPU per batch.
+    marks = [(0.1 * (i + 1), 2000 * (i + 1), 0.001 * (i + 1)) for i in range(10)]
+    rate, cpu_us = middle_rate(marks, 20000)
+    assert rate == pytest.approx(20000.0)  # first to last record would say 20,000 * 10/9
+    assert cpu_us == pytest.approx(0.5)
+    # Everything in one poll: no rate can be told.
+    rate, cpu_us = middle_rate([(1.0, 500, 0.1)], 500)
+    assert rate != rate and cpu_us != cpu_us
