@@ -739,8 +739,12 @@ async def hop_latencies(pipe: Pipeline, call_ids: set[str]) -> dict[str, Any]:
     return out
 
 
-async def approved_writes(pipe: Pipeline, seconds: float, window: int) -> dict[str, Any]:
-    """Refunds of 1 minor unit, each approved by a bot as soon as its request appears."""
+async def approved_writes(
+    pipe: Pipeline, seconds: float, window: int, *, profiled: bool = False
+) -> dict[str, Any]:
+    """Refunds of 1 minor unit, each approved by a bot as soon as its request appears; with
+    ``profiled``, py-spy samples every worker meanwhile (a separate, shorter run: the
+    measured one is not slowed by the sampling)."""
     from aiokafka import AIOKafkaConsumer
 
     settings = pipe.run.settings
@@ -758,6 +762,9 @@ async def approved_writes(pipe: Pipeline, seconds: float, window: int) -> dict[s
     producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all", linger_ms=2)
     await consumer.start()
     await producer.start()
+    # Only this run's requests: an earlier run's were decided already.
+    if consumer.assignment():
+        await consumer.seek_to_end()
     approved = 0
 
     async def bot() -> None:
@@ -791,7 +798,7 @@ async def approved_writes(pipe: Pipeline, seconds: float, window: int) -> dict[s
     await writer.start()
     tag = uuid.uuid4().hex[:6]
     issued: list[str] = []
-    spies = pipe.spy("writes")
+    spies = pipe.spy("writes") if profiled else {}
     cpu0 = pipe.cpu()
     try:
         started = time.perf_counter()
@@ -830,8 +837,7 @@ async def approved_writes(pipe: Pipeline, seconds: float, window: int) -> dict[s
             "writes_p50": percentile(ms, 50),
             "writes_approved": approved,
             "writes_cpu_by_process": per_call_us(cpu0, cpu1, ok),
-            "profile_writes": profiles,
-        }
+        } | ({"profile_writes": profiles} if profiled else {})
     finally:
         collect_spies(spies)
         bot_task.cancel()
@@ -918,14 +924,21 @@ async def kill_one(pipe: Pipeline, rate: float, seconds: float, kill_at: float) 
 
 
 async def profile(pipe: Pipeline, seconds: float, warmup: float) -> dict[str, Any]:
-    """py-spy samples of every worker process under closed-loop read load (the load of T2),
-    with each process's CPU per call in that loop (to tell which one bounds it)."""
+    """py-spy samples of every worker process under closed-loop read load (the load of T2)
+    and under approved-write load, with each process's CPU per call meanwhile (to tell which
+    one bounds it)."""
     spies = pipe.spy("reads")
     try:
         loop = await closed_loop(pipe, window=1000, seconds=seconds, warmup=warmup)
     finally:
         profiles = collect_spies(spies)
-    return {"profile_reads": profiles, "profile_reads_cpu_by_process": loop["e2e_cpu_by_process"]}
+    writes = await approved_writes(pipe, seconds, 200, profiled=True)
+    return {
+        "profile_reads": profiles,
+        "profile_reads_cpu_by_process": loop["e2e_cpu_by_process"],
+        "profile_writes": writes.get("profile_writes", {}),
+        "profile_writes_cpu_by_process": writes["writes_cpu_by_process"],
+    }
 
 
 async def rss_under_load(
@@ -1058,13 +1071,13 @@ async def whole_pipeline(report: Measurements, plan: Plan) -> None:
             "T4 latency, open loop at 50 %", 120, lambda: latency(p, top / 2, plan.latency_seconds)
         )
         await report.step(
-            "approved writes with a bot approver (py-spy on every worker)",
+            "approved writes with a bot approver",
             120,
             lambda: approved_writes(p, plan.writes_seconds, 200),
         )
         await report.step(
-            "profile (py-spy on every worker) under closed-loop read load",
-            90,
+            "profiles (py-spy on every worker) under read and approved-write load",
+            180,
             lambda: profile(p, plan.profile_seconds, plan.closed_warmup),
         )
         await report.step(

@@ -186,7 +186,9 @@ def profiles(v: dict[str, Any]) -> dict[str, tuple[str, dict[str, Any]]]:
     if v.get("profile_t3_dedup"):
         found["t3"] = ("one executor draining read commands with dedup", v["profile_t3_dedup"])
     writes = v.get("profile_writes") or {}
-    name = _busiest(v.get("writes_cpu_by_process"), writes, None)
+    name = _busiest(
+        v.get("profile_writes_cpu_by_process") or v.get("writes_cpu_by_process"), writes, None
+    )
     if name is not None and writes.get(name):
         found["writes"] = (f"{name} (the busiest process) under approved-write load", writes[name])
     return found
