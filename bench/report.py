@@ -221,13 +221,15 @@ NEXT_STEP = {
 def floor_line(frames: dict[str, Any], who: str) -> str:
     """One line: where the profiled process spends its samples, and the next step."""
     categories = [
-        (c, s) for c, s in frames.get("categories", []) if c not in ("other", "bench harness")
+        (c, s)
+        for c, s in frames.get("categories", [])
+        if c not in ("other", "bench harness", "waiting in epoll (not CPU)")
     ]
     if not categories:
         return f"No profile of {who} was recorded (py-spy missing, or the step failed)."
     top, share = categories[0]
     then = ", ".join(f"{c} {s:.0%}" for c, s in categories[1:3])
-    own = frames.get("own") or []
+    own = [f for f in frames.get("own") or [] if "(selectors.py)" not in f[0]]
     function = f"; top own-time function `{own[0][0]}` ({own[0][1]:.0%})" if own else ""
     step = NEXT_STEP.get(top, "see the top functions")
     return (

@@ -191,3 +191,12 @@ def test_a_drain_rate_leaves_out_the_first_batch_and_the_tail() -> None:
     # Everything in one poll: no rate can be told.
     rate, cpu_us = middle_rate([(1.0, 500, 0.1)], 500)
     assert rate != rate and cpu_us != cpu_us
+
+
+def test_waiting_in_epoll_is_not_a_floor() -> None:
+    frames = {
+        "categories": [["waiting in epoll (not CPU)", 0.5], ["psycopg", 0.3]],
+        "own": [["EpollSelector.select (selectors.py)", 0.5]],
+    }
+    line = floor_line(frames, "executor0")
+    assert "in psycopg" in line and "EpollSelector" not in line
