@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 PYTEST := $(BIN)/pytest
 export RATIFIER_BIN := $(CURDIR)/$(BIN)/ratifier
 
-.PHONY: help install up down status lint contract format schemas unit fuzz soak integration browser e2e cluster chaos manifests test dashboard demo bench bench-idle bench-approvals bench-replies bench-validator bench-authorizer bench-executor clean
+.PHONY: help install up down status lint contract format schemas unit fuzz soak integration browser e2e cluster chaos manifests test dashboard demo bench bench-quick bench-idle bench-approvals bench-replies bench-validator bench-authorizer bench-executor clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -93,6 +93,9 @@ chaos: install ## kill -9s, broker/Redis/PostgreSQL outages, provider faults, po
 
 bench: up ## every baseline and ratifier benchmark in one run (< 20 min) → bench/RESULTS.md
 	$(BIN)/python -m bench
+
+bench-quick: up ## every bench step with tiny sizes (~5 min; not the verdicts) → test-artifacts/bench-quick/RESULTS.md
+	$(BIN)/python -m bench --quick
 
 bench-idle: up ## T5 for real: 30 min idle, then one call → bench/idle-result.json (in RESULTS.md)
 	$(BIN)/python -m bench.idle 1800

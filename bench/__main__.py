@@ -14,17 +14,22 @@ import logging
 import os
 import signal
 import sys
+from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from bench.common import RESULTS, BenchRun
 from bench.measure import (
-    BUDGET_SECONDS,
+    FULL,
+    QUICK,
     Measurements,
+    Plan,
     baseline_postgres,
     baseline_redis,
     baselines_kafka,
     chain_latency,
     executor_with_and_without_dedup,
+    latency_settings,
     pure_costs,
     seed_payments,
     stages_alone,
@@ -34,50 +39,69 @@ from bench.report import COMMAND, VALUES, Results, render
 from ratifier.migrate import migrate
 
 
-async def measure() -> Results:
+async def measure(plan: Plan) -> Results:
     logging.basicConfig(level=logging.WARNING)
     for noisy in ("aiokafka", "kafka"):
         logging.getLogger(noisy).setLevel(logging.CRITICAL)
-    run = Measurements()
-    n = int(os.environ.get("BENCH_N", "20000"))
-    stage_n = int(os.environ.get("BENCH_STAGE_N", "4000"))
+    run = Measurements(budget_seconds=plan.budget_seconds)
+    n = int(os.environ.get("BENCH_N", str(plan.n)))
+    stage_n = int(os.environ.get("BENCH_STAGE_N", str(plan.stage_n)))
     print(
-        f"bench: {COMMAND}; budget {BUDGET_SECONDS / 60:.0f} min; logs under test-artifacts/bench-logs",
+        f"bench: {COMMAND}{' --quick' if plan.quick else ''}; budget "
+        f"{plan.budget_seconds / 60:.0f} min; logs under test-artifacts/bench-logs",
         flush=True,
     )
+    run.values["plan"] = asdict(plan)
+    run.values["latency_settings"] = await latency_settings()
     url = BenchRun.create("setup").settings.storage.database_url
     await asyncio.to_thread(migrate, url)
     await asyncio.to_thread(seed_payments, url)
-    await run.step("pure stage costs", 120, lambda: pure_costs(5000))
-    await run.step("B1 relay, B2 chain, B3 faust identity", 300, lambda: baselines_kafka(n))
+    await run.step("pure stage costs", 120, lambda: pure_costs(plan.pure_n))
     await run.step(
-        "B2 latency floor (raw 4-hop chain, 50 records/s)", 120, lambda: chain_latency(50, 15)
+        "B1 relay, B2 chain, T1 loop identity hop (+ its profile), B3 faust identity",
+        420,
+        lambda: baselines_kafka(n),
     )
-    await run.step("B4 Redis SET NX", 60, lambda: baseline_redis(5000))
-    await run.step("B5 ledger transaction (psycopg)", 120, lambda: baseline_postgres(500))
+    await run.step(
+        "B2 latency floor (raw 4-hop chain, 50 records/s)",
+        120,
+        lambda: chain_latency(50, plan.chain_latency_seconds),
+    )
+    await run.step("B4 Redis SET NX", 60, lambda: baseline_redis(plan.redis_n))
+    await run.step(
+        "B5 ledger transaction (psycopg)", 120, lambda: baseline_postgres(plan.postgres_n)
+    )
     await run.step(
         "stages alone (validator, authorizer, approval-join, executor)",
         300,
         lambda: stages_alone(stage_n),
     )
     await run.step(
-        "T3 executor without/with dedup (A-B-B-A)",
-        300,
-        lambda: executor_with_and_without_dedup(stage_n),
+        "T3 executor without/with dedup (3 + 3 drains interleaved, + 1 under py-spy)",
+        420,
+        lambda: executor_with_and_without_dedup(plan.executor_n),
     )
     try:
-        await asyncio.wait_for(whole_pipeline(run), timeout=max(run.left() - 20, 30))
+        await asyncio.wait_for(whole_pipeline(run, plan), timeout=max(run.left() - 10, 30))
     except Exception as exc:
         run.errors["whole pipeline"] = f"{type(exc).__name__}: {exc}"[:300]
     return run.results()
 
 
-def run_all() -> int:
-    results = asyncio.run(measure())
-    results.save()
-    RESULTS.write_text(render(results), encoding="utf-8")
+# A quick run's results and report go here, never over the committed ones.
+QUICK_DIR = Path("test-artifacts") / "bench-quick"
+
+
+def run_all(plan: Plan) -> int:
+    results = asyncio.run(measure(plan))
+    values, report = (
+        (QUICK_DIR / "results.json", QUICK_DIR / "RESULTS.md") if plan.quick else (VALUES, RESULTS)
+    )
+    values.parent.mkdir(parents=True, exist_ok=True)
+    results.save(values)
+    report.write_text(render(results), encoding="utf-8")
     print(
-        f"bench: wrote {RESULTS} in {results.total_seconds / 60:.1f} min; "
+        f"bench: wrote {report} in {results.total_seconds / 60:.1f} min; "
         f"{len(results.errors)} step(s) failed",
         flush=True,
     )
@@ -98,10 +122,13 @@ def _terminated(_signum: int, _frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-USAGE = """usage: python -m bench [--render]
+USAGE = """usage: python -m bench [--quick | --render]
 
   (no option)  run every baseline and ratifier benchmark (under 20 min; needs the local
                services: `make up`) and write bench/RESULTS.md and bench/results.json
+  --quick      every step with tiny sizes and durations (a few minutes; also BENCH_QUICK=1):
+               checks that the whole run and its report work; writes
+               test-artifacts/bench-quick/RESULTS.md and results.json, not the committed ones
   --render     rewrite bench/RESULTS.md from bench/results.json (and bench/idle-result.json)
 """
 
@@ -110,11 +137,12 @@ def main() -> int:
     args = sys.argv[1:]
     if args == ["--render"]:
         return rerender()
-    if args:
+    quick = args == ["--quick"] or (not args and os.environ.get("BENCH_QUICK") == "1")
+    if args and not quick:
         print(USAGE, file=sys.stderr if args not in (["-h"], ["--help"]) else sys.stdout)
         return 0 if args in (["-h"], ["--help"]) else 2
     signal.signal(signal.SIGTERM, _terminated)
-    return run_all()
+    return run_all(QUICK if quick else FULL)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,11 @@ import contextlib
 import json
 import os
 import platform
+import shutil
+import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 import uuid
@@ -140,6 +143,13 @@ def table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
 
 
 RESULTS = Path(__file__).parent / "RESULTS.md"
+
+
+def is_executor(process: str) -> bool:
+    """Whether a pipeline worker (by its name in the benchmark) is an executor."""
+    return process.startswith("executor")
+
+
 HOPS = 4  # proposed → validated → authorized → committed → outcomes
 HOP_TOPICS = (Topic.PROPOSED, Topic.VALIDATED, Topic.AUTHORIZED, Topic.COMMITTED, Topic.OUTCOMES)
 BENCH_PAYMENTS = 256  # reads spread over this many payments (no single hot row)
@@ -440,19 +450,150 @@ async def drain(
     n: int,
     values: list[bytes] | None,
     timeout: float,
+    *,
+    profile_to: Path | None = None,
 ) -> tuple[float, float]:
     """Publish ``values`` to ``source`` (a backlog), start the processes, and time the
     first to the n-th record on ``target``. Returns (records/s, CPU µs per record of the
-    started processes while draining)."""
+    started processes while draining). With ``profile_to``, py-spy samples the first
+    process from the first record on (start-up is not in the profile)."""
     if values is not None:
         await produce_all(run.settings, source, values)
     workers = start()
+    spy: subprocess.Popen[bytes] | None = None
+
+    def cpu() -> float:
+        return sum(cpu_seconds(w.process.pid) for w in workers)
+
+    def started() -> None:
+        nonlocal spy
+        if profile_to is not None:
+            spy = start_spy(workers[0].process.pid, profile_to)
+
     try:
-        first = await count_until(run.settings, target, 1, timeout=150)
-        cpu0 = sum(cpu_seconds(w.process.pid) for w in workers)
-        done = await count_until(run.settings, target, n, timeout=timeout)
-        cpu1 = sum(cpu_seconds(w.process.pid) for w in workers)
-        return (n - 1) / max(done - first, 1e-9), (cpu1 - cpu0) / max(n - 1, 1) * 1e6
+        return await steady_rate(run.settings, target, n, timeout, cpu=cpu, on_first=started)
     finally:
+        if spy is not None:
+            stop_spy(spy)
         for w in workers:
             run.stop(w)
+
+
+async def steady_rate(
+    settings: Settings,
+    topic: str,
+    n: int,
+    timeout: float,
+    *,
+    cpu: Callable[[], float],
+    on_first: Callable[[], None],
+) -> tuple[float, float]:
+    """Follow ``topic`` from the start until ``n`` records arrived; return (records/s, CPU
+    µs per record) over the middle of the drain: from the poll in which the 10th percentile
+    record arrived (exclusive) to the one in which the 90th did (inclusive). Timing from the
+    first record would count the first output batch without the time it took to make, which
+    favours whoever batches more; start-up and the tail are left out too."""
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=settings.kafka_bootstrap,
+        group_id=None,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        max_poll_records=5000,
+        fetch_max_bytes=16 * 1024 * 1024,
+    )
+    await consumer.start()
+    seen = 0
+    marks: list[tuple[float, int, float]] = []  # (arrival, records so far, CPU s) per poll
+    deadline = time.perf_counter() + 150 + timeout
+    try:
+        while seen < n:
+            if time.perf_counter() > deadline:
+                raise TimeoutError(f"{topic}: saw {seen} of {n}")
+            batches = await consumer.getmany(timeout_ms=50, max_records=5000)
+            arrived = sum(len(records) for records in batches.values())
+            if not arrived:
+                continue
+            if seen == 0:
+                on_first()
+            seen += arrived
+            marks.append((time.perf_counter(), seen, cpu()))
+    finally:
+        await consumer.stop()
+    return middle_rate(marks, n)
+
+
+def middle_rate(marks: Sequence[tuple[float, int, float]], n: int) -> tuple[float, float]:
+    """(records/s, CPU µs per record) from polls of (arrival, records so far, CPU seconds):
+    between the poll in which the 10th percentile record arrived, exclusive, and the one in
+    which the 90th did, inclusive; nan when every record arrived in one poll."""
+    low, high = max(1, n // 10), max(1, n * 9 // 10)
+    start = next(m for m in marks if m[1] >= low)
+    end = next(m for m in marks if m[1] >= high)
+    if end[0] <= start[0]:  # too few records for the middle: first to last poll
+        start, end = marks[0], marks[-1]
+    if end[0] <= start[0]:  # all in one poll: no rate can be told
+        return float("nan"), float("nan")
+    records = end[1] - start[1]
+    return records / (end[0] - start[0]), (end[2] - start[2]) / records * 1e6
+
+
+# --- py-spy: what a process spends its CPU on -------------------------------------------------
+
+SPY_RATE = 100  # samples per second (idle samples are not recorded)
+
+
+def py_spy() -> str | None:
+    found = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    return found if Path(found).exists() else None
+
+
+def start_spy(pid: int, path: Path) -> subprocess.Popen[bytes] | None:
+    """py-spy sampling ``pid`` into ``path`` (raw format) until :func:`stop_spy`; None
+    when py-spy is not installed."""
+    spy = py_spy()
+    if spy is None:
+        return None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen(
+        [
+            *(spy, "record", "--nonblocking", "-r", str(SPY_RATE), "-f", "raw"),
+            *("-o", str(path), "-p", str(pid)),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def stop_spy(spy: subprocess.Popen[bytes]) -> None:
+    """Stop sampling; py-spy writes its file on SIGINT."""
+    if spy.poll() is None:
+        spy.send_signal(signal.SIGINT)
+    try:
+        spy.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        spy.kill()
+        spy.wait(timeout=5)
+
+
+def rss_mb(pid: int) -> float | None:
+    """Resident set size of ``pid`` in MB (None once it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def child_pids(pid: int) -> list[int]:
+    """Direct children of ``pid`` (a worker that forks helpers is measured with them)."""
+    found: list[int] = []
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError, ValueError):
+                found += [int(c) for c in (task / "children").read_text().split()]
+    except OSError:
+        return []
+    return found

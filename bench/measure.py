@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import itertools
 import json
 import logging
 import math
 import os
 import platform
-import shutil
 import statistics
 import subprocess
-import sys
 import time
 import traceback
 import uuid
@@ -39,43 +38,107 @@ from bench.common import (
     BENCH_PAYMENTS,
     HOP_TOPICS,
     HOPS,
+    LOG_ROOT,
+    SPY_RATE,
     BenchRun,
     OutcomeWatcher,
     Proposer,
     agent_token,
+    child_pids,
     cpu_seconds,
     create_topics,
     drain,
+    is_executor,
     percentile,
     read_envelopes,
     reset_payments,
+    rss_mb,
+    start_spy,
+    stop_spy,
 )
 from bench.report import Results
 from commands.sql import named_query
+from runtime.clients import LINGER_MS, kafka_consumer, kafka_producer
 from schemas.envelopes import Actor, ApprovalVerdict
 from schemas.names import Topic
 
 BUDGET_SECONDS = 19 * 60
+QUICK_BUDGET_SECONDS = 8 * 60
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """How much each step measures. The full plan is `make bench`; the quick one
+    (`python -m bench --quick`) runs every step with tiny sizes and durations so that the
+    report renders end to end in a few minutes (its figures are not the targets' verdicts)."""
+
+    quick: bool = False
+    budget_seconds: float = BUDGET_SECONDS
+    n: int = 20000  # records per baseline drain (B1, B2, B3, T1)
+    stage_n: int = 4000  # calls per stage-alone drain
+    executor_n: int = 4000  # commands per T3 drain
+    pure_n: int = 5000
+    chain_latency_seconds: float = 15
+    redis_n: int = 5000
+    postgres_n: int = 500
+    closed_seconds: float = 20
+    closed_warmup: float = 5
+    latency_seconds: float = 20
+    writes_seconds: float = 15
+    profile_seconds: float = 12
+    # RSS under load at 50 % of T2: growth is measured from the value after `rss_first`.
+    rss_seconds: float = 300
+    rss_first: float = 60
+    rss_interval: float = 5
+    idle_seconds: float = 30
+    kill_seconds: float = 40
+    kill_at: float = 12
+
+
+FULL = Plan()
+QUICK = Plan(
+    quick=True,
+    budget_seconds=QUICK_BUDGET_SECONDS,
+    n=3000,
+    stage_n=1200,
+    executor_n=300,
+    pure_n=300,
+    chain_latency_seconds=4,
+    redis_n=300,
+    postgres_n=30,
+    closed_seconds=5,
+    closed_warmup=2,
+    latency_seconds=5,
+    writes_seconds=5,
+    profile_seconds=4,
+    rss_seconds=30,
+    rss_first=6,
+    rss_interval=2,
+    idle_seconds=3,
+    kill_seconds=14,
+    kill_at=5,
+)
 
 log = logging.getLogger("bench")
 
 
 @dataclass
 class Measurements:
+    budget_seconds: float = BUDGET_SECONDS
     started: float = field(default_factory=time.monotonic)
     values: dict[str, Any] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
 
     def left(self) -> float:
-        return BUDGET_SECONDS - (time.monotonic() - self.started)
+        return self.budget_seconds - (time.monotonic() - self.started)
 
     async def step(
         self, name: str, limit: float, action: Callable[[], Awaitable[dict[str, Any]]]
     ) -> None:
-        limit = min(limit, self.left() - 30)
+        limit = min(limit, self.left() - 15)
         clock = time.monotonic() - self.started
-        if limit < 20:
+        if limit < 15:
             self.errors[name] = "skipped: the run's time budget is spent"
             print(f"[{clock:6.0f}s] {name}: skipped (budget)", flush=True)
             return
@@ -111,10 +174,14 @@ def _short(v: Any) -> str:
 
 
 async def baselines_kafka(n: int) -> dict[str, Any]:
+    """B1 (raw relay), B2 (raw 4-hop chain), T1's stateless stage hop (the runtime loop with
+    a handler doing no work), and B3 (faust identity, the stages' former framework, kept as
+    a reference), each draining the same backlog of ``n`` envelopes."""
     run = BenchRun.create("baselines")
     try:
         await run.prepare()
         p = run.settings.topic_prefix
+        t = run.settings.topic
         hops = [f"{p}hop{i}" for i in range(HOPS + 1)]
         faust_src, faust_dst = f"{p}faust.in", f"{p}faust.out"
         await create_topics(run, [*hops, faust_src, faust_dst])
@@ -136,6 +203,41 @@ async def baselines_kafka(n: int) -> dict[str, Any]:
         # hops[0] already holds the backlog; the chain's groups start from the beginning.
         rate, cpu = await drain(run, chain, hops[0], hops[HOPS], n, None, 300)
         out |= {"B2": rate, "B2_cpu_us": cpu}
+
+        def loop_hop(target: Topic, group: str) -> Callable[[], list[Any]]:
+            def start() -> list[Any]:
+                return [
+                    run.start_module(
+                        "bench.loop_identity", group, Topic.PROPOSED.value, target.value, p + group
+                    )
+                ]
+
+            return start
+
+        rate, cpu = await drain(
+            run,
+            loop_hop(Topic.VALIDATED, "t1-loop"),
+            t(Topic.PROPOSED),
+            t(Topic.VALIDATED),
+            n,
+            envelopes,
+            300,
+        )
+        out |= {"T1_loop": rate, "T1_loop_cpu_us": cpu}
+        # Its profile from a second drain of the same backlog (another group, another
+        # target): py-spy's own CPU is not in the measured figure.
+        profile_path = run.log_dir / "profile-t1-loop.txt"
+        await drain(
+            run,
+            loop_hop(Topic.AUTHORIZED, "t1-loop-profile"),
+            t(Topic.PROPOSED),
+            t(Topic.AUTHORIZED),
+            n,
+            None,
+            300,
+            profile_to=profile_path,
+        )
+        out["profile_t1_loop"] = top_frames(profile_path)
 
         def identity() -> list[Any]:
             return [run.start_module("bench.faust_identity", "b3-faust", faust_src, faust_dst)]
@@ -166,9 +268,7 @@ async def chain_latency(rate: float, seconds: float) -> dict[str, Any]:
             auto_offset_reset="earliest",
             enable_auto_commit=False,
         )
-        producer = AIOKafkaProducer(
-            bootstrap_servers=run.settings.kafka_bootstrap, acks="all", linger_ms=2
-        )
+        producer = kafka_producer(run.settings)
         await consumer.start()
         await producer.start()
         latencies: list[float] = []
@@ -381,7 +481,9 @@ async def stages_alone(n: int) -> dict[str, Any]:
         await run.close()
 
 
-async def executor_drain(n: int, *, dedup: bool) -> tuple[float, float]:
+async def executor_drain(
+    n: int, *, dedup: bool, profile_to: Path | None = None
+) -> tuple[float, float]:
     """Fresh committed read commands (spread over the bench payments) drained by one
     executor, with or without the Redis claim fast path."""
     from bench.executor import read_commands
@@ -399,25 +501,45 @@ async def executor_drain(n: int, *, dedup: bool) -> tuple[float, float]:
         def executor() -> list[Any]:
             return [run.start("executor", "executor", RATIFIER_EXECUTOR__REDIS_FAST_PATH=fast_path)]
 
-        return await drain(run, executor, t(Topic.COMMITTED), t(Topic.OUTCOMES), n, commands, 300)
+        return await drain(
+            run,
+            executor,
+            t(Topic.COMMITTED),
+            t(Topic.OUTCOMES),
+            n,
+            commands,
+            300,
+            profile_to=profile_to,
+        )
     finally:
         await run.close()
 
 
+# T3's drain order: interleaved so that a drift of the machine's load hits both alike.
+T3_ORDER = (False, True, True, False, False, True)
+
+
 async def executor_with_and_without_dedup(n: int) -> dict[str, Any]:
-    """T3: the two variants in A-B-B-A order (the machine's load drifts; this cancels a
-    linear drift), each figure the mean of its two drains."""
-    first_without = await executor_drain(n, dedup=False)
-    first_with = await executor_drain(n, dedup=True)
-    second_with = await executor_drain(n, dedup=True)
-    second_without = await executor_drain(n, dedup=False)
-    return {
-        "executor_nodedup": (first_without[0] + second_without[0]) / 2,
-        "executor_nodedup_cpu_us": (first_without[1] + second_without[1]) / 2,
-        "executor_dedup": (first_with[0] + second_with[0]) / 2,
-        "executor_dedup_cpu_us": (first_with[1] + second_with[1]) / 2,
-        "executor_drains": [first_without[0], first_with[0], second_with[0], second_without[0]],
+    """T3: three drains of each variant, interleaved (A-B-B-A-A-B), each figure the median
+    of its three; then one more drain with dedup under py-spy (not counted)."""
+    drains: list[tuple[bool, float, float]] = []
+    for dedup in T3_ORDER:
+        rate, cpu = await executor_drain(n, dedup=dedup)
+        drains.append((dedup, rate, cpu))
+    with_dedup = [d for d in drains if d[0]]
+    without = [d for d in drains if not d[0]]
+    out: dict[str, Any] = {
+        "executor_nodedup": statistics.median(d[1] for d in without),
+        "executor_nodedup_cpu_us": statistics.median(d[2] for d in without),
+        "executor_dedup": statistics.median(d[1] for d in with_dedup),
+        "executor_dedup_cpu_us": statistics.median(d[2] for d in with_dedup),
+        "executor_drains": [d[1] for d in drains],
+        "executor_drain_order": ["with" if d[0] else "without" for d in drains],
     }
+    profile_path = LOG_ROOT / f"profile-t3-dedup-{uuid.uuid4().hex[:6]}.txt"
+    await executor_drain(n, dedup=True, profile_to=profile_path)
+    out["profile_t3_dedup"] = top_frames(profile_path)
+    return out
 
 
 # --- the whole pipeline --------------------------------------------------------------------------
@@ -432,6 +554,30 @@ class Pipeline:
 
     def cpu(self) -> dict[str, float]:
         return {name: cpu_seconds(w.process.pid) for name, w in self.workers.items()}
+
+    def spy(self, label: str) -> dict[str, tuple[subprocess.Popen[bytes], Path]]:
+        """py-spy on every running worker of the pipeline until :func:`collect_spies`."""
+        spies = {}
+        for name, worker in self.workers.items():
+            if worker.process.poll() is not None:
+                continue
+            path = self.run.log_dir / f"profile-{label}-{name}.txt"
+            spy = start_spy(worker.process.pid, path)
+            if spy is not None:
+                spies[name] = (spy, path)
+        return spies
+
+
+def collect_spies(
+    spies: dict[str, tuple[subprocess.Popen[bytes], Path]],
+) -> dict[str, dict[str, list[tuple[str, float]]]]:
+    for spy, _path in spies.values():
+        stop_spy(spy)
+    return {name: top_frames(path) for name, (_spy, path) in spies.items()}
+
+
+def per_call_us(before: dict[str, float], after: dict[str, float], calls: int) -> dict[str, float]:
+    return {name: (after[name] - before.get(name, 0.0)) / max(calls, 1) * 1e6 for name in after}
 
 
 async def start_pipeline(run: BenchRun, executors: int, streams: int = 1) -> Pipeline:
@@ -483,13 +629,17 @@ async def closed_loop(pipe: Pipeline, window: int, seconds: float, warmup: float
     assert cpu0 is not None
     calls = max(completed1 - completed0, 1)
     rate = calls / seconds
-    cpu_us = {name: (cpu1[name] - cpu0[name]) / calls * 1e6 for name in cpu1}
+    cpu_us = per_call_us(cpu0, cpu1, calls)
     await pipe.watcher.wait(issued, timeout=60)  # let the tail drain before the next step
     return {
         "e2e_reads": rate,
-        "e2e_cpu_streams_us": sum(v for k, v in cpu_us.items() if k.startswith("streams")),
-        "e2e_cpu_executors_us": sum(v for k, v in cpu_us.items() if k.startswith("executor")),
+        # Every worker process the pipeline runs, whatever their names and number.
+        "e2e_cpu_by_process": cpu_us,
+        "e2e_cpu_us": sum(cpu_us.values()),
+        "e2e_cpu_streams_us": sum(v for k, v in cpu_us.items() if not is_executor(k)),
+        "e2e_cpu_executors_us": sum(v for k, v in cpu_us.items() if is_executor(k)),
         "e2e_window": window,
+        "e2e_processes": sorted(pipe.workers),
     }
 
 
@@ -589,8 +739,12 @@ async def hop_latencies(pipe: Pipeline, call_ids: set[str]) -> dict[str, Any]:
     return out
 
 
-async def approved_writes(pipe: Pipeline, seconds: float, window: int) -> dict[str, Any]:
-    """Refunds of 1 minor unit, each approved by a bot as soon as its request appears."""
+async def approved_writes(
+    pipe: Pipeline, seconds: float, window: int, *, profiled: bool = False
+) -> dict[str, Any]:
+    """Refunds of 1 minor unit, each approved by a bot as soon as its request appears; with
+    ``profiled``, py-spy samples every worker meanwhile (a separate, shorter run: the
+    measured one is not slowed by the sampling)."""
     from aiokafka import AIOKafkaConsumer
 
     settings = pipe.run.settings
@@ -608,6 +762,9 @@ async def approved_writes(pipe: Pipeline, seconds: float, window: int) -> dict[s
     producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all", linger_ms=2)
     await consumer.start()
     await producer.start()
+    # Only this run's requests: an earlier run's were decided already.
+    if consumer.assignment():
+        await consumer.seek_to_end()
     approved = 0
 
     async def bot() -> None:
@@ -641,6 +798,8 @@ async def approved_writes(pipe: Pipeline, seconds: float, window: int) -> dict[s
     await writer.start()
     tag = uuid.uuid4().hex[:6]
     issued: list[str] = []
+    spies = pipe.spy("writes") if profiled else {}
+    cpu0 = pipe.cpu()
     try:
         started = time.perf_counter()
         i = 0
@@ -660,6 +819,9 @@ async def approved_writes(pipe: Pipeline, seconds: float, window: int) -> dict[s
                 open_calls += 1
             await pipe.watcher.changed(0.05)
         elapsed = time.perf_counter() - started
+        cpu1 = pipe.cpu()
+        profiles = collect_spies(spies)
+        spies = {}
         done = [pipe.watcher.ended[c] for c in issued if c in pipe.watcher.ended]
         ok = sum(1 for o in done if o.status == "succeeded")
         await pipe.watcher.wait(issued, timeout=60)
@@ -674,8 +836,10 @@ async def approved_writes(pipe: Pipeline, seconds: float, window: int) -> dict[s
             "writes_statuses": statuses,
             "writes_p50": percentile(ms, 50),
             "writes_approved": approved,
-        }
+            "writes_cpu_by_process": per_call_us(cpu0, cpu1, ok),
+        } | ({"profile_writes": profiles} if profiled else {})
     finally:
+        collect_spies(spies)
         bot_task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await bot_task
@@ -759,49 +923,70 @@ async def kill_one(pipe: Pipeline, rate: float, seconds: float, kill_at: float) 
     }
 
 
-async def profile(pipe: Pipeline, seconds: int) -> dict[str, Any]:
-    """py-spy samples of the streams worker and one executor under closed-loop load."""
-    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    if not Path(spy).exists():  # noqa: ASYNC240 - one stat
-        return {"profile": "py-spy not installed"}
-    out_dir = pipe.run.log_dir
-    procs = {}
-    for name in ("streams", "executor0"):
-        path = out_dir / f"profile-{name}.txt"
-        procs[name] = (
-            subprocess.Popen(  # noqa: ASYNC220 - runs beside the load, not awaited
-                [
-                    spy,
-                    "record",
-                    "--nonblocking",
-                    "-r",
-                    "50",
-                    "-d",
-                    str(seconds),
-                    "-f",
-                    "raw",
-                    "-o",
-                    str(path),
-                    "-p",
-                    str(pipe.workers[name].process.pid),
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            ),
-            path,
-        )
-    await closed_loop(pipe, window=1000, seconds=seconds, warmup=1)
-    tops = {}
-    for name, (proc, path) in procs.items():
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
-        tops[f"profile_{name}"] = top_frames(path)
-    return tops
+async def profile(pipe: Pipeline, seconds: float, warmup: float) -> dict[str, Any]:
+    """py-spy samples of every worker process under closed-loop read load (the load of T2)
+    and under approved-write load, with each process's CPU per call meanwhile (to tell which
+    one bounds it)."""
+    spies = pipe.spy("reads")
+    try:
+        loop = await closed_loop(pipe, window=1000, seconds=seconds, warmup=warmup)
+    finally:
+        profiles = collect_spies(spies)
+    writes = await approved_writes(pipe, seconds, 200, profiled=True)
+    return {
+        "profile_reads": profiles,
+        "profile_reads_cpu_by_process": loop["e2e_cpu_by_process"],
+        "profile_writes": writes.get("profile_writes", {}),
+        "profile_writes_cpu_by_process": writes["writes_cpu_by_process"],
+    }
 
 
+async def rss_under_load(
+    pipe: Pipeline, rate: float, seconds: float, first: float, interval: float
+) -> dict[str, Any]:
+    """Open-loop read load at ``rate`` for ``seconds``, sampling the resident memory of every
+    worker process (and any child it started) every ``interval``: the peak per process, and
+    its growth from the value at ``first`` seconds to the last sample."""
+    samples: dict[str, list[tuple[float, float]]] = {}
+    next_sample = [0.0]
+
+    def sample(elapsed: float) -> None:
+        if elapsed < next_sample[0]:
+            return
+        next_sample[0] = elapsed + interval
+        for name, worker in pipe.workers.items():
+            pid = worker.process.pid
+            for label, p in [(name, pid)] + [(f"{name}/child{c}", c) for c in child_pids(pid)]:
+                mb = rss_mb(p)
+                if mb is not None:
+                    samples.setdefault(label, []).append((elapsed, mb))
+
+    tag = f"rss-{uuid.uuid4().hex[:6]}"
+    issued = await open_loop(pipe, rate, seconds, tag=tag, during=sample)
+    sample(seconds)
+    complete = await pipe.watcher.wait(issued, timeout=60)
+    per_process: dict[str, dict[str, float | None]] = {}
+    for name, points in samples.items():
+        at_first = next((mb for t, mb in points if t >= first), None)
+        end = points[-1][1]
+        per_process[name] = {
+            "max_mb": max(mb for _t, mb in points),
+            "first_mb": at_first,
+            "end_mb": end,
+            "growth": (end - at_first) / at_first if at_first else None,
+        }
+    return {
+        "rss": per_process,
+        "rss_rate": rate,
+        "rss_seconds": seconds,
+        "rss_first_s": first,
+        "rss_calls": len(issued),
+        "rss_ended": sum(1 for c in issued if c in pipe.watcher.ended),
+        "rss_complete": complete,
+    }
+
+
+WAITING = "waiting in epoll (not CPU)"
 CATEGORIES = (
     ("faust/", "faust + mode"),
     ("mode/", "faust + mode"),
@@ -813,18 +998,26 @@ CATEGORIES = (
     ("jwt/", "token (PyJWT, cryptography)"),
     ("cryptography/", "token (PyJWT, cryptography)"),
     ("cedarpy", "Cedar"),
+    ("opentelemetry", "telemetry (OpenTelemetry, prometheus_client)"),
+    ("prometheus_client", "telemetry (OpenTelemetry, prometheus_client)"),
     ("asyncio/", "asyncio event loop"),
+    # py-spy can count a thread blocked in epoll_wait as busy: waiting, not CPU.
+    ("selectors.py", WAITING),
     ("json/", "json"),
+    ("runtime/", "ratifier runtime loop"),
+    ("telemetry/", "ratifier code"),
     ("streams/", "ratifier code"),
     ("executors/", "ratifier code"),
     ("commands/", "ratifier code"),
     ("schemas/", "ratifier code"),
+    ("bench/", "bench harness"),
 )
+REPO = str(Path(__file__).resolve().parent.parent) + "/"
 
 
 def top_frames(path: Path, n: int = 10) -> dict[str, list[tuple[str, float]]]:
     """From py-spy raw output: share of busy samples per library (by the innermost frame)
-    and the top functions by own time."""
+    and the top functions by own time; ``samples`` is how many there were."""
     if not path.exists():
         return {}
     own: dict[str, int] = {}
@@ -842,11 +1035,12 @@ def top_frames(path: Path, n: int = 10) -> dict[str, list[tuple[str, float]]]:
         module = where.split(":", 1)[0]
         category = next((c for marker, c in CATEGORIES if marker in module), "other")
         by_category[category] = by_category.get(category, 0) + count
-        short = module.split("site-packages/")[-1].split("/work/wt/bench/")[-1]
+        short = module.split("site-packages/")[-1].removeprefix(REPO)
         key = f"{name} ({short})"
         own[key] = own.get(key, 0) + count
     share = max(total, 1)
     return {
+        "samples": [("busy samples", float(total)), ("rate per second", float(SPY_RATE))],
         "categories": sorted(
             ((k, c / share) for k, c in by_category.items()), key=lambda kv: -kv[1]
         ),
@@ -854,7 +1048,7 @@ def top_frames(path: Path, n: int = 10) -> dict[str, list[tuple[str, float]]]:
     }
 
 
-async def whole_pipeline(report: Measurements) -> None:
+async def whole_pipeline(report: Measurements, plan: Plan) -> None:
     run = BenchRun.create("pipeline")
     pipe: Pipeline | None = None
     try:
@@ -863,28 +1057,109 @@ async def whole_pipeline(report: Measurements) -> None:
         async def start() -> dict[str, Any]:
             nonlocal pipe
             pipe = await start_pipeline(run, executors=2)
-            return {}
+            return {"pipeline_processes": sorted(pipe.workers)}
 
         await report.step("pipeline start (streams + 2 executors + provider)", 240, start)
         if pipe is None:
             return
         p = pipe
-        await report.step("E2E read calls, closed loop", 120, lambda: closed_loop(p, 1000, 20, 5))
-        top = float(report.values.get("e2e_reads") or 100.0)
-        await report.step("T4 latency, open loop at 50 %", 120, lambda: latency(p, top / 2, 20))
         await report.step(
-            "approved writes with a bot approver", 120, lambda: approved_writes(p, 15, 200)
+            "T2 read calls, closed loop",
+            120,
+            lambda: closed_loop(p, 1000, plan.closed_seconds, plan.closed_warmup),
         )
-        await report.step("profile (py-spy) under closed-loop load", 90, lambda: profile(p, 12))
-        await report.step("T5 short: idle + reaped connections", 150, lambda: idle_short(p, 30))
+        top = float(report.values.get("e2e_reads") or 100.0)
         await report.step(
-            "T6 kill one executor under load", 180, lambda: kill_one(p, top * 0.5, 40, 12)
+            "T4 latency, open loop at 50 %", 120, lambda: latency(p, top / 2, plan.latency_seconds)
+        )
+        await report.step(
+            "approved writes with a bot approver",
+            120,
+            lambda: approved_writes(p, plan.writes_seconds, 200),
+        )
+        await report.step(
+            "profiles (py-spy on every worker) under read and approved-write load",
+            180,
+            lambda: profile(p, plan.profile_seconds, plan.closed_warmup),
+        )
+        await report.step(
+            "RSS per worker under load at 50 % of T2",
+            plan.rss_seconds + 120,
+            lambda: rss_under_load(p, top / 2, plan.rss_seconds, plan.rss_first, plan.rss_interval),
+        )
+        await report.step(
+            "T5 short: idle + every connection reset",
+            150,
+            lambda: idle_short(p, plan.idle_seconds),
+        )
+        await report.step(
+            "T6 kill one executor under load",
+            180,
+            lambda: kill_one(p, top * 0.5, plan.kill_seconds, plan.kill_at),
         )
     finally:
         if pipe is not None:
             await pipe.proposer.stop()
             await pipe.watcher.stop()
         await run.close()
+
+
+async def latency_settings() -> list[tuple[str, str, str, str]]:
+    """The latency settings in force (producer linger, consumer fetch wait, poll), read from
+    the code that builds the clients, for the baselines and the pipeline alike."""
+    from faust.transport.drivers import aiokafka as faust_aiokafka
+
+    from bench.loop_identity import POLL_MS
+    from bench.relay import BATCH as RELAY_BATCH
+    from runtime.loop import ConsumerLoop
+    from schemas.settings import Settings
+    from streams.app import faust_settings
+    from streams.stateless import BATCH_MAX
+
+    settings = Settings()
+    loop_defaults = {
+        name: param.default
+        for name, param in inspect.signature(ConsumerLoop.__init__).parameters.items()
+    }
+    # A consumer as the pipeline builds it, never started: only its settings are read.
+    probe = kafka_consumer(settings, group="latency-settings-probe")
+    fetch_wait = getattr(probe, "_fetch_max_wait_ms", "?")
+    fetch_min = getattr(probe, "_fetch_min_bytes", "?")
+    await probe.stop()
+    faust_linger_ms = float(faust_settings(settings)["producer_linger"]) * 1000
+    faust_source = Path(str(faust_aiokafka.__file__)).read_text(encoding="utf-8")  # noqa: ASYNC240
+    faust_wait = "1500" if "fetch_max_wait_ms=1500" in faust_source else "?"
+    runtime = f"fetch_max_wait_ms={fetch_wait}, fetch_min_bytes={fetch_min}"
+    return [
+        (
+            "B1 relay, B2 chain (bench/relay.py)",
+            f"linger_ms={LINGER_MS}",
+            runtime,
+            f"getmany 100 ms, ≤ {RELAY_BATCH} records",
+        ),
+        (
+            "T1 loop identity (bench/loop_identity.py), validator, authorizer "
+            "(streams/stateless.py on runtime/loop.py)",
+            f"linger_ms={LINGER_MS}",
+            runtime,
+            f"getmany {POLL_MS} ms, ≤ {BATCH_MAX} records",
+        ),
+        (
+            "executors (executors/service.py on runtime/loop.py)",
+            f"linger_ms={LINGER_MS}",
+            runtime,
+            f"getmany {loop_defaults['poll_ms']} ms, ≤ {loop_defaults['max_records']} records "
+            "(the loop's defaults, unless the service sets its own)",
+        ),
+        (
+            "approval-join, B3 faust identity (faust)",
+            f"producer_linger={faust_linger_ms:g} ms",
+            f"fetch_max_wait_ms={faust_wait} (faust's aiokafka driver, fixed)",
+            "take_events",
+        ),
+        ("B2 latency probe's producer", f"linger_ms={LINGER_MS}", "—", "—"),
+        ("bench load generator (bench/common.py Proposer)", "linger_ms=2", "—", "—"),
+    ]
 
 
 # --- the machine -----------------------------------------------------------------------------------
