@@ -19,7 +19,7 @@ from schemas.names import REPLY_NAMESPACE, REPLY_OF_HEADER, TRACEPARENT_HEADER
 
 ASYNCAPI_VERSION = "3.0.0"
 # The contract's version: major = the records' "v", minor = additive changes since.
-CONTRACT_VERSION = "1.3.0"
+CONTRACT_VERSION = "1.4.0"
 KAFKA_BINDING_VERSION = "0.5.0"
 
 # What each topic's Kafka key is (the partition key): a field of the record.
@@ -35,6 +35,26 @@ TOPIC_KEYS: dict[str, str] = {
     "commands.unknown": "operation_id",
     "outcomes": "call_id",
     "policies": "name",
+}
+
+# Who writes each topic (the channel's description).
+WRITTEN_BY: dict[str, str] = {
+    "calls.proposed": "agents (the client library, adapters, the MCP gateway)",
+    "calls.validated": "the validator",
+    "calls.authorized": "the authorizer, for every permitted call",
+    "calls.deadletter": "any stage, for a record it could not handle or publish",
+    "calls.cancelled": "agents and operators (cancel requests)",
+    "approvals.requested": "the approval-join",
+    "approvals.decided": "approvers (the approver endpoint, the dashboard, their own tools)",
+    "commands.committed": (
+        "the authorizer, for a call routed auto that needs no approval receipt (its "
+        "calls.authorized record says `committed: true`; v1.4), and the approval-join for "
+        "every other permitted call (approved, auto-approved with a signed receipt, or an "
+        "older authorizer's record)"
+    ),
+    "commands.unknown": "the executor",
+    "outcomes": "every stage, for a call that ends or waits there",
+    "policies": "operators (`ratifier policy publish`)",
 }
 
 # Who writes a topic from outside the pipeline (agents, approvers, operators): the operations
@@ -97,6 +117,7 @@ def render() -> dict[str, Any]:
         channels[channel_id] = {
             "address": "{prefix}" + topic,
             "title": topic,
+            "description": f"Written by {WRITTEN_BY[topic]}.",
             "messages": {message_id: {"$ref": f"#/components/messages/{message_id}"}},
             "parameters": {"prefix": {"$ref": "#/components/parameters/prefix"}},
         }

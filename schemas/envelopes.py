@@ -198,6 +198,14 @@ class AuthorizedCall(Record):
     # e.g. a payment's customer): the subject who may confirm the call.
     resource_owner: str | None = Field(default=None, max_length=256)
     reply_to: ReplyAddress | None = None  # v1.3: the call's reply address, carried on
+    # v1.4: the authorizer published this call's `commands.committed` record itself (a call
+    # routed `auto` that needs no receipt); the approval-join leaves the record alone. Absent
+    # (an older authorizer's record): the approval-join commits an auto-routed call as before.
+    committed: bool = Field(
+        default=False,
+        description="v1.4: the authorizer published this call's commands.committed record "
+        "itself; the approval-join leaves the record alone",
+    )
 
 
 class ApprovalReceipt(Part):

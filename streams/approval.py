@@ -1,14 +1,15 @@
 """Approval-join stage: `calls.authorized` + `approvals.decided` → `commands.committed`.
 
-Auto-routed calls are committed at once (with a signed receipt naming the policy when their
-effect would need an approval). A call that needs a human becomes a pending approval (kept in
-a changelog-backed table keyed by call id) with an `approvals.requested` record and an
-`awaiting_approval` outcome. A decision is a signed statement (`approvals.signing`); it
-commits the command only when it verifies, names this call, its tenant and fingerprint, was
-not used before, the approver has the rights (`approvals.rights`) and enough distinct
-approvers approved. Anything else is refused with a typed reason in the audit and changes
-nothing. Terminal states are forgotten (deleted) once no reuse could arrive any more.
-Everything here is pure: state in, state and records out.
+Auto-routed calls the authorizer did not commit itself (streams/commit.py) are committed at
+once: with a signed receipt naming the policy when their effect would need an approval, or
+without one (a record of an older authorizer). A call that needs a human becomes a pending
+approval (kept in a changelog-backed table keyed by call id) with an `approvals.requested`
+record and an `awaiting_approval` outcome. A decision is a signed statement
+(`approvals.signing`); it commits the command only when it verifies, names this call, its
+tenant and fingerprint, was not used before, the approver has the rights
+(`approvals.rights`) and enough distinct approvers approved. Anything else is refused with a
+typed reason in the audit and changes nothing. Terminal states are forgotten (deleted) once
+no reuse could arrive any more. Everything here is pure: state in, state and records out.
 """
 
 from __future__ import annotations
@@ -27,14 +28,12 @@ from approvals.signing import (
     sign_receipt,
 )
 from commands.catalog import Tool
-from commands.policy import APPROVAL_EFFECTS
 from schemas.envelopes import (
     ApprovalDecision,
     ApprovalReceipt,
     ApprovalRequest,
     ApprovalVerdict,
     AuthorizedCall,
-    CommittedCommand,
     DeadLetter,
     DecisionStatement,
     ErrorInfo,
@@ -47,6 +46,7 @@ from schemas.envelopes import (
 from schemas.errors import ErrorCode
 from schemas.names import Topic
 from schemas.vocabulary import AuditKind
+from streams.commit import auto_receipt_needed, commit, committed_by_authorizer
 from streams.emit import Emit, outcome
 
 DEFAULT_APPROVAL_TTL = timedelta(minutes=15)
@@ -134,27 +134,6 @@ def preview_lines(call: AuthorizedCall, tool: Tool | None) -> tuple[str, ...]:
     return tuple(lines)
 
 
-def commit(call: AuthorizedCall, *, now: datetime, receipt: ApprovalReceipt | None = None) -> Emit:
-    return Emit(
-        topic=Topic.COMMITTED,
-        key=call.operation_id,
-        value=CommittedCommand(
-            operation_id=call.operation_id,
-            call_id=call.call_id,
-            tenant=call.tenant,
-            actor=call.actor,
-            tool=call.tool,
-            arguments=call.arguments,
-            fingerprint=call.fingerprint,
-            effect=call.effect,
-            policy_version=call.policy_version,
-            approval=receipt,
-            committed_at=now,
-            reply_to=call.reply_to,
-        ),
-    )
-
-
 def _audit(kind: AuditKind, call: AuthorizedCall | None, call_id: str, **detail: Any) -> AuditEntry:
     if call is not None:
         detail.setdefault("fingerprint", call.fingerprint)
@@ -239,9 +218,12 @@ def on_authorized(
     now: datetime,
     rules: Rules,
 ) -> Step:
-    """An authorized call arrives: commit it, or open an approval request."""
+    """An authorized call arrives: commit it, or open an approval request. A call the
+    authorizer committed itself (streams/commit.py) is not the join's: nothing happens."""
     if call.route is Route.AUTO:
-        if call.effect not in APPROVAL_EFFECTS or call.auto_approved_by is None:
+        if committed_by_authorizer(call):
+            return Step(state=state)
+        if not auto_receipt_needed(call):  # an older authorizer's record: committed here
             return Step(state=state, emits=(commit(call, now=now),))
         # `@approval("auto")` on an effect that needs an approval: the policy is the approver.
         approver = f"policy:{call.auto_approved_by}"

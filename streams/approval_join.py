@@ -53,6 +53,7 @@ from streams.approval import (
     on_decided,
     on_tick,
 )
+from streams.commit import committed_by_authorizer
 from streams.emit import Emit
 from streams.observe import StageObserver
 from streams.storage import StreamStorage
@@ -180,7 +181,9 @@ def install_approval_join(
 
     async def handle(
         event: Any, position: SourcePosition
-    ) -> tuple[ApprovalState | None, list[Step]]:
+    ) -> tuple[ApprovalState | None, list[Step]] | None:
+        """The state after ``event`` and the steps that led there; None for a call the
+        authorizer committed itself (not the join's: no state, no hop)."""
         message = event.message
         kind = names.get(message.topic)
         key: bytes = event.key or b""
@@ -201,11 +204,18 @@ def install_approval_join(
                 return untouched, [Step(state=untouched, emits=(letter,))]
         if not key:
             raise ValueError("a record without a key")
+        authorized = (
+            AuthorizedCall.model_validate_json(event.value or b"")
+            if kind is Topic.AUTHORIZED
+            else None
+        )
+        if authorized is not None and committed_by_authorizer(authorized):
+            return None
         state = load(key)
         call_id = key.decode(errors="replace")
         steps: list[Step] = []
-        if kind is Topic.AUTHORIZED:
-            call = AuthorizedCall.model_validate_json(event.value or b"")
+        if authorized is not None:
+            call = authorized
             step = on_authorized(state, call, tool=catalog.get(call.tool), now=now, rules=rules)
             steps.append(step)
             state = step.state
@@ -236,7 +246,7 @@ def install_approval_join(
             parent = traceparent_of(message.headers)
             before = table.get(event.key) if event.key else None
             try:
-                state, steps = await handle(event, position)
+                handled = await handle(event, position)
             except (ValidationError, ValueError):
                 letter = dead_letter(
                     event.value,
@@ -251,6 +261,9 @@ def install_approval_join(
                 )
                 await publish((letter,), hop)
                 continue
+            if handled is None:
+                continue  # committed by the authorizer, whose hop the call's trace went through
+            state, steps = handled
             emits = tuple(e for s in steps for e in s.emits)
             audits = [a for s in steps for a in s.audits]
             # The audit comes first: a record whose audit could not be written is retried,

@@ -1,4 +1,5 @@
-"""Authorizer stage: `calls.validated` → `calls.authorized` | denied outcome.
+"""Authorizer stage: `calls.validated` → `calls.authorized` (+ `commands.committed` for a
+call that needs no approval, streams/commit.py) | denied outcome.
 
 Identity comes from the signed context only; the resource is loaded with the actor's tenant;
 the decision is the pure `commands.policy.authorize_batch`, shared with the executor. With a
@@ -22,6 +23,7 @@ from schemas.errors import ErrorCode, Unauthenticated
 from schemas.fingerprint import fingerprint, operation_id
 from schemas.identity import ContextKeys, call_binding_problem, verify_context_token
 from schemas.names import Topic
+from streams.commit import commit, committed_at_authorization
 from streams.emit import Emit, outcome
 
 ResourceFetch = Callable[[Tool, Actor, ToolArguments], Awaitable[Resource | None]]
@@ -106,11 +108,15 @@ async def _prepare(
     )
 
 
-def _routed(pending: _Pending, decision: Decision, now: datetime, policies: PolicySet) -> Emit:
+def _routed(
+    pending: _Pending, decision: Decision, now: datetime, policies: PolicySet
+) -> tuple[Emit, ...]:
+    """A denied outcome; or the call's `calls.authorized` record, followed by its committed
+    command when it needs no approval (streams/commit.py)."""
     call, request = pending.call, pending.request
     actor, tool = request.actor, request.tool
     if not decision.permitted or decision.route is None:
-        return outcome(
+        denied = outcome(
             call_id=call.call_id,
             tool=call.tool,
             tenant=actor.tenant,
@@ -123,34 +129,38 @@ def _routed(pending: _Pending, decision: Decision, now: datetime, policies: Poli
             error=decision.error_info(),
             reply_to=call.reply_to,
         )
-    return Emit(
-        topic=Topic.AUTHORIZED,
-        key=call.call_id,
-        value=AuthorizedCall(
-            call_id=call.call_id,
-            operation_id=operation_id(actor.tenant, call.idempotency_key),
-            idempotency_key=call.idempotency_key,
+        return (denied,)
+    authorized = AuthorizedCall(
+        call_id=call.call_id,
+        operation_id=operation_id(actor.tenant, call.idempotency_key),
+        idempotency_key=call.idempotency_key,
+        tenant=actor.tenant,
+        actor=ActorRef(sub=actor.sub, roles=actor.roles),
+        tool=tool.name,
+        arguments=call.arguments,
+        fingerprint=fingerprint(
             tenant=actor.tenant,
-            actor=ActorRef(sub=actor.sub, roles=actor.roles),
             tool=tool.name,
             arguments=call.arguments,
-            fingerprint=fingerprint(
-                tenant=actor.tenant,
-                tool=tool.name,
-                arguments=call.arguments,
-                policy_version=decision.policy_version,
-            ),
-            effect=tool.effect,
             policy_version=decision.policy_version,
-            route=decision.route,
-            proposed_at=call.proposed_at,
-            authorized_at=now,
-            trace_id=call.trace_id,
-            policies=tuple(p[:128] for p in decision.policy_ids[:16]),
-            auto_approved_by=auto_approving_policy(policies, tool.effect, decision),
-            resource_owner=resource_owner(request.resource),
-            reply_to=call.reply_to,
         ),
+        effect=tool.effect,
+        policy_version=decision.policy_version,
+        route=decision.route,
+        proposed_at=call.proposed_at,
+        authorized_at=now,
+        trace_id=call.trace_id,
+        policies=tuple(p[:128] for p in decision.policy_ids[:16]),
+        auto_approved_by=auto_approving_policy(policies, tool.effect, decision),
+        resource_owner=resource_owner(request.resource),
+        reply_to=call.reply_to,
+    )
+    if not committed_at_authorization(authorized):
+        return (Emit(topic=Topic.AUTHORIZED, key=call.call_id, value=authorized),)
+    authorized = authorized.model_copy(update={"committed": True})
+    return (
+        Emit(topic=Topic.AUTHORIZED, key=call.call_id, value=authorized),
+        commit(authorized, now=now),
     )
 
 
@@ -173,7 +183,7 @@ async def on_validated_batch(
     pending = [p for p in prepared if isinstance(p, _Pending)]
     decisions = iter(authorize_batch([p.request for p in pending], policies))
     return [
-        (_routed(p, next(decisions), now, policies),) if isinstance(p, _Pending) else (p,)
+        _routed(p, next(decisions), now, policies) if isinstance(p, _Pending) else (p,)
         for p in prepared
     ]
 

@@ -275,7 +275,9 @@ def test_metrics_move_and_one_trace_follows_each_call(observed: Observed) -> Non
     deadline = time.monotonic() + 15  # the reconciler's span is written as it publishes
     while True:
         try:
-            chain(read_trace, ["validate", "authorize", "approve", "execute"], read_parent)
+            # A read is committed by the authorizer: no approval-join hop.
+            chain(read_trace, ["validate", "authorize", "execute"], read_parent)
+            assert "approve" not in spans_of(observed.spans, read_trace)
             chain(bad_trace, ["validate"], bad_parent)
             # The human's decision continues the call's trace from the approval request.
             chain(
@@ -306,6 +308,7 @@ def test_metrics_move_and_one_trace_follows_each_call(observed: Observed) -> Non
         ("ratifier_records_total", {"stage": "validate", "status": "rejected"}),
         ("ratifier_records_total", {"stage": "validate", "status": "forwarded"}),
         ("ratifier_records_total", {"stage": "authorize", "status": "forwarded"}),
+        ("ratifier_records_total", {"stage": "authorize", "status": "committed"}),
         ("ratifier_records_total", {"stage": "approve", "status": "awaiting_approval"}),
         ("ratifier_records_total", {"stage": "approve", "status": "committed"}),
         ("ratifier_errors_total", {"stage": "validate", "code": "unknown_tool"}),

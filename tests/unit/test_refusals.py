@@ -484,7 +484,7 @@ async def test_an_authorized_call_names_the_permits_that_allowed_it(
         proposed_at=NOW,
         validated_at=NOW,
     )
-    (emit,) = await on_validated(
+    emit, _committed = await on_validated(
         call, catalog=catalog, keys=KEYS, policies=policies, fetch=fetch, now=NOW
     )
     assert isinstance(emit.value, AuthorizedCall)

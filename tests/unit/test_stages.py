@@ -109,7 +109,7 @@ async def test_authorizer_uses_tenant_from_token_only(
     catalog: Catalog, policies: PolicySet
 ) -> None:
     store = FakeStore(PAYMENT)
-    (emit,) = await on_validated(
+    emit, _committed = await on_validated(
         validated(), catalog=catalog, keys=KEYS, policies=policies, fetch=store.fetch, now=NOW
     )
     assert isinstance(emit.value, AuthorizedCall)
@@ -175,7 +175,7 @@ async def test_refund_goes_to_approval(catalog: Catalog, policies: PolicySet) ->
 
 
 async def test_auto_route_commits_keyed_by_operation(catalog: Catalog, policies: PolicySet) -> None:
-    (emit,) = await on_validated(
+    emit, committed = await on_validated(
         validated(),
         catalog=catalog,
         keys=KEYS,
@@ -183,10 +183,7 @@ async def test_auto_route_commits_keyed_by_operation(catalog: Catalog, policies:
         fetch=FakeStore(PAYMENT).fetch,
         now=NOW,
     )
-    assert isinstance(emit.value, AuthorizedCall)
-    (committed,) = on_authorized(
-        None, emit.value, tool=catalog.get(emit.value.tool), now=NOW, rules=Rules(keys=SIGNING)
-    ).emits
+    assert isinstance(emit.value, AuthorizedCall) and emit.value.committed
     assert committed.topic is Topic.COMMITTED
     assert committed.key == "tenant-a:k-1"
     assert isinstance(committed.value, CommittedCommand)

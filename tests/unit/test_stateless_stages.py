@@ -65,5 +65,6 @@ async def test_authorizer_fails_only_the_unreadable_record(
     assert broken.failure == "unreadable" and broken.emits == ()
     for handled in (first, last):
         assert handled.failure is None
-        (emit,) = handled.emits
+        emit, committed = handled.emits  # a read: committed by the authorizer itself
         assert emit.topic is Topic.AUTHORIZED and isinstance(emit.value, AuthorizedCall)
+        assert committed.topic is Topic.COMMITTED
