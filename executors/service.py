@@ -278,6 +278,8 @@ class ExecutorService:
             log.info("executor stopping")
             for task in followers:
                 task.cancel()
+            # Let the followers close their own consumers before the pool and clients go.
+            await asyncio.gather(*followers, return_exceptions=True)
             await consumer.stop()
             await producer.stop()
             await self._catalog.stop()
