@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import re
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -94,6 +94,12 @@ class ExecutionContext:
 # a loader decide ownership at load time, so that another user's row answers `not_found`
 # exactly like a missing one. Every query still carries ``actor.tenant`` in its WHERE.
 ResourceLoader = Callable[[Connection, Actor, Any, bool], Awaitable[Resource | None]]
+# ``(conn, tenant, [(actor, arguments), ...])``: what ``load`` would return for each of many
+# reads of one tenant, in their order, from one query with ``tenant`` in its WHERE (e.g.
+# ``id = ANY(%(ids)s)``). Reads lock nothing: it is called with ``for_update`` false in mind.
+BatchLoader = Callable[
+    [Connection, str, Sequence[tuple[Actor, Any]]], Awaitable[Sequence[Resource | None]]
+]
 Handler = Callable[[ExecutionContext], Awaitable[HandlerResult]]
 
 
@@ -133,6 +139,10 @@ class Tool:
     effect: Effect
     handler: Handler
     load: ResourceLoader | None = None
+    # Reads only: the resources of many reads of one tenant in one query. The executor runs
+    # the plain reads of a poll batch together (docs/execution.md, "Reads"); a read tool
+    # without it is loaded by ``load``, read by read, on the batch's connection.
+    load_many: BatchLoader | None = None
     # What ``load`` returns (kind and attributes); required for a generated Cedar schema.
     resource: type[ResourceFacts] | None = None
     external: ExternalEffect | None = None

@@ -1,15 +1,19 @@
-"""Pure decisions of the executor: dedup against the ledger, approval receipts, outcome
-status per error code."""
+"""Pure decisions of the executor: dedup against the ledger, approval receipts, the
+commit-time re-check around the resource load, outcome status per error code."""
 
 from __future__ import annotations
 
+from collections.abc import Container, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
+from pydantic import ValidationError
+
 from approvals.signing import ApprovalKeys, DecisionRefusal, receipt_refusal
-from commands.catalog import Tool
-from commands.policy import APPROVAL_EFFECTS
-from schemas.envelopes import CommittedCommand, Status
+from commands.catalog import Resource, Tool, ToolArguments
+from commands.policy import APPROVAL_EFFECTS, AuthorizationRequest, PolicySet, authorize_batch
+from schemas.envelopes import Actor, CommittedCommand, Effect, Status
 from schemas.errors import ErrorCode
 from schemas.fingerprint import fingerprint
 
@@ -61,6 +65,88 @@ def receipt_problem(
     if refusal is DecisionRefusal.REQUEST_EXPIRED:
         return ErrorCode.APPROVAL_EXPIRED
     return ErrorCode.PRECONDITION_FAILED if refusal is not None else None
+
+
+def plain_read(command: CommittedCommand, tool: Tool | None) -> bool:
+    """A read with nothing to deduplicate: no claim, no ledger entry (docs/execution.md,
+    "Reads"). Both the committed command and the catalog must say `read`, and the tool must
+    have no external effect."""
+    return (
+        command.effect is Effect.READ
+        and tool is not None
+        and tool.effect is Effect.READ
+        and tool.external is None
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Admitted:
+    """A command that passed the re-check's first half: its verified actor and its arguments
+    validated again against the tool's model."""
+
+    actor: Actor
+    arguments: ToolArguments
+
+
+def admission(
+    command: CommittedCommand,
+    tool: Tool,
+    *,
+    cancelled: Container[str],
+    now: datetime,
+    keys: ApprovalKeys,
+) -> Admitted | ErrorCode:
+    """The commit-time checks before the resource is loaded: cancellation, fingerprint and
+    receipt, strict argument validation. The refusal's code, or what the load needs."""
+    if command.call_id in cancelled:
+        return ErrorCode.CANCELLED
+    problem = receipt_problem(command, tool, now, keys)
+    if problem is not None:
+        return problem
+    try:
+        arguments = tool.arguments.model_validate(command.arguments, strict=True)
+    except ValidationError:
+        return ErrorCode.INVALID_ARGUMENTS
+    actor = Actor(sub=command.actor.sub, tenant=command.tenant, roles=command.actor.roles)
+    return Admitted(actor=actor, arguments=arguments)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Loaded:
+    """An admitted command with the resource its tool's loader found (None: not found, or
+    the tool has no loader)."""
+
+    command: CommittedCommand
+    tool: Tool
+    admitted: Admitted
+    resource: Resource | None
+
+
+def resource_refusals(loaded: Sequence[Loaded], policies: PolicySet) -> list[ErrorCode | None]:
+    """The commit-time checks after the load, for many commands in one policy evaluation:
+    a resource that should exist and does not is `not_found`; a policy that no longer
+    permits the call on the fresh resource is `precondition_failed`; None: go on."""
+    refusals: list[ErrorCode | None] = [
+        ErrorCode.NOT_FOUND if item.tool.load is not None and item.resource is None else None
+        for item in loaded
+    ]
+    asked = [i for i, refusal in enumerate(refusals) if refusal is None]
+    decisions = authorize_batch(
+        [
+            AuthorizationRequest(
+                actor=loaded[i].admitted.actor,
+                tool=loaded[i].tool,
+                resource=loaded[i].resource,
+                arguments=loaded[i].command.arguments,
+            )
+            for i in asked
+        ],
+        policies,
+    )
+    for i, decision in zip(asked, decisions, strict=True):
+        if not decision.permitted:
+            refusals[i] = ErrorCode.PRECONDITION_FAILED
+    return refusals
 
 
 STATUS_BY_CODE: dict[ErrorCode, Status] = {

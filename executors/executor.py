@@ -25,7 +25,6 @@ from typing import Any
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
-from pydantic import ValidationError
 from tenacity import (
     AsyncRetrying,
     RetryError,
@@ -44,18 +43,25 @@ from commands.catalog import (
     HandlerResult,
     Tool,
 )
-from commands.policy import PolicySource, authorize
+from commands.policy import PolicySource
 from executors.claims import Claim, ClaimKind, ClaimStore
 from executors.crash_points import NO_CRASH_POINTS, CrashPoint, CrashPoints
-from executors.decisions import Dedup, dedup_decision, receipt_problem, status_for
+from executors.decisions import (
+    Dedup,
+    Loaded,
+    admission,
+    dedup_decision,
+    plain_read,
+    resource_refusals,
+)
 from executors.ledger import CommandLedger
-from schemas.envelopes import Actor, CommittedCommand, Effect, ErrorInfo, Outcome, Stage, Status
+from executors.outcomes import executed_detail, failed_outcome, outcome_of, refused_outcome
+from schemas.envelopes import CommittedCommand, ErrorInfo, Outcome, Stage, Status
 from schemas.errors import (
     ErrorCode,
     OutcomeUnknown,
     PermanentFailure,
     RatifierError,
-    RefusalReason,
     StorageUnavailable,
     TransientFailure,
 )
@@ -126,35 +132,24 @@ class CommandExecutor:
         stage: Stage = Stage.EXECUTE,
         error: ErrorInfo | None = None,
     ) -> Outcome:
-        return Outcome(
-            call_id=command.call_id,
-            tool=command.tool,
-            tenant=command.tenant,
+        return outcome_of(
+            command,
             status=status,
-            stage=stage,
-            error=error or (ErrorInfo.of(code) if code is not None else None),
+            code=code,
             result=result,
             resource_id=resource_id,
-            operation_id=command.operation_id,
-            policy_version=command.policy_version,
-            approval=command.approval,
-            at=datetime.now(UTC),
             trace_id=trace_id,
-            reply_to=command.reply_to,
+            stage=stage,
+            error=error,
         )
 
     def _failed(self, command: CommittedCommand, code: ErrorCode, trace_id: str | None) -> Outcome:
-        return self._outcome(command, status=status_for(code), code=code, trace_id=trace_id)
+        return failed_outcome(command, code, trace_id)
 
     def _refused(
         self, command: CommittedCommand, exc: RatifierError, trace_id: str | None
     ) -> Outcome:
-        """A handler's or effect's failure: only a message it marked safe for the model
-        (``for_model``) reaches the outcome, never the exception's own text."""
-        error = ErrorInfo.of(exc.code, exc.model_message, reason=RefusalReason.HANDLER)
-        return self._outcome(
-            command, status=status_for(exc.code), code=exc.code, trace_id=trace_id, error=error
-        )
+        return refused_outcome(command, exc, trace_id)
 
     @staticmethod
     def _readdressed(stored: Outcome, command: CommittedCommand) -> Outcome:
@@ -165,13 +160,7 @@ class CommandExecutor:
 
     async def execute(self, command: CommittedCommand, *, trace_id: str | None) -> Execution:
         """Run ``command`` at most once in effect; return its one terminal outcome."""
-        tool = self._catalog.get(command.tool)
-        if (
-            command.effect is Effect.READ
-            and tool is not None
-            and tool.effect is Effect.READ
-            and tool.external is None
-        ):
+        if plain_read(command, self._catalog.get(command.tool)):
             return await self._read(command, trace_id)
         claim = await self._claim(command)
         if claim.kind is ClaimKind.DONE and claim.outcome is not None:
@@ -322,16 +311,7 @@ class CommandExecutor:
             tenant=command.tenant,
             call_id=command.call_id,
             kind=kind,
-            detail={
-                "operation_id": command.operation_id,
-                "tool": command.tool,
-                "status": outcome.status.value,
-                "code": outcome.error.code.value if outcome.error else None,
-                "policy_version": command.policy_version,
-                "approver": command.approval.approver if command.approval else None,
-                "approval_basis": command.approval.basis if command.approval else None,
-                "auto_policy": command.approval.auto_policy if command.approval else None,
-            },
+            detail=executed_detail(command, outcome),
         )
 
     async def _run(
@@ -340,33 +320,22 @@ class CommandExecutor:
         tool = self._catalog.get(command.tool)
         if tool is None:
             return Execution(outcome=self._failed(command, ErrorCode.UNKNOWN_TOOL, trace_id)), None
-        if command.call_id in self._cancelled:
-            return Execution(outcome=self._failed(command, ErrorCode.CANCELLED, trace_id)), None
-        problem = receipt_problem(command, tool, datetime.now(UTC), self._receipt_keys)
-        if problem is not None:
-            return Execution(outcome=self._failed(command, problem, trace_id)), None
-        try:
-            arguments = tool.arguments.model_validate(command.arguments, strict=True)
-        except ValidationError:
-            return Execution(
-                outcome=self._failed(command, ErrorCode.INVALID_ARGUMENTS, trace_id)
-            ), None
-        actor = Actor(sub=command.actor.sub, tenant=command.tenant, roles=command.actor.roles)
+        admitted = admission(
+            command,
+            tool,
+            cancelled=self._cancelled,
+            now=datetime.now(UTC),
+            keys=self._receipt_keys,
+        )
+        if isinstance(admitted, ErrorCode):
+            return Execution(outcome=self._failed(command, admitted, trace_id)), None
+        actor, arguments = admitted.actor, admitted.arguments
         # Commit-time re-check on fresh, locked state with the tenant in the WHERE.
         resource = await tool.load(conn, actor, arguments, True) if tool.load else None
-        if tool.load is not None and resource is None:
-            return Execution(outcome=self._failed(command, ErrorCode.NOT_FOUND, trace_id)), None
-        decision = authorize(
-            actor=actor,
-            tool=tool,
-            resource=resource,
-            arguments=command.arguments,
-            policies=self._policies.current,
-        )
-        if not decision.permitted:
-            return Execution(
-                outcome=self._failed(command, ErrorCode.PRECONDITION_FAILED, trace_id)
-            ), None
+        loaded = Loaded(command=command, tool=tool, admitted=admitted, resource=resource)
+        (refusal,) = resource_refusals([loaded], self._policies.current)
+        if refusal is not None:
+            return Execution(outcome=self._failed(command, refusal, trace_id)), None
         context = ExecutionContext(
             conn=conn,
             operation_id=command.operation_id,

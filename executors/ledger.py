@@ -6,6 +6,7 @@ cause a second effect.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -164,4 +165,26 @@ class CommandLedger:
             await cur.execute(
                 named_query(_PKG, "insert_audit"),
                 {"tenant": tenant, "call_id": call_id, "kind": kind.value, "detail": Jsonb(detail)},
+            )
+
+    async def audit_many(
+        self,
+        conn: Connection,
+        rows: Sequence[tuple[str | None, str | None, dict[str, Any]]],
+        *,
+        kind: AuditKind,
+    ) -> None:
+        """`audit` for many calls in one statement: ``(tenant, call_id, detail)`` each."""
+        async with conn.cursor() as cur:
+            await cur.executemany(
+                named_query(_PKG, "insert_audit"),
+                [
+                    {
+                        "tenant": tenant,
+                        "call_id": call_id,
+                        "kind": kind.value,
+                        "detail": Jsonb(detail),
+                    }
+                    for tenant, call_id, detail in rows
+                ],
             )

@@ -5,7 +5,9 @@ Offsets are committed only after each outcome is recorded in the ledger and ackn
 the broker. Records of one operation run in order, different operations concurrently. On
 SIGTERM the current batch is finished and its offsets committed; nothing unfinished is
 committed. A record that cannot be read, or whose handling fails, is dead-lettered (with a
-typed outcome when its call id can be read) without affecting the others.
+typed outcome when its call id can be read) without affecting the others. The plain reads of
+a batch run together, in one transaction (executors/reads.py); if that fails for a reason
+other than storage, they are run one by one like the rest.
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ from aiokafka import ConsumerRecord
 from psycopg_pool import AsyncConnectionPool
 from pydantic import ValidationError
 
+from approvals.signing import approval_keys
 from commands.catalog import Catalog
 from commands.policy_feed import PolicyFeed
 from executors.cancellations import CancelledCalls
 from executors.claims import ClaimStore
 from executors.crash_points import NO_CRASH_POINTS, CrashPoint, CrashPoints
-from executors.executor import CommandExecutor
+from executors.executor import CommandExecutor, Execution
+from executors.reads import BatchedReads, Read, split_reads
 from runtime.clients import database_conninfo, kafka_consumer, kafka_producer, pg_pool, redis_client
 from runtime.emit import Emit
 from runtime.health import Health, connect_retrying, serve_health
@@ -85,17 +89,24 @@ class ExecutorService:
         if self._loop is not None:
             self._loop.stop()
 
+    @staticmethod
+    def _parsed(record: ConsumerRecord[bytes, bytes]) -> tuple[CommittedCommand | None, str]:
+        """The record's command (None: unreadable) and the trace it is answered in."""
+        parent = traceparent_of(record.headers)
+        trace_id = parent.trace_id if parent is not None else new_trace_id()
+        try:
+            return CommittedCommand.model_validate_json(record.value or b""), trace_id
+        except ValidationError:
+            return None, trace_id
+
     async def _execute(
         self,
         executor: CommandExecutor,
         pool: AsyncConnectionPool[Any],
         record: ConsumerRecord[bytes, bytes],
     ) -> Handled:
-        parent = traceparent_of(record.headers)
-        trace_id = parent.trace_id if parent is not None else new_trace_id()
-        try:
-            command = CommittedCommand.model_validate_json(record.value or b"")
-        except ValidationError:
+        command, trace_id = self._parsed(record)
+        if command is None:
             return Handled(failure="unreadable committed command", trace_id=trace_id)
         # Storage away: nothing happened (the transaction rolled back), so waiting is safe
         # and skipping would lose the command. Connections that died while idle are all
@@ -107,6 +118,12 @@ class ExecutorService:
             stop=self._stopping,
             first_retry=pool.check,
         )
+        return self._handled(command, trace_id, done)
+
+    @staticmethod
+    def _handled(command: CommittedCommand, trace_id: str | None, done: Execution) -> Handled:
+        """What one executed command publishes: its outcome (and the command to
+        reconciliation when the outcome is unknown)."""
         outcome: Outcome = done.outcome
         if outcome.trace_id != trace_id or outcome.reply_to != command.reply_to:
             # A stored outcome answering a repeated call is published in that call's trace,
@@ -125,6 +142,57 @@ class ExecutorService:
             tenant=outcome.tenant,
             reply_to=command.reply_to,
         )
+
+    async def _handle_batch(
+        self,
+        records: Sequence[ConsumerRecord[bytes, bytes]],
+        *,
+        execute: Callable[[ConsumerRecord[bytes, bytes]], Awaitable[Handled]],
+        reads: BatchedReads,
+        pool: AsyncConnectionPool[Any],
+    ) -> list[Handled]:
+        """A poll batch: its plain reads together (one transaction), concurrently with the
+        rest, record by record in order per key (``execute``)."""
+        parsed = [self._parsed(record) for record in records]
+        read_at, rest_at = split_reads([command for command, _ in parsed], self._catalog)
+        results: list[Handled | None] = [None] * len(records)
+
+        async def one_by_one(at: list[int]) -> None:
+            handled = await by_key([records[i] for i in at], execute, concurrency=self._concurrency)
+            for i, result in zip(at, handled, strict=True):
+                results[i] = result
+
+        async def together(at: list[int]) -> None:
+            batch = [
+                Read(command=command, trace_id=trace_id)
+                for command, trace_id in (parsed[i] for i in at)
+                if command is not None
+            ]
+            try:
+                async with self._concurrency:
+                    done = await retrying(
+                        partial(reads.execute, batch),
+                        retry_on=(StorageUnavailable,),
+                        what=f"reads ({len(batch)} in one transaction)",
+                        stop=self._stopping,
+                        first_retry=pool.check,
+                    )
+            except Stopped:
+                raise
+            except Exception:
+                # A bug, or a handler's database error that aborted the shared transaction
+                # (nothing was committed): each read alone, isolated like any record.
+                log.exception("batched reads failed; running %d reads one by one", len(batch))
+                await one_by_one(at)
+                return
+            for i, read, execution in zip(at, batch, done, strict=True):
+                results[i] = self._handled(read.command, read.trace_id, execution)
+
+        await asyncio.gather(
+            *([together(read_at)] if read_at else []),
+            *([one_by_one(rest_at)] if rest_at else []),
+        )
+        return [r if r is not None else Handled(failure="internal error") for r in results]
 
     async def _keep_alive(self, claims: ClaimStore) -> None:
         """Refresh this executor's liveness mark, so that when it dies its claims are taken
@@ -150,6 +218,7 @@ class ExecutorService:
             lease_ms=settings.executor.claim_lease_seconds * 1000,
         )
         cancelled = CancelledCalls(settings)
+        receipt_keys = approval_keys(settings)
         executor = CommandExecutor(
             pool=pool,
             claims=claims if settings.executor.redis_fast_path else None,
@@ -159,11 +228,21 @@ class ExecutorService:
             retry_attempts=settings.executor.retry_attempts,
             crash_points=self._crash_points,
             wait_for_owner_seconds=settings.executor.claim_lease_seconds,
+            receipt_keys=receipt_keys,
         )
-        execute = partial(self._execute, executor, pool)
-
-        async def handle(records: Sequence[ConsumerRecord[bytes, bytes]]) -> list[Handled]:
-            return await by_key(records, execute, concurrency=self._concurrency)
+        reads = BatchedReads(
+            pool=pool,
+            catalog=self._catalog,
+            policies=self._policies,
+            receipt_keys=receipt_keys,
+            cancelled=cancelled,
+        )
+        handle = partial(
+            self._handle_batch,
+            execute=partial(self._execute, executor, pool),
+            reads=reads,
+            pool=pool,
+        )
 
         loop = self._loop = ConsumerLoop(
             settings,
@@ -199,6 +278,8 @@ class ExecutorService:
             log.info("executor stopping")
             for task in followers:
                 task.cancel()
+            # Let the followers close their own consumers before the pool and clients go.
+            await asyncio.gather(*followers, return_exceptions=True)
             await consumer.stop()
             await producer.stop()
             await self._catalog.stop()

@@ -21,8 +21,11 @@ from commands.payments.handlers import (
 from commands.payments.loaders import (
     load_payment,
     load_payment_method,
+    load_payments,
     load_refund,
+    load_refund_policies,
     load_refund_policy,
+    load_refunds,
 )
 from commands.payments.models import (
     AddPayoutAccountArguments,
@@ -45,6 +48,7 @@ TOOLS: tuple[Tool, ...] = (
         arguments=GetPaymentArguments,
         effect=Effect.READ,
         load=load_payment,
+        load_many=load_payments,
         resource=PaymentFacts,
         handler=read_resource,
     ),
@@ -54,6 +58,7 @@ TOOLS: tuple[Tool, ...] = (
         arguments=GetRefundPolicyArguments,
         effect=Effect.READ,
         load=load_refund_policy,
+        load_many=load_refund_policies,
         resource=RefundPolicyFacts,
         handler=read_resource,
     ),
@@ -78,6 +83,7 @@ TOOLS: tuple[Tool, ...] = (
         arguments=GetRefundStatusArguments,
         effect=Effect.READ,
         load=load_refund,
+        load_many=load_refunds,
         resource=RefundFacts,
         handler=read_resource,
     ),
