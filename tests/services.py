@@ -194,6 +194,22 @@ PIPELINE_INPUTS = (
 )
 
 
+async def partitions_of(
+    admin: Any, topics: Sequence[str], *, missing_ok: bool = False
+) -> dict[str, list[TopicPartition]]:
+    """Each topic's partitions, asked of the broker. A topic it does not know fails the
+    caller's check (unless ``missing_ok``), rather than leaving it nothing to check."""
+    known: dict[str, list[TopicPartition]] = {t: [] for t in topics}
+    for described in await admin.describe_topics(list(topics)):
+        name = described["topic"]
+        if described["error_code"] == 0 and name in known:
+            known[name] = [TopicPartition(name, p["partition"]) for p in described["partitions"]]
+    unknown = [t for t, tps in known.items() if not tps]
+    if unknown and not missing_ok:
+        raise AssertionError(f"the broker knows no partitions of {unknown}")
+    return known
+
+
 async def commit_lag(
     settings: Settings, inputs: Sequence[tuple[str, Topic]], timeout: float = 45
 ) -> dict[str, int]:
@@ -209,12 +225,11 @@ async def commit_lag(
     try:
         deadline = time.monotonic() + timeout
         while True:
-            await consumer.topics()  # fresh metadata, so that every partition is known
-            partitions = {
-                (group, TopicPartition(topic, p))
-                for group, topic in pairs
-                for p in consumer.partitions_for_topic(topic) or ()
-            }
+            # From the broker each time (a consumer without subscriptions knows no topic's
+            # partitions: `consumer.topics()` does not fill its metadata, which once left this
+            # check with nothing to check).
+            known = await partitions_of(admin, sorted({t for _, t in pairs}))
+            partitions = {(group, tp) for group, topic in pairs for tp in known[topic]}
             committed: dict[tuple[str, TopicPartition], int] = {}
             for group in {g for g, _ in pairs}:
                 offsets = await admin.list_consumer_group_offsets(group)
@@ -242,17 +257,16 @@ async def where_calls_are(
     that never ended (where did it stop?), printed by a failing test."""
     found: dict[str, dict[str, list[str]]] = {c: {} for c in call_ids}
     needles = {c: c.encode() for c in call_ids}
+    admin = kafka_admin(settings)
+    await admin.start()
+    try:
+        known = await partitions_of(admin, [settings.topic(t) for t in topics], missing_ok=True)
+    finally:
+        await admin.close()
+    partitions = [tp for tps in known.values() for tp in tps]
     consumer = kafka_consumer(settings, group=None)
     await consumer.start()
     try:
-        await consumer.topics()
-        partitions = [
-            TopicPartition(settings.topic(t), p)
-            for t in topics
-            for p in consumer.partitions_for_topic(settings.topic(t)) or ()
-        ]
-        if not partitions:
-            return found
         consumer.assign(partitions)
         await consumer.seek_to_beginning(*partitions)
         ends = await consumer.end_offsets(partitions)
