@@ -107,12 +107,9 @@ async def produce_all(settings: Settings, topic: str, values: Sequence[bytes]) -
     return started
 
 
-async def count_until(
-    settings: Settings, topic: str, n: int, timeout: float, match: bytes | None = None
-) -> float:
-    """Consume ``topic`` from the start until ``n`` records (containing ``match``) were seen;
-    return the time the last one arrived."""
-    consumer = AIOKafkaConsumer(
+def _follower(settings: Settings, topic: str) -> AIOKafkaConsumer:
+    """A consumer that follows ``topic`` from its start, in large fetches, without a group."""
+    return AIOKafkaConsumer(
         topic,
         bootstrap_servers=settings.kafka_bootstrap,
         group_id=None,
@@ -121,6 +118,14 @@ async def count_until(
         max_poll_records=5000,
         fetch_max_bytes=16 * 1024 * 1024,
     )
+
+
+async def count_until(
+    settings: Settings, topic: str, n: int, timeout: float, match: bytes | None = None
+) -> float:
+    """Consume ``topic`` from the start until ``n`` records (containing ``match``) were seen;
+    return the time the last one arrived."""
+    consumer = _follower(settings, topic)
     await consumer.start()
     seen = 0
     deadline = time.perf_counter() + timeout
@@ -493,15 +498,7 @@ async def steady_rate(
     record arrived (exclusive) to the one in which the 90th did (inclusive). Timing from the
     first record would count the first output batch without the time it took to make, which
     favours whoever batches more; start-up and the tail are left out too."""
-    consumer = AIOKafkaConsumer(
-        topic,
-        bootstrap_servers=settings.kafka_bootstrap,
-        group_id=None,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-        max_poll_records=5000,
-        fetch_max_bytes=16 * 1024 * 1024,
-    )
+    consumer = _follower(settings, topic)
     await consumer.start()
     seen = 0
     marks: list[tuple[float, int, float]] = []  # (arrival, records so far, CPU s) per poll
