@@ -10,6 +10,7 @@ import asyncio
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from redis.asyncio import Redis
@@ -18,7 +19,7 @@ from bench.common import BenchRun, drain, machine_facts, table
 from commands.policy import PolicySet
 from executors.claims import ClaimStore
 from ratifier.processes import WorkerProcess
-from schemas.envelopes import ActorRef, CommittedCommand, Effect
+from schemas.envelopes import ActorRef, AuthorizedCall, CommittedCommand, Effect, Route
 from schemas.fingerprint import fingerprint
 from schemas.names import Topic
 from schemas.settings import Settings
@@ -45,13 +46,18 @@ async def claim_cost(settings: Settings, n: int) -> tuple[float, float]:
         await redis.aclose()
 
 
-def read_commands(settings: Settings, n: int) -> list[bytes]:
+def read_commands(
+    settings: Settings, n: int, payment_id: Callable[[int], str] = lambda _i: "pay_A1001"
+) -> list[bytes]:
+    """``n`` committed `get_payment` commands, the i-th for ``payment_id(i)``, each with the
+    fingerprint of its own arguments (the executor refuses a command whose arguments do not
+    match it)."""
     policies = PolicySet.from_directory()
     now = datetime.now(UTC)
     out = []
     for i in range(n):
         key = f"b-{uuid.uuid4().hex[:12]}"
-        args = {"payment_id": "pay_A1001"}
+        args = {"payment_id": payment_id(i)}
         out.append(
             CommittedCommand(
                 operation_id=f"tenant-a:{key}",
@@ -69,6 +75,44 @@ def read_commands(settings: Settings, n: int) -> list[bytes]:
                 effect=Effect.READ,
                 policy_version=policies.version,
                 committed_at=now,
+            ).to_bytes()
+        )
+    return out
+
+
+def join_inputs(
+    settings: Settings, n: int, payment_id: Callable[[int], str] = lambda _i: "pay_A1001"
+) -> list[bytes]:
+    """``n`` auto-routed `calls.authorized` reads that do *not* say the authorizer committed
+    them (an older authorizer's records): the approval-join commits each one, which is the
+    work it does for an auto call. The authorizer's own output is marked `committed` and only
+    skipped by the join, so draining that would measure nothing of the join's work."""
+    policies = PolicySet.from_directory()
+    now = datetime.now(UTC)
+    out = []
+    for i in range(n):
+        key = f"j-{uuid.uuid4().hex[:12]}"
+        args = {"payment_id": payment_id(i)}
+        out.append(
+            AuthorizedCall(
+                call_id=f"{key}-{i}",
+                operation_id=f"tenant-a:{key}",
+                idempotency_key=key,
+                tenant="tenant-a",
+                actor=ActorRef(sub="bench", roles=("support",)),
+                tool="get_payment",
+                arguments=args,
+                fingerprint=fingerprint(
+                    tenant="tenant-a",
+                    tool="get_payment",
+                    arguments=args,
+                    policy_version=policies.version,
+                ),
+                effect=Effect.READ,
+                policy_version=policies.version,
+                route=Route.AUTO,
+                proposed_at=now,
+                authorized_at=now,
             ).to_bytes()
         )
     return out

@@ -652,7 +652,12 @@ def _baselines_section(v: dict[str, Any]) -> list[str]:
 def _ratifier_section(v: dict[str, Any]) -> list[str]:
     stage_rows = [
         [
-            f"{stage} stage alone (backlog drain, one worker)",
+            f"{stage} stage alone (backlog drain, one worker"
+            + (
+                "; auto reads left for it to commit, as an older authorizer's records are)"
+                if stage == "approval-join"
+                else ")"
+            ),
             fmt(v.get(f"stage_{stage}"), " calls/s"),
             fmt(v.get(f"stage_{stage}_cpu_us"), " µs CPU/call"),
         ]
@@ -681,7 +686,8 @@ def _ratifier_section(v: dict[str, Any]) -> list[str]:
         [
             "where the latency goes (p50 / p99 between the broker append times of a call's "
             "records): proposed → validated (validator), → authorized (authorizer), → "
-            "committed (approval-join), → outcome (executor)",
+            "committed (the authorizer, in the same batch: reads need no join), → outcome "
+            "(executor)",
             " / ".join(
                 f"{fmt(v.get(f'hop_{t.value}_p50_ms'), ' ms')} / {fmt(v.get(f'hop_{t.value}_p99_ms'), ' ms')}"
                 for t in HOP_TOPICS[1:]

@@ -1,4 +1,5 @@
-"""Two corrections to faust's resumption after a rebalance, so that no record is skipped.
+"""Three corrections to faust's delivery around a rebalance, so that no record is skipped and
+no partition stops committing.
 
 1. **Rewind never-committed partitions.** After every rebalance faust pauses the stream
    partitions, restores tables, then calls `seek_to_committed()` to rewind anything fetched
@@ -19,17 +20,40 @@
    seek comes first, then the flow, then the partitions: nothing is fetched while nothing is
    taken.
 
-Both can only cause redelivery, which every stage tolerates (idempotent by call id). The
-second copies faust-streaming 0.15.3's method, which is why that version is pinned exactly.
+3. **Deliver each partition in offset order after a seek.** After a broker restart the
+   broker-restart test saw, right after the seek to the committed offsets, a record from
+   *before* the seek reach faust's drain loop (offset 59 of a partition just rewound to 26).
+   faust takes any record ahead of its read position as proof that the offsets in between do
+   not exist (compaction, transaction markers): it records them as a "gap", counts them as
+   acknowledged, and drops the re-fetched records 26..58 as already read. That can skip
+   records never processed, and the gap's offsets, appended to the acknowledged list a second
+   time when the re-fetched copies are processed, make `Consumer._new_offset` advance the
+   commit by one offset per commit interval: 125 records left uncommitted a minute later, then
+   replayed by the next restart (issue 17). Our topics have neither compaction nor transactions
+   (the changelogs, which do, are not acknowledged and are left alone), so a record ahead of the
+   expected offset is stale: `InOrderDelivery` drops it and seeks the partition back once;
+   only if the first fetch after that seek is still ahead (the records really are gone, for
+   example deleted by retention) is the hole accepted. As a second guard, duplicate offsets in
+   faust's acknowledged list are removed before each commit computes its offset.
+
+All three can only cause redelivery, which every stage tolerates (idempotent by call id).
+The second copies faust-streaming 0.15.3's method, and all of them rely on its internals
+(`_read_offset`, `_acked`, `perform_seek`, `getmany`), which is why that version is pinned
+exactly.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, cast
 
 from aiokafka import AIOKafkaConsumer
 from faust.tables.recovery import Recovery
+from faust.transport.consumer import Consumer
+from faust.types import TP
 
 log = logging.getLogger("ratifier.streams")
 
@@ -74,10 +98,144 @@ async def _resume_streams_in_order(self: Any, generation_id: int = 0) -> None:
     self.log.info("Worker ready")
 
 
+class Admission(Enum):
+    """What to do with a fetched record (see 3. above)."""
+
+    DELIVER = "deliver"
+    DROP = "drop"  # already delivered since the last seek, or stale and already re-sought
+    RESEEK = "reseek"  # stale: drop it and seek the partition back to the expected offset
+
+
+@dataclass
+class InOrderDelivery:
+    """The offset each acknowledged partition must deliver next, and the fetch in which a
+    partition was last sought back. Pure bookkeeping: the caller does the seeking.
+
+    ``expected[tp]`` is None (anything is accepted) until a seek says where the partition is.
+    A fetch is one call of faust's `getmany`; records of a later fetch than the one that sought
+    back were fetched after that seek, so one of them still ahead of the expected offset marks a
+    real hole, never a stale record."""
+
+    expected: dict[TP, int | None] = field(default_factory=dict)
+    sought_in: dict[TP, int] = field(default_factory=dict)
+    fetch: int = 0
+
+    def sought(self, tp: TP, offset: int | None) -> None:
+        self.expected[tp] = offset if offset is not None and offset >= 0 else None
+
+    def revoked(self, tps: Iterable[TP]) -> None:
+        for tp in tps:
+            self.expected.pop(tp, None)
+            self.sought_in.pop(tp, None)
+
+    def next_fetch(self) -> None:
+        self.fetch += 1
+
+    def admit(self, tp: TP, offset: int) -> Admission:
+        want = self.expected.get(tp)
+        if want is None or offset == want:
+            return self._deliver(tp, offset)
+        if offset < want:
+            return Admission.DROP
+        sought_in = self.sought_in.get(tp)
+        if sought_in is None:
+            self.sought_in[tp] = self.fetch
+            return Admission.RESEEK
+        if sought_in != self.fetch:
+            log.warning(
+                "%s[%d]: offsets %d..%d no longer exist after a seek back; continuing at %d",
+                tp.topic,
+                tp.partition,
+                want,
+                offset - 1,
+                offset,
+            )
+            return self._deliver(tp, offset)
+        return Admission.DROP
+
+    def _deliver(self, tp: TP, offset: int) -> Admission:
+        self.expected[tp] = offset + 1
+        self.sought_in.pop(tp, None)
+        return Admission.DELIVER
+
+
+_original_getmany = Consumer.getmany
+_original_perform_seek = Consumer.perform_seek
+_original_consumer_seek = Consumer.seek
+_original_revoked = Consumer.on_partitions_revoked
+_original_new_offset = Consumer._new_offset
+
+
+def _delivery_of(consumer: Any) -> InOrderDelivery:
+    delivery: InOrderDelivery | None = consumer.__dict__.get("_ratifier_in_order")
+    if delivery is None:
+        delivery = consumer.__dict__["_ratifier_in_order"] = InOrderDelivery()
+    return delivery
+
+
+async def _getmany_in_order(
+    self: Any,
+    timeout: float,  # noqa: ASYNC109 - faust's signature
+) -> AsyncIterator[tuple[TP, Any]]:
+    delivery = _delivery_of(self)
+    delivery.next_fetch()
+    acks_enabled_for = self.app.topics.acks_enabled_for
+    async for tp, message in _original_getmany(self, timeout):
+        if not acks_enabled_for(message.topic):
+            yield tp, message  # a changelog: compacted, its holes are real; faust's concern
+            continue
+        admission = delivery.admit(tp, message.offset)
+        if admission is Admission.DELIVER:
+            yield tp, message
+        elif admission is Admission.RESEEK:
+            want = delivery.expected[tp]
+            log.warning(
+                "%s[%d]: record %d fetched before the last seek, expected %s; seeking back",
+                tp.topic,
+                tp.partition,
+                message.offset,
+                want,
+            )
+            await _original_consumer_seek(self, tp, cast(int, want))
+
+
+async def _perform_seek_tracked(self: Any) -> None:
+    await _original_perform_seek(self)
+    # perform_seek sought every assigned partition and left each one's committed offset (or
+    # None: never committed, rewound to its beginning, whose offset is not known here) as
+    # faust's read offset.
+    delivery = _delivery_of(self)
+    for tp in self.assignment():
+        delivery.sought(tp, self._read_offset.get(tp))
+
+
+async def _seek_tracked(self: Any, partition: TP, offset: int) -> None:
+    await _original_consumer_seek(self, partition, offset)
+    _delivery_of(self).sought(partition, offset)
+
+
+async def _revoked_tracked(self: Any, revoked: set[TP]) -> None:
+    _delivery_of(self).revoked(revoked)
+    await _original_revoked(self, revoked)
+
+
+def _new_offset_without_duplicates(self: Any, tp: TP) -> int | None:
+    acked = self._acked[tp]
+    if len(acked) != len(set(acked)):
+        acked[:] = sorted(set(acked))
+    result: int | None = _original_new_offset(self, tp)
+    return result
+
+
 def install_rewind_fix() -> None:
-    """Install both corrections in this process (idempotent)."""
+    """Install the three corrections in this process (idempotent)."""
     global _installed  # noqa: PLW0603 - one process-wide patch
     if not _installed:
         AIOKafkaConsumer.seek_to_committed = _seek_to_committed_or_beginning
         Recovery._resume_streams = _resume_streams_in_order  # type: ignore[method-assign]
+        Consumer.getmany = _getmany_in_order  # type: ignore[method-assign]
+        Consumer.perform_seek = _perform_seek_tracked  # type: ignore[method-assign]
+        Consumer.seek = _seek_tracked  # type: ignore[method-assign]
+        Consumer.on_partitions_revoked = _revoked_tracked  # type: ignore[method-assign]
+        Consumer._new_offset = _new_offset_without_duplicates  # type: ignore[method-assign]
         _installed = True
