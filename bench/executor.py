@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
 from redis.asyncio import Redis
 
@@ -46,38 +47,46 @@ async def claim_cost(settings: Settings, n: int) -> tuple[float, float]:
         await redis.aclose()
 
 
+def _reads(
+    prefix: str, n: int, payment_id: Callable[[int], str]
+) -> list[tuple[str, dict[str, Any]]]:
+    """The fields a committed read and an authorized read share, with each one's key: the i-th
+    for ``payment_id(i)``, fingerprinted over its own arguments (the executor refuses a command
+    whose arguments do not match its fingerprint)."""
+    policies = PolicySet.from_directory()
+    out = []
+    for i in range(n):
+        key = f"{prefix}-{uuid.uuid4().hex[:12]}"
+        args = {"payment_id": payment_id(i)}
+        fields = {
+            "operation_id": f"tenant-a:{key}",
+            "call_id": f"{key}-{i}",
+            "tenant": "tenant-a",
+            "actor": ActorRef(sub="bench", roles=("support",)),
+            "tool": "get_payment",
+            "arguments": args,
+            "fingerprint": fingerprint(
+                tenant="tenant-a",
+                tool="get_payment",
+                arguments=args,
+                policy_version=policies.version,
+            ),
+            "effect": Effect.READ,
+            "policy_version": policies.version,
+        }
+        out.append((key, fields))
+    return out
+
+
 def read_commands(
     settings: Settings, n: int, payment_id: Callable[[int], str] = lambda _i: "pay_A1001"
 ) -> list[bytes]:
-    """``n`` committed `get_payment` commands, the i-th for ``payment_id(i)``, each with the
-    fingerprint of its own arguments (the executor refuses a command whose arguments do not
-    match it)."""
-    policies = PolicySet.from_directory()
+    """``n`` committed `get_payment` commands (see :func:`_reads`)."""
     now = datetime.now(UTC)
-    out = []
-    for i in range(n):
-        key = f"b-{uuid.uuid4().hex[:12]}"
-        args = {"payment_id": payment_id(i)}
-        out.append(
-            CommittedCommand(
-                operation_id=f"tenant-a:{key}",
-                call_id=f"{key}-{i}",
-                tenant="tenant-a",
-                actor=ActorRef(sub="bench", roles=("support",)),
-                tool="get_payment",
-                arguments=args,
-                fingerprint=fingerprint(
-                    tenant="tenant-a",
-                    tool="get_payment",
-                    arguments=args,
-                    policy_version=policies.version,
-                ),
-                effect=Effect.READ,
-                policy_version=policies.version,
-                committed_at=now,
-            ).to_bytes()
-        )
-    return out
+    return [
+        CommittedCommand(**fields, committed_at=now).to_bytes()
+        for _key, fields in _reads("b", n, payment_id)
+    ]
 
 
 def join_inputs(
@@ -87,35 +96,17 @@ def join_inputs(
     them (an older authorizer's records): the approval-join commits each one, which is the
     work it does for an auto call. The authorizer's own output is marked `committed` and only
     skipped by the join, so draining that would measure nothing of the join's work."""
-    policies = PolicySet.from_directory()
     now = datetime.now(UTC)
-    out = []
-    for i in range(n):
-        key = f"j-{uuid.uuid4().hex[:12]}"
-        args = {"payment_id": payment_id(i)}
-        out.append(
-            AuthorizedCall(
-                call_id=f"{key}-{i}",
-                operation_id=f"tenant-a:{key}",
-                idempotency_key=key,
-                tenant="tenant-a",
-                actor=ActorRef(sub="bench", roles=("support",)),
-                tool="get_payment",
-                arguments=args,
-                fingerprint=fingerprint(
-                    tenant="tenant-a",
-                    tool="get_payment",
-                    arguments=args,
-                    policy_version=policies.version,
-                ),
-                effect=Effect.READ,
-                policy_version=policies.version,
-                route=Route.AUTO,
-                proposed_at=now,
-                authorized_at=now,
-            ).to_bytes()
-        )
-    return out
+    return [
+        AuthorizedCall(
+            **fields,
+            idempotency_key=key,
+            route=Route.AUTO,
+            proposed_at=now,
+            authorized_at=now,
+        ).to_bytes()
+        for key, fields in _reads("j", n, payment_id)
+    ]
 
 
 async def drain_commands(n: int, *, fast_path: bool) -> float:
