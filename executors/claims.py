@@ -8,8 +8,10 @@ failed-over Redis can slow things down but never cause a second effect.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -78,6 +80,25 @@ class ClaimKind(StrEnum):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ClaimRequest:
+    """One operation to claim: (tenant, idempotency key) with the command's fingerprint."""
+
+    tenant: str
+    idempotency_key: str
+    fingerprint: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClaimFinish:
+    """A finished operation's outcome, to store under its claim if ``fence`` still holds it."""
+
+    tenant: str
+    idempotency_key: str
+    fence: int
+    outcome: Outcome
+
+
+@dataclass(frozen=True, kw_only=True)
 class Claim:
     kind: ClaimKind
     fence: int = 0
@@ -138,16 +159,58 @@ class ClaimStore:
         """Claim the operation. ``dead_owner``: a holder found dead by :meth:`owner_alive`,
         whose claim is taken over like an expired one (the ledger and the new fencing number
         keep a holder that was only slow from doing harm)."""
+        request = ClaimRequest(
+            tenant=tenant, idempotency_key=idempotency_key, fingerprint=fingerprint
+        )
         try:
-            kind, fence, extra = await self._claim(
-                keys=[self._key(tenant, idempotency_key), self._fence_key],
-                args=[fingerprint, self.owner, now_ms, self.lease_ms, self._ttl_ms,
-                      dead_owner or ""],
-            )  # fmt: skip
+            raw = await self._claim(
+                keys=self._claim_keys(request),
+                args=self._claim_args(request, now_ms, dead_owner),
+            )
         except RedisError:
             count_dedup("redis", ClaimKind.UNAVAILABLE.value)
             return Claim(kind=ClaimKind.UNAVAILABLE)
-        kind = ClaimKind(kind.decode() if isinstance(kind, bytes) else kind)
+        return self._parsed(raw)
+
+    async def claim_many(self, requests: Sequence[ClaimRequest], now_ms: int) -> list[Claim]:
+        """Claim several operations in one round trip (a pipeline of the same script, not a
+        transaction: each claim is atomic on its own, exactly as :meth:`claim`). Redis away:
+        every claim is ``UNAVAILABLE`` and the ledger decides alone."""
+        if not requests:
+            return []
+        pipe = self._redis.pipeline(transaction=False)
+        for request in requests:
+            await self._claim(
+                keys=self._claim_keys(request),
+                args=self._claim_args(request, now_ms, None),
+                client=pipe,
+            )
+        try:
+            raws = await pipe.execute(raise_on_error=False)
+        except RedisError:
+            raws = [RedisError()] * len(requests)
+        claims = []
+        for raw in raws:
+            if isinstance(raw, Exception):
+                count_dedup("redis", ClaimKind.UNAVAILABLE.value)
+                claims.append(Claim(kind=ClaimKind.UNAVAILABLE))
+            else:
+                claims.append(self._parsed(raw))
+        return claims
+
+    def _claim_keys(self, request: ClaimRequest) -> list[str]:
+        return [self._key(request.tenant, request.idempotency_key), self._fence_key]
+
+    def _claim_args(
+        self, request: ClaimRequest, now_ms: int, dead_owner: str | None
+    ) -> list[str | int]:
+        return [request.fingerprint, self.owner, now_ms, self.lease_ms, self._ttl_ms,
+                dead_owner or ""]  # fmt: skip
+
+    @staticmethod
+    def _parsed(raw: Any) -> Claim:
+        kind_raw, fence, extra = raw
+        kind = ClaimKind(kind_raw.decode() if isinstance(kind_raw, bytes) else kind_raw)
         count_dedup("redis", kind.value)
         text = extra.decode() if isinstance(extra, bytes) else str(extra or "")
         if kind is ClaimKind.DONE:
@@ -160,14 +223,37 @@ class ClaimStore:
         return Claim(kind=kind, fence=int(fence), previous_owner=text or None)
 
     async def finish(self, tenant: str, idempotency_key: str, fence: int, outcome: Outcome) -> bool:
+        finish = ClaimFinish(
+            tenant=tenant, idempotency_key=idempotency_key, fence=fence, outcome=outcome
+        )
         try:
-            done = await self._finish(
-                keys=[self._key(tenant, idempotency_key)],
-                args=[fence, outcome.model_dump_json(), self._ttl_ms],
-            )
+            done = await self._finish(keys=[self._key(tenant, idempotency_key)],
+                                      args=self._finish_args(finish))  # fmt: skip
         except RedisError:
             return False
         return bool(done)
+
+    async def finish_many(self, finishes: Sequence[ClaimFinish]) -> list[bool]:
+        """Finish several claims in one round trip; each only if its fence still holds it
+        (as :meth:`finish`). A Redis error finishes none: their claims stay `running` until
+        their lease ends, and the ledger answers in the meantime."""
+        if not finishes:
+            return []
+        pipe = self._redis.pipeline(transaction=False)
+        for finish in finishes:
+            await self._finish(
+                keys=[self._key(finish.tenant, finish.idempotency_key)],
+                args=self._finish_args(finish),
+                client=pipe,
+            )
+        try:
+            done = await pipe.execute(raise_on_error=False)
+        except RedisError:
+            return [False] * len(finishes)
+        return [not isinstance(d, Exception) and bool(d) for d in done]
+
+    def _finish_args(self, finish: ClaimFinish) -> list[str | int]:
+        return [finish.fence, finish.outcome.model_dump_json(), self._ttl_ms]
 
     async def release(self, tenant: str, idempotency_key: str, fence: int) -> None:
         try:

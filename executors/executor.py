@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Container
+from collections.abc import Container, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -44,7 +44,7 @@ from commands.catalog import (
     Tool,
 )
 from commands.policy import PolicySource
-from executors.claims import Claim, ClaimKind, ClaimStore
+from executors.claims import Claim, ClaimFinish, ClaimKind, ClaimRequest, ClaimStore
 from executors.crash_points import NO_CRASH_POINTS, CrashPoint, CrashPoints
 from executors.decisions import (
     Dedup,
@@ -81,6 +81,9 @@ class Execution:
     unknown: bool = False
     # Set when the ledger shows another owner's effect still pending (fencing number seen).
     pending_fence: int | None = None
+    # With ``defer_finish``: the Redis claim to finish with this outcome, left to the caller
+    # (which finishes a batch's claims in one round trip).
+    claim_finish: ClaimFinish | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -158,11 +161,49 @@ class CommandExecutor:
 
     # -- the flow ---------------------------------------------------------------------------
 
-    async def execute(self, command: CommittedCommand, *, trace_id: str | None) -> Execution:
-        """Run ``command`` at most once in effect; return its one terminal outcome."""
+    def needs_claim(self, command: CommittedCommand) -> bool:
+        """Whether ``command`` takes a Redis claim (a write, with the fast path on)."""
+        return self._claims is not None and not plain_read(command, self._catalog.get(command.tool))
+
+    async def claim_many(self, commands: Sequence[CommittedCommand]) -> list[Claim]:
+        """The Redis claims of ``commands`` in one round trip (claims of distinct operations
+        only: a second command of the same operation claims when its turn comes)."""
+        if self._claims is None:
+            return [Claim(kind=ClaimKind.UNAVAILABLE) for _ in commands]
+        return await self._claims.claim_many(
+            [
+                ClaimRequest(
+                    tenant=c.tenant, idempotency_key=c.idempotency_key, fingerprint=c.fingerprint
+                )
+                for c in commands
+            ],
+            int(time.time() * 1000),
+        )
+
+    async def finish_many(self, finishes: Sequence[ClaimFinish]) -> None:
+        """Finish deferred claims (``execute(..., defer_finish=True)``) in one round trip."""
+        if self._claims is not None and finishes:
+            await self._claims.finish_many(finishes)
+
+    async def execute(
+        self,
+        command: CommittedCommand,
+        *,
+        trace_id: str | None,
+        claim: Claim | None = None,
+        defer_finish: bool = False,
+    ) -> Execution:
+        """Run ``command`` at most once in effect; return its one terminal outcome.
+
+        ``claim``: its Redis claim taken ahead (``claim_many``); a busy one is waited for
+        here as usual. ``defer_finish``: the claim is not finished here but returned in
+        ``Execution.claim_finish``, for the caller to finish once the outcome is recorded
+        (it is, before this returns: the ledger has it, so a claim left running only sends
+        a repeat to the ledger)."""
         if plain_read(command, self._catalog.get(command.tool)):
             return await self._read(command, trace_id)
-        claim = await self._claim(command)
+        if claim is None or claim.kind is ClaimKind.BUSY:
+            claim = await self._claim(command)
         if claim.kind is ClaimKind.DONE and claim.outcome is not None:
             return Execution(outcome=self._readdressed(claim.outcome, command))
         if claim.kind is ClaimKind.CONFLICT:
@@ -181,9 +222,15 @@ class CommandExecutor:
                 await self._claims.release(command.tenant, command.idempotency_key, claim.fence)
             raise StorageUnavailable() from exc
         if self._claims is not None and first.outcome.status is not Status.UNKNOWN:
-            await self._claims.finish(
-                command.tenant, command.idempotency_key, claim.fence, first.outcome
+            finish = ClaimFinish(
+                tenant=command.tenant,
+                idempotency_key=command.idempotency_key,
+                fence=claim.fence,
+                outcome=first.outcome,
             )
+            if defer_finish:
+                return replace(first, claim_finish=finish)
+            await self._claims.finish_many([finish])
         return first
 
     async def _read(self, command: CommittedCommand, trace_id: str | None) -> Execution:

@@ -29,7 +29,7 @@ from approvals.signing import approval_keys
 from commands.catalog import Catalog
 from commands.policy_feed import PolicyFeed
 from executors.cancellations import CancelledCalls
-from executors.claims import ClaimStore
+from executors.claims import Claim, ClaimFinish, ClaimStore
 from executors.crash_points import NO_CRASH_POINTS, CrashPoint, CrashPoints
 from executors.executor import CommandExecutor, Execution
 from executors.reads import BatchedReads, Read, split_reads
@@ -48,6 +48,13 @@ from telemetry.tracing import new_trace_id, traceparent_of, tracer_from
 log = logging.getLogger("ratifier.executor")
 
 POOL_SIZE = 8
+
+# A record's place: (topic, partition, offset).
+Position = tuple[str, int, int]
+
+
+def _position(record: ConsumerRecord[bytes, bytes]) -> Position:
+    return (record.topic, record.partition, record.offset)
 
 
 class ExecutorService:
@@ -104,20 +111,38 @@ class ExecutorService:
         executor: CommandExecutor,
         pool: AsyncConnectionPool[Any],
         record: ConsumerRecord[bytes, bytes],
+        *,
+        ahead: dict[Position, Claim] | None = None,
+        finishes: list[ClaimFinish] | None = None,
     ) -> Handled:
+        """One command. ``ahead``: claims taken for the batch in one round trip, by record
+        position, each used once (a retry claims again); ``finishes``: where the claims this
+        leaves to finish go (the batch finishes them together), else they finish here."""
         command, trace_id = self._parsed(record)
         if command is None:
             return Handled(failure="unreadable committed command", trace_id=trace_id)
+        claims = ahead if ahead is not None else {}
+
+        async def attempt() -> Execution:
+            return await executor.execute(
+                command,
+                trace_id=trace_id,
+                claim=claims.pop(_position(record), None),
+                defer_finish=finishes is not None,
+            )
+
         # Storage away: nothing happened (the transaction rolled back), so waiting is safe
         # and skipping would lose the command. Connections that died while idle are all
         # suspect: the pool drops them at once before the first retry.
         done = await retrying(
-            partial(executor.execute, command, trace_id=trace_id),
+            attempt,
             retry_on=(StorageUnavailable,),
             what=f"ledger (operation {command.operation_id})",
             stop=self._stopping,
             first_retry=pool.check,
         )
+        if done.claim_finish is not None and finishes is not None:
+            finishes.append(done.claim_finish)
         return self._handled(command, trace_id, done)
 
     @staticmethod
@@ -147,18 +172,28 @@ class ExecutorService:
         self,
         records: Sequence[ConsumerRecord[bytes, bytes]],
         *,
-        execute: Callable[[ConsumerRecord[bytes, bytes]], Awaitable[Handled]],
+        executor: CommandExecutor,
         reads: BatchedReads,
         pool: AsyncConnectionPool[Any],
     ) -> list[Handled]:
         """A poll batch: its plain reads together (one transaction), concurrently with the
-        rest, record by record in order per key (``execute``)."""
+        rest, record by record in order per key. The writes' Redis claims are taken in one
+        round trip before, and finished in one after (docs/execution.md, "Claims")."""
         parsed = [self._parsed(record) for record in records]
         read_at, rest_at = split_reads([command for command, _ in parsed], self._catalog)
         results: list[Handled | None] = [None] * len(records)
 
         async def one_by_one(at: list[int]) -> None:
-            handled = await by_key([records[i] for i in at], execute, concurrency=self._concurrency)
+            ahead = await self._claims_ahead(executor, [records[i] for i in at], parsed, at)
+            finishes: list[ClaimFinish] = []
+            execute = partial(self._execute, executor, pool, ahead=ahead, finishes=finishes)
+            try:
+                handled = await by_key(
+                    [records[i] for i in at], execute, concurrency=self._concurrency
+                )
+            finally:
+                # Also on a stop: what was recorded in the ledger gets its fast path.
+                await executor.finish_many(finishes)
             for i, result in zip(at, handled, strict=True):
                 results[i] = result
 
@@ -193,6 +228,27 @@ class ExecutorService:
             *([one_by_one(rest_at)] if rest_at else []),
         )
         return [r if r is not None else Handled(failure="internal error") for r in results]
+
+    @staticmethod
+    async def _claims_ahead(
+        executor: CommandExecutor,
+        records: Sequence[ConsumerRecord[bytes, bytes]],
+        parsed: Sequence[tuple[CommittedCommand | None, str]],
+        at: Sequence[int],
+    ) -> dict[Position, Claim]:
+        """The claims of the first command of each operation among ``records`` (positions
+        ``at`` of the batch), by offset, in one round trip. A later command of the same
+        operation runs after the first and claims then."""
+        first: dict[str, tuple[Position, CommittedCommand]] = {}
+        for record, i in zip(records, at, strict=True):
+            command = parsed[i][0]
+            if command is not None and executor.needs_claim(command):
+                first.setdefault(command.operation_id, (_position(record), command))
+        if not first:
+            return {}
+        positions = [position for position, _ in first.values()]
+        claims = await executor.claim_many([command for _, command in first.values()])
+        return dict(zip(positions, claims, strict=True))
 
     async def _keep_alive(self, claims: ClaimStore) -> None:
         """Refresh this executor's liveness mark, so that when it dies its claims are taken
@@ -237,12 +293,7 @@ class ExecutorService:
             receipt_keys=receipt_keys,
             cancelled=cancelled,
         )
-        handle = partial(
-            self._handle_batch,
-            execute=partial(self._execute, executor, pool),
-            reads=reads,
-            pool=pool,
-        )
+        handle = partial(self._handle_batch, executor=executor, reads=reads, pool=pool)
 
         loop = self._loop = ConsumerLoop(
             settings,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
-from functools import partial
 from typing import Any
 
 import psycopg
@@ -213,9 +212,7 @@ async def handle(
     reads = BatchedReads(
         pool=pool, catalog=tools, policies=POLICIES, receipt_keys=keys, cancelled=cancelled
     )
-    handled = await service._handle_batch(
-        records, execute=partial(service._execute, executor, pool), reads=reads, pool=pool
-    )
+    handled = await service._handle_batch(records, executor=executor, reads=reads, pool=pool)
     return list(handled), reads
 
 
