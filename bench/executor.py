@@ -11,11 +11,12 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from redis.asyncio import Redis
 
+from approvals.signing import approval_keys, receipt_for
 from bench.common import BenchRun, drain, machine_facts, table
 from commands.policy import PolicySet
 from executors.claims import ClaimStore
@@ -87,6 +88,58 @@ def read_commands(
         CommittedCommand(**fields, committed_at=now).to_bytes()
         for _key, fields in _reads("b", n, payment_id)
     ]
+
+
+def write_commands(
+    settings: Settings, n: int, payment_id: Callable[[int], str] = lambda _i: "pay_A1001"
+) -> list[bytes]:
+    """``n`` committed `add_payout_account` commands (an internal reversible write, approved:
+    each carries a receipt signed with this deployment's keys), each its own operation, the
+    i-th on ``payment_id(i)``: the executor's write path (claim, ledger, re-check, handler)."""
+    policies = PolicySet.from_directory()
+    keys = approval_keys(settings)
+    now = datetime.now(UTC)
+    out = []
+    for i in range(n):
+        key = f"w-{uuid.uuid4().hex[:12]}"
+        call_id = f"{key}-{i}"
+        args = {
+            "payment_id": payment_id(i),
+            "account_holder": f"Bench {i}",
+            "account_number": "DE44500105175407324931",
+        }
+        fp = fingerprint(
+            tenant="tenant-a",
+            tool="add_payout_account",
+            arguments=args,
+            policy_version=policies.version,
+        )
+        receipt = receipt_for(
+            call_id=call_id,
+            tenant="tenant-a",
+            fingerprint=fp,
+            policy_version=policies.version,
+            approver="bench-approver",
+            decided_at=now,
+            expires_at=now + timedelta(hours=1),
+            keys=keys,
+        )
+        out.append(
+            CommittedCommand(
+                operation_id=f"tenant-a:{key}",
+                call_id=call_id,
+                tenant="tenant-a",
+                actor=ActorRef(sub="bench", roles=("refund",)),
+                tool="add_payout_account",
+                arguments=args,
+                fingerprint=fp,
+                effect=Effect.REVERSIBLE_WRITE,
+                policy_version=policies.version,
+                approval=receipt,
+                committed_at=now,
+            ).to_bytes()
+        )
+    return out
 
 
 def join_inputs(

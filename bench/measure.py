@@ -506,23 +506,31 @@ async def stages_alone(n: int) -> dict[str, Any]:
 
 
 async def executor_drain(
-    n: int, *, dedup: bool, profile_to: Path | None = None
+    n: int, *, dedup: bool, profile_to: Path | None = None, group_commit: bool = True
 ) -> tuple[float, float]:
-    """Fresh committed read commands (spread over the bench payments) drained by one
-    executor, with or without the Redis claim fast path."""
-    from bench.executor import read_commands
+    """Fresh committed write commands (`add_payout_account`, approved, spread over the bench
+    payments) drained by one executor, with or without the Redis claim fast path. Writes:
+    a read takes no claim (docs/execution.md, "Reads"), so reads would compare nothing."""
+    from bench.executor import write_commands
 
-    run = BenchRun.create("dedup" if dedup else "nodedup")
+    run = BenchRun.create(("dedup" if dedup else "nodedup") + ("" if group_commit else "-nogc"))
     try:
         await run.prepare()
         # Each command's fingerprint covers its own payment id (a rewrite of the bytes after
         # fingerprinting made the executor refuse every command as precondition_failed).
-        commands = read_commands(run.settings, n, lambda i: f"pay_Z{i % BENCH_PAYMENTS:04d}")
+        commands = write_commands(run.settings, n, lambda i: f"pay_Z{i % BENCH_PAYMENTS:04d}")
         t = run.settings.topic
         fast_path = "true" if dedup else "false"
 
         def executor() -> list[Any]:
-            return [run.start("executor", "executor", RATIFIER_EXECUTOR__REDIS_FAST_PATH=fast_path)]
+            return [
+                run.start(
+                    "executor",
+                    "executor",
+                    RATIFIER_EXECUTOR__REDIS_FAST_PATH=fast_path,
+                    RATIFIER_EXECUTOR__GROUP_COMMIT="true" if group_commit else "false",
+                )
+            ]
 
         return await drain(
             run,
@@ -559,6 +567,9 @@ async def executor_with_and_without_dedup(n: int) -> dict[str, Any]:
         "executor_drains": [d[1] for d in drains],
         "executor_drain_order": ["with" if d[0] else "without" for d in drains],
     }
+    # One drain with dedup and one transaction per command, as before the group commit.
+    rate, cpu = await executor_drain(n, dedup=True, group_commit=False)
+    out["executor_dedup_nogc"], out["executor_dedup_nogc_cpu_us"] = rate, cpu
     profile_path = LOG_ROOT / f"profile-t3-dedup-{uuid.uuid4().hex[:6]}.txt"
     await executor_drain(n, dedup=True, profile_to=profile_path)
     out["profile_t3_dedup"] = top_frames(profile_path)

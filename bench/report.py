@@ -184,7 +184,7 @@ def profiles(v: dict[str, Any]) -> dict[str, tuple[str, dict[str, Any]]]:
                 reads[name],
             )
     if v.get("profile_t3_dedup"):
-        found["t3"] = ("one executor draining read commands with dedup", v["profile_t3_dedup"])
+        found["t3"] = ("one executor draining write commands with dedup", v["profile_t3_dedup"])
     writes = v.get("profile_writes") or {}
     name = _busiest(
         v.get("profile_writes_cpu_by_process") or v.get("writes_cpu_by_process"), writes, None
@@ -701,8 +701,9 @@ def _ratifier_section(v: dict[str, Any]) -> list[str]:
         ],
         *stage_rows,
         [
-            "T3: executor alone, fresh read commands (median of 3 drains), Redis claim off "
-            "(`RATIFIER_EXECUTOR__REDIS_FAST_PATH=false`, the ledger alone dedups)",
+            "T3: executor alone, fresh write commands (`add_payout_account`, approved; median "
+            "of 3 drains), Redis claim off (`RATIFIER_EXECUTOR__REDIS_FAST_PATH=false`, the "
+            "ledger alone dedups)",
             fmt(v.get("executor_nodedup"), " commands/s"),
             fmt(v.get("executor_nodedup_cpu_us"), " µs CPU/call"),
         ],
@@ -712,6 +713,12 @@ def _ratifier_section(v: dict[str, Any]) -> list[str]:
             + " commands/s",
             fmt(v.get("executor_dedup"), " commands/s"),
             fmt(v.get("executor_dedup_cpu_us"), " µs CPU/call"),
+        ],
+        [
+            "T3 reference: Redis claim on, group commit off "
+            "(`RATIFIER_EXECUTOR__GROUP_COMMIT=false`: a transaction per command; one drain)",
+            fmt(v.get("executor_dedup_nogc"), " commands/s"),
+            fmt(v.get("executor_dedup_nogc_cpu_us"), " µs CPU/call"),
         ],
         ["pure validate (`on_proposed`)", fmt(v.get("pure_validate_us"), " µs/call", 1), ""],
         ["pure context-token verify", fmt(v.get("pure_verify_us"), " µs/call", 1), ""],

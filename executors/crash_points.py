@@ -11,6 +11,8 @@ from typing import Protocol
 
 
 class CrashPoint(StrEnum):
+    GROUP_PREPARED = "group_prepared"  # a write group's ledger work done, not committed
+    GROUP_COMMITTED = "group_committed"  # a write group committed, no effect started
     BEFORE_EFFECT = "before_effect"  # claimed in the ledger, effect not started
     AFTER_EFFECT = "after_effect"  # the effect happened, its result not recorded
     AFTER_LEDGER = "after_ledger"  # recorded in the ledger, the outcome not published

@@ -71,6 +71,14 @@ from telemetry.metrics import count_dedup
 
 log = logging.getLogger("ratifier.executor")
 
+# A member of a group that meets another transaction's row lock (psycopg makes these
+# OperationalError subclasses; they are not a lost connection).
+_LOCK_CONFLICTS = (
+    psycopg.errors.LockNotAvailable,
+    psycopg.errors.DeadlockDetected,
+    psycopg.errors.SerializationFailure,
+)
+
 
 @dataclass(frozen=True, kw_only=True)
 class Execution:
@@ -87,12 +95,31 @@ class Execution:
 
 
 @dataclass(frozen=True, kw_only=True)
+class GroupMember:
+    """A write command of a group commit, with its trace and its Redis claim (a claim of
+    kind claimed, expired or unavailable: one the command may run under)."""
+
+    command: CommittedCommand
+    trace_id: str | None
+    claim: Claim
+
+
+@dataclass(frozen=True, kw_only=True)
 class _Pending:
     """An external effect prepared and committed as `effect_pending`, to invoke now."""
 
     request: EffectRequest
     external: ExternalEffect
     fence: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Invoked:
+    """What an external effect answered: the outcome to record, and its result or code."""
+
+    outcome: Outcome
+    done: HandlerResult | None
+    code: ErrorCode | None
 
 
 class CommandExecutor:
@@ -221,17 +248,26 @@ class CommandExecutor:
             if self._claims is not None and claim.kind in (ClaimKind.CLAIMED, ClaimKind.EXPIRED):
                 await self._claims.release(command.tenant, command.idempotency_key, claim.fence)
             raise StorageUnavailable() from exc
-        if self._claims is not None and first.outcome.status is not Status.UNKNOWN:
-            finish = ClaimFinish(
-                tenant=command.tenant,
-                idempotency_key=command.idempotency_key,
-                fence=claim.fence,
-                outcome=first.outcome,
-            )
+        finish = self.finish_of(command, claim, first)
+        if finish is not None:
             if defer_finish:
                 return replace(first, claim_finish=finish)
-            await self._claims.finish_many([finish])
+            await self.finish_many([finish])
         return first
+
+    def finish_of(
+        self, command: CommittedCommand, claim: Claim, execution: Execution
+    ) -> ClaimFinish | None:
+        """The claim to finish with ``execution``'s outcome (None: no fast path, or the
+        outcome is not final yet)."""
+        if self._claims is None or execution.outcome.status is Status.UNKNOWN:
+            return None
+        return ClaimFinish(
+            tenant=command.tenant,
+            idempotency_key=command.idempotency_key,
+            fence=claim.fence,
+            outcome=execution.outcome,
+        )
 
     async def _read(self, command: CommittedCommand, trace_id: str | None) -> Execution:
         """A read has no effect to deduplicate: no claim, no ledger row. It runs the same
@@ -437,8 +473,19 @@ class CommandExecutor:
     async def _perform(
         self, command: CommittedCommand, pending: _Pending, trace_id: str | None
     ) -> Execution:
+        """Invoke the external effect, then settle, release or mark unknown — once, if the
+        entry is still ours."""
+        invoked = await self._invoke(command, pending, trace_id)
+        async with self._pool.connection() as conn, conn.transaction():
+            done = await self._settle(conn, command, pending, invoked, trace_id)
+        self._crash_points.reached(CrashPoint.AFTER_LEDGER)
+        return done
+
+    async def _invoke(
+        self, command: CommittedCommand, pending: _Pending, trace_id: str | None
+    ) -> _Invoked:
         """Invoke the external effect (bounded retries only for failures known to precede
-        it), then settle, release or mark unknown — once, if the entry is still ours."""
+        it); what it answered, as the outcome to record."""
         external, request = pending.external, pending.request
         done: HandlerResult | None = None
         code: ErrorCode | None = None
@@ -472,49 +519,161 @@ class CommandExecutor:
         else:
             assert code is not None
             outcome = self._failed(command, code, trace_id)
-        async with self._pool.connection() as conn, conn.transaction():
-            if code is ErrorCode.TIMEOUT:
-                finished = await self._ledger.finish_effect(
-                    conn,
-                    command,
-                    fencing=pending.fence,
-                    outcome=outcome.model_copy(update={"status": Status.UNKNOWN}),
-                )
-                if finished:
-                    await self._ledger.await_settlement(conn, command, trace_id=trace_id)
-            else:
-                finished = await self._ledger.finish_effect(
-                    conn, command, fencing=pending.fence, outcome=outcome
-                )
-                if finished and done is not None:
-                    await external.settle(conn, request, done)
-                elif finished:
-                    await external.release(conn, request)
-            if not finished:
-                # Someone else settled it meanwhile (reconciler, a later owner): the ledger's
-                # record stands; this late result is only noted.
-                entry = await self._ledger.entry_for_update(conn, command)
-                await self._ledger.audit(
-                    conn,
-                    tenant=command.tenant,
-                    call_id=command.call_id,
-                    kind=AuditKind.LATE_RESULT,
-                    detail={
-                        "operation_id": command.operation_id,
-                        "late_status": outcome.status.value,
-                        "ledger_status": entry.status if entry else None,
-                    },
-                )
-                if (
-                    entry is not None
-                    and entry.outcome is not None
-                    and entry.status != LedgerStatus.UNKNOWN
-                ):
-                    return Execution(outcome=self._readdressed(entry.outcome, command))
+        return _Invoked(outcome=outcome, done=done, code=code)
+
+    async def _settle(
+        self,
+        conn: Connection,
+        command: CommittedCommand,
+        pending: _Pending,
+        invoked: _Invoked,
+        trace_id: str | None,
+    ) -> Execution:
+        """Record what the effect answered, in ``conn``'s transaction: settle, release or
+        mark unknown, if the entry is still ours (its fence); else only note the late
+        result."""
+        external, request = pending.external, pending.request
+        outcome, done, code = invoked.outcome, invoked.done, invoked.code
+        if code is ErrorCode.TIMEOUT:
+            finished = await self._ledger.finish_effect(
+                conn,
+                command,
+                fencing=pending.fence,
+                outcome=outcome.model_copy(update={"status": Status.UNKNOWN}),
+            )
+            if finished:
                 await self._ledger.await_settlement(conn, command, trace_id=trace_id)
-                return Execution(
-                    outcome=outcome.model_copy(update={"status": Status.UNKNOWN}), unknown=True
-                )
-            await self._audit_executed(conn, command, outcome)
-        self._crash_points.reached(CrashPoint.AFTER_LEDGER)
+        else:
+            finished = await self._ledger.finish_effect(
+                conn, command, fencing=pending.fence, outcome=outcome
+            )
+            if finished and done is not None:
+                await external.settle(conn, request, done)
+            elif finished:
+                await external.release(conn, request)
+        if not finished:
+            # Someone else settled it meanwhile (reconciler, a later owner): the ledger's
+            # record stands; this late result is only noted.
+            entry = await self._ledger.entry_for_update(conn, command)
+            await self._ledger.audit(
+                conn,
+                tenant=command.tenant,
+                call_id=command.call_id,
+                kind=AuditKind.LATE_RESULT,
+                detail={
+                    "operation_id": command.operation_id,
+                    "late_status": outcome.status.value,
+                    "ledger_status": entry.status if entry else None,
+                },
+            )
+            if (
+                entry is not None
+                and entry.outcome is not None
+                and entry.status != LedgerStatus.UNKNOWN
+            ):
+                return Execution(outcome=self._readdressed(entry.outcome, command))
+            await self._ledger.await_settlement(conn, command, trace_id=trace_id)
+            return Execution(
+                outcome=outcome.model_copy(update={"status": Status.UNKNOWN}), unknown=True
+            )
+        await self._audit_executed(conn, command, outcome)
         return Execution(outcome=outcome, unknown=code is ErrorCode.TIMEOUT)
+
+    # -- group commit -----------------------------------------------------------------------
+
+    async def execute_group(self, members: Sequence[GroupMember]) -> list[Execution | None]:
+        """Run the first transaction of several write commands (distinct operations) as one:
+        each in its own savepoint, one commit for all; then their external effects
+        concurrently; then their settlements in one more transaction (docs/execution.md,
+        "Group commit"). The fencing, the commit-time re-check and the crash guarantees are
+        those of :meth:`execute`: only the number of commits changes.
+
+        A member answers ``None`` when it must run alone (:meth:`execute`): its operation is
+        already in the ledger (a repeat, or another owner's), or its savepoint failed
+        (a deadlock, a bug); nothing of it is committed then. A lost connection fails the
+        group: ``StorageUnavailable``, nothing of the failed transaction committed."""
+        results: list[Execution | None] = [None] * len(members)
+        pending: dict[int, _Pending] = {}
+        try:
+            async with self._pool.connection() as conn, conn.transaction():
+                await self._ledger.group_lock_timeout(conn)
+                for i, member in enumerate(members):
+                    ran = await self._in_group(conn, member)
+                    if ran is not None:
+                        results[i], found = ran
+                        if found is not None:
+                            pending[i] = found
+                self._crash_points.reached(CrashPoint.GROUP_PREPARED)
+            self._crash_points.reached(CrashPoint.GROUP_COMMITTED)
+            if not pending:
+                return results
+            at = list(pending)
+            for _ in at:  # as often as one by one: crash tests kill with a probability
+                self._crash_points.reached(CrashPoint.BEFORE_EFFECT)
+            # No connection is held while the effects run (they may hang until a timeout).
+            invoked = await asyncio.gather(
+                *(self._invoke(members[i].command, pending[i], members[i].trace_id) for i in at)
+            )
+            alone: list[int] = []
+            async with self._pool.connection() as conn, conn.transaction():
+                await self._ledger.group_lock_timeout(conn)
+                for i, answer in zip(at, invoked, strict=True):
+                    settled = await self._settle_in_group(conn, members[i], pending[i], answer)
+                    if settled is None:
+                        alone.append(i)
+                    results[i] = settled
+            # Settled alone only after the group's commit: its locks are released by then.
+            for i, answer in zip(at, invoked, strict=True):
+                if i in alone:
+                    async with self._pool.connection() as conn, conn.transaction():
+                        results[i] = await self._settle(
+                            conn, members[i].command, pending[i], answer, members[i].trace_id
+                        )
+            for _ in at:
+                self._crash_points.reached(CrashPoint.AFTER_LEDGER)
+        except (psycopg.OperationalError, PoolTimeout) as exc:
+            raise StorageUnavailable() from exc
+        return results
+
+    async def _in_group(
+        self, conn: Connection, member: GroupMember
+    ) -> tuple[Execution, _Pending | None] | None:
+        """One member's ledger work in its savepoint; None: run it alone."""
+        command, fence = member.command, member.claim.fence
+        try:
+            async with conn.transaction():
+                if not await self._ledger.claim(conn, command, fencing=fence):
+                    return None  # in the ledger already: answered alone, from the ledger
+                count_dedup("ledger", "claimed")
+                ended, pending = await self._run(conn, command, fence, member.trace_id)
+                if pending is None:
+                    await self._record(conn, command, ended.outcome)
+                return ended, pending
+        except _LOCK_CONFLICTS as exc:
+            # A row lock held by another transaction (lock timeout, deadlock, serialization):
+            # the savepoint released this member's locks; it runs alone after the group.
+            log.info("operation %s in its group: %s; run alone", command.operation_id, exc.sqlstate)
+            return None
+        except psycopg.OperationalError:
+            raise
+        except Exception:
+            log.exception("operation %s failed in its group; run alone", command.operation_id)
+            return None
+
+    async def _settle_in_group(
+        self, conn: Connection, member: GroupMember, pending: _Pending, invoked: _Invoked
+    ) -> Execution | None:
+        """One member's settlement in its savepoint; None: it failed there (not a lost
+        connection) and is settled in a transaction of its own after the group's, so one
+        member cannot undo another's record."""
+        command, trace_id = member.command, member.trace_id
+        try:
+            async with conn.transaction():
+                return await self._settle(conn, command, pending, invoked, trace_id)
+        except _LOCK_CONFLICTS as exc:
+            log.info("settling %s in its group: %s; alone", command.operation_id, exc.sqlstate)
+        except psycopg.OperationalError:
+            raise
+        except psycopg.Error:
+            log.exception("settling %s in its group failed; alone", command.operation_id)
+        return None

@@ -38,6 +38,10 @@ class CommandLedger:
     def _key(command: CommittedCommand) -> dict[str, Any]:
         return {"tenant": command.tenant, "idempotency_key": command.idempotency_key}
 
+    async def group_lock_timeout(self, conn: Connection) -> None:
+        """Bound the waits for row locks in a group commit's transaction."""
+        await conn.execute(named_query(_PKG, "group_lock_timeout"))
+
     async def claim(self, conn: Connection, command: CommittedCommand, fencing: int) -> bool:
         """Insert the running entry; False when the key is already in the ledger."""
         async with conn.cursor() as cur:

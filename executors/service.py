@@ -7,12 +7,15 @@ SIGTERM the current batch is finished and its offsets committed; nothing unfinis
 committed. A record that cannot be read, or whose handling fails, is dead-lettered (with a
 typed outcome when its call id can be read) without affecting the others. The plain reads of
 a batch run together, in one transaction (executors/reads.py); if that fails for a reason
-other than storage, they are run one by one like the rest.
+other than storage, they are run one by one like the rest. The writes take their Redis claims
+in one round trip, are group-committed per partition (CommandExecutor.execute_group) and
+finish their claims in one round trip (docs/execution.md, "Claims" and "Group commit").
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import socket
@@ -29,9 +32,9 @@ from approvals.signing import approval_keys
 from commands.catalog import Catalog
 from commands.policy_feed import PolicyFeed
 from executors.cancellations import CancelledCalls
-from executors.claims import Claim, ClaimFinish, ClaimStore
+from executors.claims import Claim, ClaimFinish, ClaimKind, ClaimStore
 from executors.crash_points import NO_CRASH_POINTS, CrashPoint, CrashPoints
-from executors.executor import CommandExecutor, Execution
+from executors.executor import CommandExecutor, Execution, GroupMember
 from executors.reads import BatchedReads, Read, split_reads
 from runtime.clients import database_conninfo, kafka_consumer, kafka_producer, pg_pool, redis_client
 from runtime.emit import Emit
@@ -49,8 +52,30 @@ log = logging.getLogger("ratifier.executor")
 
 POOL_SIZE = 8
 
+# The claims a command may run under in a group: its own, or none to be had (Redis away or
+# the fast path off: the ledger decides alone). Busy, done and conflict are answered alone.
+_RUNNABLE = frozenset({ClaimKind.CLAIMED, ClaimKind.EXPIRED, ClaimKind.UNAVAILABLE})
+_NO_CLAIM = Claim(kind=ClaimKind.UNAVAILABLE)
+
 # A record's place: (topic, partition, offset).
 Position = tuple[str, int, int]
+
+
+# Members per group commit. Measured (bench T3, 2 cores): one group per partition batch ran
+# its members' round trips one after another and drained writes at half the rate of one
+# transaction per command; groups of 8, concurrently, drain them a little faster than that
+# with ~10 % less executor CPU per command.
+GROUP_SIZE = 8
+
+
+def _chunks(positions: list[int]) -> list[list[int]]:
+    return [positions[i : i + GROUP_SIZE] for i in range(0, len(positions), GROUP_SIZE)]
+
+
+def _lock_order(command: CommittedCommand | None) -> tuple[str, str]:
+    if command is None:
+        return ("", "")
+    return (command.tool, json.dumps(command.arguments, sort_keys=True, default=str))
 
 
 def _position(record: ConsumerRecord[bytes, bytes]) -> Position:
@@ -188,13 +213,26 @@ class ExecutorService:
             finishes: list[ClaimFinish] = []
             execute = partial(self._execute, executor, pool, ahead=ahead, finishes=finishes)
             try:
+                alone = at
+                if self._settings.executor.group_commit:
+                    alone = await self._group_commit(
+                        executor,
+                        records=records,
+                        parsed=parsed,
+                        at=at,
+                        ahead=ahead,
+                        finishes=finishes,
+                        results=results,
+                    )
+                # Records of one key in order: a group holds only the first of each
+                # operation, and what is left runs after the groups.
                 handled = await by_key(
-                    [records[i] for i in at], execute, concurrency=self._concurrency
+                    [records[i] for i in alone], execute, concurrency=self._concurrency
                 )
             finally:
                 # Also on a stop: what was recorded in the ledger gets its fast path.
                 await executor.finish_many(finishes)
-            for i, result in zip(at, handled, strict=True):
+            for i, result in zip(alone, handled, strict=True):
                 results[i] = result
 
         async def together(at: list[int]) -> None:
@@ -228,6 +266,78 @@ class ExecutorService:
             *([one_by_one(rest_at)] if rest_at else []),
         )
         return [r if r is not None else Handled(failure="internal error") for r in results]
+
+    async def _group_commit(
+        self,
+        executor: CommandExecutor,
+        *,
+        records: Sequence[ConsumerRecord[bytes, bytes]],
+        parsed: Sequence[tuple[CommittedCommand | None, str]],
+        at: Sequence[int],
+        ahead: dict[Position, Claim],
+        finishes: list[ClaimFinish],
+        results: list[Handled | None],
+    ) -> list[int]:
+        """Group-commit the writes of each partition batch (``CommandExecutor.execute_group``,
+        docs/execution.md "Group commit"): the first command of each operation whose claim
+        lets it run, two or more per partition, in groups of up to ``GROUP_SIZE`` that run
+        concurrently.
+        Fills ``results`` for what the groups answered; returns the positions left to run
+        one by one, in batch order."""
+        groups: dict[tuple[str, int], list[int]] = {}
+        seen: set[str] = set()
+        for i in at:
+            command = parsed[i][0]
+            if command is None or command.operation_id in seen:
+                continue
+            seen.add(command.operation_id)
+            claim = ahead.get(_position(records[i]), _NO_CLAIM)
+            if claim.kind in _RUNNABLE:
+                groups.setdefault((records[i].topic, records[i].partition), []).append(i)
+        # Members in one order across groups (tool, then arguments): concurrent groups then
+        # lock the rows they share in the same order, so they may wait but not deadlock.
+        grouped = [
+            chunk
+            for members in groups.values()
+            if len(members) > 1
+            for chunk in _chunks(sorted(members, key=lambda i: _lock_order(parsed[i][0])))
+        ]
+        if not grouped:
+            return list(at)
+        answered: set[int] = set()
+
+        async def run(positions: list[int]) -> None:
+            members = []
+            for i in positions:
+                command, trace_id = parsed[i]
+                assert command is not None
+                claim = ahead.pop(_position(records[i]), _NO_CLAIM)
+                members.append(GroupMember(command=command, trace_id=trace_id, claim=claim))
+            async with self._concurrency:
+                try:
+                    done = await executor.execute_group(members)
+                except StorageUnavailable as exc:
+                    # Nothing of the failed transaction is committed: each member runs alone,
+                    # with the storage retries of one command.
+                    log.warning(
+                        "ledger unavailable for a group of %d (%r); alone",
+                        len(members),
+                        exc.__cause__,
+                    )
+                    done = [None] * len(members)
+            for i, member, execution in zip(positions, members, done, strict=True):
+                if execution is None:
+                    # Alone, after the groups, under the same claim.
+                    ahead[_position(records[i])] = member.claim
+                    continue
+                finish = executor.finish_of(member.command, member.claim, execution)
+                if finish is not None:
+                    finishes.append(finish)
+                results[i] = self._handled(member.command, member.trace_id, execution)
+                answered.add(i)
+
+        await asyncio.gather(*(run(positions) for positions in grouped))
+        return [i for i in at if i not in answered]
 
     @staticmethod
     async def _claims_ahead(

@@ -180,13 +180,15 @@ class RecordLimits(BaseModel):
 
 class Executor(BaseModel):
     """The executor: Redis claim lease, bounded retries of failures known to precede any
-    effect, the Redis fast path switch (the ledger alone decides when off)."""
+    effect, the Redis fast path switch (the ledger alone decides when off), and the group
+    commit of a partition batch's writes (off: one transaction per command)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     claim_lease_seconds: int = Field(default=30, ge=1)
     retry_attempts: int = Field(default=4, ge=1, le=20)
     redis_fast_path: bool = True
+    group_commit: bool = True
 
 
 class Reconciler(BaseModel):

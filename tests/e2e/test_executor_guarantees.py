@@ -82,12 +82,21 @@ def test_three_executors_duplicates_and_conflicts(executors_only: Pipeline) -> N
 
 @pytest.mark.parametrize("executors_only", [0], indirect=True)
 @pytest.mark.parametrize(
-    "point", ["before_effect", "after_effect", "after_ledger", "after_publish"]
+    "point",
+    [
+        "group_prepared",
+        "group_committed",
+        "before_effect",
+        "after_effect",
+        "after_ledger",
+        "after_publish",
+    ],
 )
 def test_kill_minus_nine_at_each_point(executors_only: Pipeline, point: str) -> None:
     pipeline = executors_only
-    # Per command for the first three points, once per batch for the last.
-    rate = "1" if point == "after_publish" else "0.1"
+    # Per command for before_effect, after_effect and after_ledger; at the first group (a
+    # partition batch's writes) or the first batch for the others.
+    rate = "0.1" if point in ("before_effect", "after_effect", "after_ledger") else "1"
     crashing = pipeline.start_crashing("executor", "executor-crashing", at=f"{point}:{rate}")
     commands = [refund_command(f"k-{uuid.uuid4().hex[:12]}") for _ in range(60)]
     publish_commands(pipeline.settings, commands)
@@ -107,7 +116,8 @@ def test_kill_minus_nine_at_each_point(executors_only: Pipeline, point: str) -> 
     # transaction and their effect when the process dies; they may have acted, so they end
     # unknown (for reconciliation) and are never re-run. After publishing, all is done.
     assert ended <= {"succeeded", "unknown"}
-    if point in ("before_effect", "after_effect"):
+    if point in ("group_committed", "before_effect", "after_effect"):
+        # The killed group was committed as effect_pending: it may have acted.
         assert "unknown" in ended
     if point == "after_publish":
         assert ended == {"succeeded"}
