@@ -16,7 +16,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from approvals.signing import approval_keys, receipt_for
+from approvals.signing import approval_keys
 from bench.common import BenchRun, drain, machine_facts, table
 from commands.policy import PolicySet
 from executors.claims import ClaimStore
@@ -25,6 +25,7 @@ from schemas.envelopes import ActorRef, AuthorizedCall, CommittedCommand, Effect
 from schemas.fingerprint import fingerprint
 from schemas.names import Topic
 from schemas.settings import Settings
+from testsupport.records import approved_command
 
 SECTION = "## Executor"
 
@@ -102,43 +103,24 @@ def write_commands(
     out = []
     for i in range(n):
         key = f"w-{uuid.uuid4().hex[:12]}"
-        call_id = f"{key}-{i}"
         args = {
             "payment_id": payment_id(i),
             "account_holder": f"Bench {i}",
             "account_number": "DE44500105175407324931",
         }
-        fp = fingerprint(
-            tenant="tenant-a",
-            tool="add_payout_account",
-            arguments=args,
+        command = approved_command(
+            "add_payout_account",
+            args,
+            key=key,
+            call_id=f"{key}-{i}",
+            effect=Effect.REVERSIBLE_WRITE,
             policy_version=policies.version,
-        )
-        receipt = receipt_for(
-            call_id=call_id,
-            tenant="tenant-a",
-            fingerprint=fp,
-            policy_version=policies.version,
-            approver="bench-approver",
-            decided_at=now,
-            expires_at=now + timedelta(hours=1),
             keys=keys,
+            now=now,
+            validity=timedelta(hours=1),
+            approver="bench-approver",
         )
-        out.append(
-            CommittedCommand(
-                operation_id=f"tenant-a:{key}",
-                call_id=call_id,
-                tenant="tenant-a",
-                actor=ActorRef(sub="bench", roles=("refund",)),
-                tool="add_payout_account",
-                arguments=args,
-                fingerprint=fp,
-                effect=Effect.REVERSIBLE_WRITE,
-                policy_version=policies.version,
-                approval=receipt,
-                committed_at=now,
-            ).to_bytes()
-        )
+        out.append(command.to_bytes())
     return out
 
 

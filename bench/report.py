@@ -202,13 +202,21 @@ NEXT_STEP = {
     "does) instead of one `send` per record",
     "faust + mode": "take the remaining stage off faust's per-event path (the runtime loop with "
     "a changelog topic of its own)",
-    "psycopg": "fewer statements and commits per command: one tenant-scoped query for a batch's "
-    "reads and one group commit per partition batch",
+    "psycopg": "fewer round trips per command: a batch's independent statements in one "
+    "pipeline (psycopg pipeline mode, as the batched reads' audit rows already are), and a "
+    "write's ledger insert, outcome and audit row as one statement; the reads' tenant-scoped "
+    "query per batch and the writes' group commit are in",
     "pydantic": "parse each envelope once per hop (`model_validate_json` on the bytes) and "
     "serialize once; no re-validation of records the stage built itself",
-    "redis-py": "pipeline the Redis claims and finishes of a batch (one round trip per batch)",
-    "token (PyJWT, cryptography)": "cache verified context tokens per token until expiry",
-    "Cedar": "evaluate Cedar once per batch (`is_authorized_batch`) over distinct requests",
+    "redis-py": "fewer scripts per write: the claims and finishes of a batch already take one "
+    "round trip each; leave the finish out where the ledger answers a repeat as fast",
+    "token (PyJWT, cryptography)": "verify each signature once: context tokens are cached per "
+    "token already; cache verified approval receipts (the executor's EdDSA verify) by digest "
+    "until their expiry",
+    "Cedar": "hand Cedar the batch's entities as one parsed `cedarpy.Entities` handle instead "
+    "of JSON dicts serialized and parsed again on every `is_authorized_batch` call, and reuse "
+    "the decision of identical requests within a batch (policies and schema are parsed once "
+    "already)",
     "json": "serialize each record once (pydantic's `model_dump_json`, no `json` round trip)",
     "ratifier runtime loop": "make the loop's per-record work per batch in runtime/loop.py "
     "(hop metric and span, publication bookkeeping)",

@@ -1,18 +1,20 @@
 """Records for tests and benchmarks: an authorized refund, as the authorizer would publish it
-for tenant-a's agent with the refund role, and a signed approval of it."""
+for tenant-a's agent with the refund role, a signed approval of it, and an approved committed
+command of tenant-a's agent, as the approval-join would publish it."""
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
 from typing import Any
 
-from approvals.signing import ApprovalKeys, sign_decision, statement_for
+from approvals.signing import ApprovalKeys, receipt_for, sign_decision, statement_for
 from schemas.envelopes import (
     Actor,
     ActorRef,
     ApprovalDecision,
     ApprovalVerdict,
     AuthorizedCall,
+    CommittedCommand,
     Effect,
     Route,
 )
@@ -74,4 +76,46 @@ def signed_approval(
         keys,
         key=key,
         kid=kid,
+    )
+
+
+def approved_command(
+    tool: str,
+    arguments: dict[str, Any],
+    *,
+    key: str,
+    call_id: str,
+    effect: Effect,
+    policy_version: str,
+    keys: ApprovalKeys,
+    now: datetime,
+    validity: timedelta,
+    approver: str = "boss",
+) -> CommittedCommand:
+    """``tool`` with ``arguments`` for tenant-a's agent with the refund role, committed with a
+    receipt of ``approver``'s approval signed with ``keys`` (operation ``tenant-a:<key>``)."""
+    fp = fingerprint(
+        tenant="tenant-a", tool=tool, arguments=arguments, policy_version=policy_version
+    )
+    return CommittedCommand(
+        operation_id=f"tenant-a:{key}",
+        call_id=call_id,
+        tenant="tenant-a",
+        actor=ActorRef(sub="agent-1", roles=("refund",)),
+        tool=tool,
+        arguments=arguments,
+        fingerprint=fp,
+        effect=effect,
+        policy_version=policy_version,
+        approval=receipt_for(
+            call_id=call_id,
+            tenant="tenant-a",
+            fingerprint=fp,
+            policy_version=policy_version,
+            approver=approver,
+            decided_at=now,
+            expires_at=now + validity,
+            keys=keys,
+        ),
+        committed_at=now,
     )

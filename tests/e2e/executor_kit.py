@@ -10,13 +10,13 @@ from typing import Any
 
 import psycopg
 
-from approvals.signing import approval_keys, receipt_for
+from approvals.signing import approval_keys
 from commands.policy import PolicySet
-from schemas.envelopes import ActorRef, CommittedCommand, Effect
-from schemas.fingerprint import fingerprint
+from schemas.envelopes import CommittedCommand, Effect
 from schemas.names import Topic
 from schemas.settings import Settings
 from tests.services import outcomes_by_call, publish, read_until, run
+from testsupport.records import approved_command
 
 POLICIES = PolicySet.from_directory()
 PAYMENTS = [f"pay_T{n}" for n in range(20)]
@@ -45,35 +45,16 @@ def refund_command(
         "amount_minor": amount,
         "reason": "load test",
     }
-    fp = fingerprint(
-        tenant="tenant-a",
-        tool="propose_refund",
-        arguments=arguments,
-        policy_version=POLICIES.version,
-    )
-    now = datetime.now(UTC)
-    call_id = call_id or f"x-{uuid.uuid4().hex[:16]}"
-    return CommittedCommand(
-        operation_id=f"tenant-a:{key}",
-        call_id=call_id,
-        tenant="tenant-a",
-        actor=ActorRef(sub="agent-1", roles=("refund",)),
-        tool="propose_refund",
-        arguments=arguments,
-        fingerprint=fp,
+    return approved_command(
+        "propose_refund",
+        arguments,
+        key=key,
+        call_id=call_id or f"x-{uuid.uuid4().hex[:16]}",
         effect=Effect.EXTERNAL_WRITE,
         policy_version=POLICIES.version,
-        approval=receipt_for(
-            call_id=call_id,
-            tenant="tenant-a",
-            fingerprint=fp,
-            policy_version=POLICIES.version,
-            approver="boss",
-            decided_at=now,
-            expires_at=now + timedelta(minutes=30),
-            keys=RECEIPT_KEYS,
-        ),
-        committed_at=now,
+        keys=RECEIPT_KEYS,
+        now=datetime.now(UTC),
+        validity=timedelta(minutes=30),
     )
 
 

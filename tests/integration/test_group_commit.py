@@ -14,7 +14,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from aiokafka import ConsumerRecord
 from psycopg_pool import AsyncConnectionPool
 from redis.asyncio import Redis
 
@@ -39,6 +38,7 @@ from tests.integration.test_executor import (
     provider_stats,
     scalar,
 )
+from tests.integration.test_pipelined_claims import committed_record
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -225,23 +225,6 @@ async def test_external_effects_of_a_group_settle_in_one_commit(
     assert statuses_in_ledger == ["succeeded"] * 3 + ["unknown"]
 
 
-def _record(cmd: CommittedCommand, partition: int, offset: int) -> ConsumerRecord[bytes, bytes]:
-    value = cmd.to_bytes()
-    return ConsumerRecord(
-        topic="t.commands.committed",
-        partition=partition,
-        offset=offset,
-        timestamp=0,
-        timestamp_type=0,
-        key=cmd.operation_id.encode(),
-        value=value,
-        checksum=None,
-        serialized_key_size=len(cmd.operation_id),
-        serialized_value_size=len(value),
-        headers=(),
-    )
-
-
 async def test_a_poll_batch_is_one_group_per_partition(
     pool: AsyncConnectionPool[Any], redis: Redis, settings: Settings
 ) -> None:
@@ -258,9 +241,9 @@ async def test_a_poll_batch_is_one_group_per_partition(
         pool=pool, claims=claims, catalog=catalog, policies=POLICIES, crash_points=observer
     )
     records = [
-        *(_record(c, 0, n) for n, c in enumerate(zero)),
-        *(_record(c, 1, n) for n, c in enumerate(one)),
-        _record(lone, 2, 0),
+        *(committed_record(c, n, 0) for n, c in enumerate(zero)),
+        *(committed_record(c, n, 1) for n, c in enumerate(one)),
+        committed_record(lone, 0, 2),
     ]
 
     handled = await service._handle_batch(records, executor=executor, reads=reads, pool=pool)

@@ -106,11 +106,14 @@ async def test_finish_many_finishes_only_with_the_fence(redis: Redis) -> None:
     assert (await later.claim("tenant-a", "k-b", fp, _now())).kind is ClaimKind.EXPIRED
 
 
-def _record(cmd: CommittedCommand, offset: int) -> ConsumerRecord[bytes, bytes]:
+def committed_record(
+    cmd: CommittedCommand, offset: int, partition: int = 0
+) -> ConsumerRecord[bytes, bytes]:
+    """``cmd`` as the executor consumes it from `commands.committed` (key: its operation)."""
     value = cmd.to_bytes()
     return ConsumerRecord(
         topic="t.commands.committed",
-        partition=0,
+        partition=partition,
         offset=offset,
         timestamp=0,
         timestamp_type=0,
@@ -151,7 +154,10 @@ async def test_a_batch_of_writes_claims_and_finishes_together(
     batch = [*writes, retry]
 
     handled = await service._handle_batch(
-        [_record(c, i) for i, c in enumerate(batch)], executor=executor, reads=reads, pool=pool
+        [committed_record(c, i) for i, c in enumerate(batch)],
+        executor=executor,
+        reads=reads,
+        pool=pool,
     )
 
     outcomes = [h.emits[0].value for h in handled]
