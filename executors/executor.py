@@ -11,6 +11,11 @@
    bounded retry for failures known to precede any effect; then settle or release in a second
    transaction — only if the entry is still ours (fencing) and still pending. A timeout or a
    lost response ends as `unknown` and goes to reconciliation; nothing is retried blindly.
+
+`execute_group` runs steps 2 and 3 for several commands of one partition batch with one
+commit for their ledger work and one for their settlements (docs/execution.md, "Group
+commit"); `claim_many` / `finish_many` take and finish a batch's Redis claims in one round
+trip each.
 """
 
 from __future__ import annotations

@@ -184,3 +184,126 @@ def record(rng: random.Random, keys: ContextKeys, number: int, *, run: str) -> F
     bad_id = rng.choice(["", " ", "a" * 200, "id with spaces", "ü", "\x00"])
     raw = json.dumps({"v": 1, "call_id": bad_id, "tool": "get_payment", "arguments": {}}).encode()
     return FuzzRecord(kind="bad-call-id", call_id=None, raw=raw)
+
+
+# --- decisions on `approvals.decided` -------------------------------------------------------
+
+DECISION_KINDS = (
+    "approve",
+    "reject",
+    "other_call",
+    "other_tenant",
+    "other_fingerprint",
+    "wrong_key",
+    "tampered",
+    "expired",
+    "no_rights",
+    "self_approval",
+    "not_json",
+    "json_not_object",
+    "v1_bearer",
+    "wrong_version",
+    "random_bytes",
+)
+
+
+@dataclass(frozen=True)
+class FuzzDecision:
+    """A record for `approvals.decided` about the pending call ``call_id`` (its Kafka key),
+    and what it may do: ``commits`` only for a valid approval of exactly that call,
+    ``readable`` when it parses as a decision record at all."""
+
+    kind: str
+    raw: bytes
+    commits: bool
+    rejects: bool
+    readable: bool
+
+
+def decision_record(
+    rng: random.Random,
+    *,
+    call_id: str,
+    tenant: str,
+    fingerprint: str,
+    requester: str,
+    keys: Any,
+    wrong_keys: Any,
+    now: Any,
+) -> FuzzDecision:
+    """One hostile or ordinary decision about the pending call; ``keys`` are the approval
+    service's signing keys, ``wrong_keys`` someone else's."""
+    from datetime import timedelta
+
+    from approvals.signing import sign_decision, statement_for
+    from schemas.envelopes import Actor, ApprovalVerdict
+
+    kind = rng.choice(DECISION_KINDS)
+    boss = Actor(sub=f"boss-{rng.randint(0, 9)}", tenant=tenant, roles=("approver",))
+    body: dict[str, Any] = {
+        "call_id": call_id,
+        "tenant": tenant,
+        "fingerprint": fingerprint,
+        "approver": boss,
+        "verdict": ApprovalVerdict.APPROVE,
+        "now": now,
+        "validity": timedelta(minutes=rng.choice([1, 5, 15])),
+    }
+    signing = keys
+    if kind == "reject":
+        body["verdict"] = ApprovalVerdict.REJECT
+    elif kind == "other_call":
+        body["call_id"] = f"{call_id}-{rng.getrandbits(16):04x}"
+    elif kind == "other_tenant":
+        body["tenant"] = "tenant-b"
+        body["approver"] = Actor(sub=boss.sub, tenant="tenant-b", roles=("approver",))
+    elif kind == "other_fingerprint":
+        body["fingerprint"] = "".join(rng.choice("0123456789abcdef") for _ in range(64))
+    elif kind == "wrong_key":
+        signing = wrong_keys
+    elif kind == "expired":
+        body["now"] = now - timedelta(hours=rng.randint(1, 48))
+    elif kind == "no_rights":
+        body["approver"] = Actor(sub=boss.sub, tenant=tenant, roles=rng.choice([(), ("support",)]))
+    elif kind == "self_approval":
+        body["approver"] = Actor(sub=requester, tenant=tenant, roles=("approver",))
+    if kind in ("not_json", "json_not_object", "v1_bearer", "wrong_version", "random_bytes"):
+        raw: bytes
+        if kind == "not_json":
+            raw = ("{" + _text(rng, rng.randint(0, 60))).encode()
+        elif kind == "json_not_object":
+            raw = json.dumps(rng.choice([[], [call_id], 1, "approve", None])).encode()
+        elif kind == "v1_bearer":
+            raw = json.dumps(
+                {
+                    "v": 1,
+                    "call_id": call_id,
+                    "approver": "eyJhbGciOi.bearer.token",
+                    "verdict": "approve",
+                }
+            ).encode()
+        elif kind == "wrong_version":
+            good = sign_decision(statement_for(**body), keys)
+            raw = json.dumps(
+                {**json.loads(good.to_bytes()), "v": rng.choice([0, 1, 3, 99])}
+            ).encode()
+        else:
+            raw = bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 300)))
+        return FuzzDecision(kind=kind, raw=raw, commits=False, rejects=False, readable=False)
+    record = sign_decision(statement_for(**body), signing)
+    raw = record.to_bytes()
+    if kind == "tampered":
+        data = json.loads(raw)
+        header, payload, signature = data["statement"].split(".")
+        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+        claims["fingerprint"] = "f" * 64 if claims["fingerprint"] != "f" * 64 else "e" * 64
+        forged = base64.urlsafe_b64encode(json.dumps(claims).encode()).rstrip(b"=").decode()
+        data["statement"] = f"{header}.{forged}.{signature}"
+        raw = json.dumps(data).encode()
+    return FuzzDecision(
+        kind=kind,
+        raw=raw,
+        commits=kind == "approve",
+        rejects=kind == "reject",
+        readable=True,
+    )
