@@ -61,10 +61,10 @@ _NO_CLAIM = Claim(kind=ClaimKind.UNAVAILABLE)
 Position = tuple[str, int, int]
 
 
-# Members per group commit. Measured (bench T3, 2 cores): one group per partition batch ran
+# Members per group commit. Measured (T3 drains, 2 cores): one group per partition batch ran
 # its members' round trips one after another and drained writes at half the rate of one
-# transaction per command; groups of 8, concurrently, drain them a little faster than that
-# with ~10 % less executor CPU per command.
+# transaction per command; groups of 8, concurrently, drain them as fast as that, within the
+# machine's noise (docs/execution.md, "Group commit").
 GROUP_SIZE = 8
 
 
