@@ -1,6 +1,6 @@
-"""`make soak`: the pipeline at half its measured capacity for ten minutes, with duplicate
-idempotency keys, approvals and invalid calls, while an executor and a streams worker are
-killed and restarted every two minutes.
+"""`make soak`: the pipeline (two streams workers, two executors, a reconciler) at half its
+measured capacity for ten minutes, with duplicate idempotency keys, approvals and invalid
+calls, while an executor and a streams worker are killed and restarted every two minutes.
 
 Checked at the end: every call has exactly one final outcome (repeats of the same outcome are
 allowed, two different ones are not), every read and duplicate succeeded, every invalid call
@@ -43,6 +43,10 @@ RESTART_EVERY = min(120, max(20, SOAK_SECONDS // 5))
 WARMUP_SECONDS = 2 * RESTART_EVERY + 30
 SETTLE_SECONDS = 240
 FINAL = {"succeeded", "failed", "rejected", "denied", "conflict", "expired", "cancelled"}
+RECONCILER = {
+    "RATIFIER_RECONCILER__BACKOFF_SECONDS": "0.5",
+    "RATIFIER_RECONCILER__BACKOFF_CAP_SECONDS": "5",
+}
 
 
 @dataclass
@@ -266,6 +270,9 @@ def test_soak(signing_keys: SigningKeys) -> None:
     try:
         seed_payments(pipeline.settings)
         pipeline.start("streams", "streams-2", RATIFIER_STREAMS__HTTP_PORT="0")
+        # A refund whose executor is killed after its effect_pending entry is committed is
+        # answered `unknown`; only reconciliation gives it its final outcome, as in production.
+        pipeline.start("reconciler", "reconciler", **RECONCILER)
         soak = Soak(pipeline, run_id)
         figures = asyncio.run(soak.run())
         ledger = soak.ledger
