@@ -6,14 +6,13 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from datetime import UTC, datetime
 
 import pytest
 from redis.asyncio import Redis
 
 from executors.claims import ClaimKind, ClaimStore
-from schemas.envelopes import Outcome, Stage, Status
 from schemas.settings import Settings
+from tests.integration.test_pipelined_claims import claim_outcome
 
 pytestmark = pytest.mark.integration
 
@@ -46,13 +45,6 @@ async def test_dead_owners_claim_is_taken_over_before_its_lease_ends(
     assert taken.previous_owner == "exec-a"
     assert taken.fence > first.fence
     # A holder that was only slow cannot finish with its old fencing number.
-    late = Outcome(
-        call_id=f"c-{key}",
-        tool="get_payment",
-        tenant="tenant-a",
-        status=Status.SUCCEEDED,
-        stage=Stage.EXECUTE,
-        at=datetime.now(UTC),
-    )
+    late = claim_outcome(key, tool="get_payment")
     assert not await holder.finish("tenant-a", key, first.fence, late)
     assert await other.finish("tenant-a", key, taken.fence, late)

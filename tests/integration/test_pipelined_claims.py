@@ -29,10 +29,11 @@ from tests.integration.test_executor import POLICIES, command
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 
-def _outcome(key: str) -> Outcome:
+def claim_outcome(key: str, tool: str = "add_payout_account") -> Outcome:
+    """A succeeded outcome to store under the claim of ``key``."""
     return Outcome(
         call_id=f"c-{key}",
-        tool="add_payout_account",
+        tool=tool,
         tenant="tenant-a",
         status=Status.SUCCEEDED,
         stage=Stage.EXECUTE,
@@ -51,7 +52,7 @@ async def test_claim_many_answers_like_each_claim_alone(redis: Redis) -> None:
     fp, other_fp = "a" * 64, "b" * 64
     done, held, fresh = "k-done", "k-held", "k-fresh"
     finished = await ours.claim("tenant-a", done, fp, _now())
-    assert await ours.finish("tenant-a", done, finished.fence, _outcome(done))
+    assert await ours.finish("tenant-a", done, finished.fence, claim_outcome(done))
     held_by_them = await theirs.claim("tenant-a", held, fp, _now())
 
     claims = await ours.claim_many(
@@ -95,9 +96,9 @@ async def test_finish_many_finishes_only_with_the_fence(redis: Redis) -> None:
     done = await first.finish_many(
         [
             ClaimFinish(tenant="tenant-a", idempotency_key="k-a", fence=a.fence,
-                        outcome=_outcome("k-a")),
+                        outcome=claim_outcome("k-a")),
             ClaimFinish(tenant="tenant-a", idempotency_key="k-b", fence=b.fence,
-                        outcome=_outcome("k-b")),
+                        outcome=claim_outcome("k-b")),
         ]
     )  # fmt: skip
 
