@@ -11,6 +11,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+import psycopg
 from aiokafka import TopicPartition
 
 from runtime.clients import kafka_admin, kafka_consumer, kafka_producer
@@ -30,6 +31,17 @@ T = TypeVar("T")
 TEST_DATABASE_URL = os.environ.get(
     "RATIFIER_TEST_DATABASE_URL", "postgresql://ratifier:ratifier@127.0.0.1:5432/ratifier_test"
 )
+
+
+def reset_refundable(settings: Settings) -> None:
+    """The test database outlives sessions: its payments get their full refundable amount back
+    at the start of each one."""
+    with psycopg.connect(settings.storage.database_url) as conn:
+        conn.execute(
+            "UPDATE payments SET refundable_minor = amount_minor "
+            "WHERE payment_id IN ('pay_A1001', 'pay_A1002', 'pay_B2001')"
+        )
+        conn.execute("UPDATE payments SET refundable_minor = 2000 WHERE payment_id = 'pay_A1002'")
 
 
 def session_settings(prefix: str | None = None) -> Settings:

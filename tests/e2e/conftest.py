@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from jwt.algorithms import OKPAlgorithm
@@ -31,6 +30,7 @@ from tests.services import (
     proposal,
     publish,
     read_until,
+    reset_refundable,
     run,
     session_settings,
     worker_env,
@@ -155,16 +155,6 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
-
-
-def reset_refundable(settings: Settings) -> None:
-    """The test database's payments get their full refundable amount back each session."""
-    with psycopg.connect(settings.storage.database_url) as conn:
-        conn.execute(
-            "UPDATE payments SET refundable_minor = amount_minor "
-            "WHERE payment_id IN ('pay_A1001', 'pay_A1002', 'pay_B2001')"
-        )
-        conn.execute("UPDATE payments SET refundable_minor = 2000 WHERE payment_id = 'pay_A1002'")
 
 
 def start_pipeline(

@@ -11,13 +11,14 @@ from ratifier.migrate import migrate
 from ratifier.topics import delete_topics, ensure_topics
 from runtime.clients import pg_pool, redis_client
 from schemas.settings import Settings
-from tests.services import run, session_settings
+from tests.services import reset_refundable, run, session_settings
 
 
 @pytest.fixture(scope="session")
 def settings() -> Iterator[Settings]:
     settings = session_settings()
     migrate(settings.storage.database_url)
+    reset_refundable(settings)
     yield settings
     run(delete_topics(settings))
 
