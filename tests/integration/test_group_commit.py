@@ -44,11 +44,11 @@ from tests.integration.test_pipelined_claims import committed_record
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 
-def payout(holder: str) -> CommittedCommand:
+def payout(holder: str, payment_id: str = "pay_A1001") -> CommittedCommand:
     return command(
         "add_payout_account",
         {
-            "payment_id": "pay_A1001",
+            "payment_id": payment_id,
             "account_holder": holder,
             "account_number": "DE44500105175407324931",
         },
@@ -241,8 +241,11 @@ async def test_a_poll_batch_is_one_group_per_partition(
     reads = BatchedReads(
         pool=pool, catalog=catalog, policies=POLICIES, receipt_keys=approval_keys(settings)
     )
-    zero = [payout(f"Zero {n}") for n in range(3)]
-    one = [payout(f"One {n}") for n in range(3)]
+    # The groups run concurrently, and each member locks its payment: groups of one payment
+    # each, so that neither waits for the other past the group's lock timeout (a member that
+    # does is rolled back and run alone after its group).
+    zero = [payout(f"Zero {n}", "pay_A1001") for n in range(3)]
+    one = [payout(f"One {n}", "pay_A1002") for n in range(3)]
     lone = payout("Lone")  # the only write of its partition: run alone
     observer = Observer(settings, [*zero, *one])
     executor = CommandExecutor(
