@@ -139,9 +139,10 @@ class Tool:
     effect: Effect
     handler: Handler
     load: ResourceLoader | None = None
-    # Reads only: the resources of many reads of one tenant in one query. The executor runs
-    # the plain reads of a poll batch together (docs/execution.md, "Reads"); a read tool
-    # without it is loaded by ``load``, read by read, on the batch's connection.
+    # ``load`` for many calls of one tenant, in one query (`load_resources`): the authorizer
+    # loads the resources of a batch's calls with it, the executor those of a poll batch's
+    # plain reads (docs/execution.md, "Reads"); a tool without it is loaded by ``load``, call
+    # by call, on the batch's connection.
     load_many: BatchLoader | None = None
     # What ``load`` returns (kind and attributes); required for a generated Cedar schema.
     resource: type[ResourceFacts] | None = None
@@ -168,6 +169,37 @@ class Tool:
             key: (_mask(value, salt) if key in self.secret_fields else value)
             for key, value in arguments.items()
         }
+
+
+def load_groups(keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], list[int]]:
+    """The positions of the calls loaded by one query: per ``(tenant, tool)``, in order."""
+    groups: dict[tuple[str, str], list[int]] = {}
+    for index, key in enumerate(keys):
+        groups.setdefault(key, []).append(index)
+    return groups
+
+
+async def load_resources(
+    conn: Connection, asks: Sequence[tuple[Tool, Actor, Any]]
+) -> list[Resource | None]:
+    """The resources of many calls, in order, read-only and locking nothing: one query per
+    tenant and tool where the tool has ``load_many``, else one per call (each in its tenant);
+    ``None`` for a tool without a loader. The authorizer loads a batch's resources so, the
+    executor a poll batch's plain reads."""
+    resources: list[Resource | None] = [None] * len(asks)
+    keys = [(actor.tenant, tool.name) for tool, actor, _ in asks]
+    for (tenant, _), indexes in load_groups(keys).items():
+        tool = asks[indexes[0]][0]
+        asked = [(asks[i][1], asks[i][2]) for i in indexes]
+        if tool.load_many is not None:
+            found = list(await tool.load_many(conn, tenant, asked))
+        elif tool.load is not None:
+            found = [await tool.load(conn, actor, arguments, False) for actor, arguments in asked]
+        else:
+            continue
+        for index, resource in zip(indexes, found, strict=True):
+            resources[index] = resource
+    return resources
 
 
 def salted_hash(value: Any, salt: str) -> str:

@@ -4,7 +4,8 @@ A read has no effect to deduplicate (no claim, no ledger entry), so the reads of
 share one connection and one transaction: per read, the same commit-time re-check as a
 single command's (`executors.decisions`: `admission`, then `resource_refusals`, one policy
 evaluation for the batch); per tenant and tool, one query for the resources of all its reads
-(`Tool.load_many`; a read tool without one is loaded read by read on the same connection);
+(`commands.catalog.load_resources` with `Tool.load_many`; a tool without one is loaded read by
+read on the same connection);
 then each read's handler; then every read's audit row (kind `read`) in one statement, and
 one commit.
 
@@ -25,7 +26,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from approvals.signing import ApprovalKeys
-from commands.catalog import Catalog, Connection, ExecutionContext, Resource, Tool
+from commands.catalog import Catalog, Connection, ExecutionContext, Tool, load_resources
 from commands.policy import PolicySet, PolicySource
 from executors.decisions import Admitted, Loaded, admission, plain_read, resource_refusals
 from executors.executor import Execution
@@ -57,14 +58,6 @@ def split_reads(
         is_read = command is not None and plain_read(command, catalog.get(command.tool))
         (reads if is_read else rest).append(index)
     return reads, rest
-
-
-def load_groups(keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], list[int]]:
-    """The positions of the reads loaded by one query: per ``(tenant, tool)``, in order."""
-    groups: dict[tuple[str, str], list[int]] = {}
-    for index, key in enumerate(keys):
-        groups.setdefault(key, []).append(index)
-    return groups
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -139,7 +132,11 @@ class BatchedReads:
                 outcomes[index] = failed_outcome(read.command, verdict, read.trace_id)
                 continue
             admitted.append((index, _Admitted(read=read, tool=tool, admitted=verdict)))
-        resources = await self._load(conn, [item for _, item in admitted])
+        # Reads lock nothing: a read's snapshot is the data of that moment.
+        resources = await load_resources(
+            conn,
+            [(item.tool, item.admitted.actor, item.admitted.arguments) for _, item in admitted],
+        )
         loaded = [
             Loaded(command=item.read.command, tool=item.tool, admitted=item.admitted, resource=r)
             for (_, item), r in zip(admitted, resources, strict=True)
@@ -151,26 +148,6 @@ class BatchedReads:
             else:
                 outcomes[index] = await self._handle(conn, item.read, found)
         return [outcome for outcome in outcomes if outcome is not None]
-
-    async def _load(self, conn: Connection, items: Sequence[_Admitted]) -> list[Resource | None]:
-        """Each read's resource: one query per tenant and tool when the tool has
-        ``load_many``. Reads lock nothing: a read's snapshot is the data of that moment."""
-        resources: list[Resource | None] = [None] * len(items)
-        keys = [(item.read.command.tenant, item.tool.name) for item in items]
-        for (tenant, _), indexes in load_groups(keys).items():
-            tool = items[indexes[0]].tool
-            asked = [(items[i].admitted.actor, items[i].admitted.arguments) for i in indexes]
-            if tool.load_many is not None:
-                found = list(await tool.load_many(conn, tenant, asked))
-            elif tool.load is not None:
-                found = [
-                    await tool.load(conn, actor, arguments, False) for actor, arguments in asked
-                ]
-            else:
-                continue
-            for index, resource in zip(indexes, found, strict=True):
-                resources[index] = resource
-        return resources
 
     async def _handle(self, conn: Connection, read: Read, loaded: Loaded) -> Outcome:
         command = read.command

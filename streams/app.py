@@ -150,7 +150,7 @@ def create_app(
         feed=feed,
         keys=keys,
         limits=limits,
-        fetch=storage.fetch,
+        fetch_many=storage.fetch_many,
         tracer=observer.tracer,
     )
 

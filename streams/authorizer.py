@@ -27,6 +27,10 @@ from streams.commit import commit, committed_at_authorization
 from streams.emit import Emit, outcome
 
 ResourceFetch = Callable[[Tool, Actor, ToolArguments], Awaitable[Resource | None]]
+ResourceAsk = tuple[Tool, Actor, ToolArguments]
+# The resources of a batch's calls, in order (streams/storage.py: one query per tenant and
+# tool where the tool has ``load_many``).
+ResourcesFetch = Callable[[Sequence[ResourceAsk]], Awaitable[Sequence[Resource | None]]]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,16 +62,25 @@ def _ended(
     )
 
 
-async def _prepare(
+@dataclass(frozen=True, kw_only=True)
+class _Checked:
+    """A call whose identity, tool and arguments hold; its resource is loaded next."""
+
+    call: ValidatedCall
+    actor: Actor
+    tool: Tool
+    arguments: ToolArguments
+
+
+def _check(
     call: ValidatedCall,
     *,
     catalog: Catalog,
     keys: ContextKeys,
     policies: PolicySet,
-    fetch: ResourceFetch,
     now: datetime,
-) -> Emit | _Pending:
-    """Everything before the policy decision: identity, tool, arguments, resource."""
+) -> Emit | _Checked:
+    """Everything before the resource and the policy decision: identity, tool, arguments."""
     try:
         actor = verify_context_token(call.context, keys)
     except Unauthenticated:
@@ -95,17 +108,38 @@ async def _prepare(
             policies=policies,
             status=Status.REJECTED,
         )
-    resource = await fetch(tool, actor, arguments) if tool.load is not None else None
-    if tool.load is not None and resource is None:
+    return _Checked(call=call, actor=actor, tool=tool, arguments=arguments)
+
+
+def _pending(
+    checked: _Checked, resource: Resource | None, *, now: datetime, policies: PolicySet
+) -> Emit | _Pending:
+    if checked.tool.load is not None and resource is None:
         return _ended(
-            call, code=ErrorCode.NOT_FOUND, tenant=actor.tenant, now=now, policies=policies
+            checked.call,
+            code=ErrorCode.NOT_FOUND,
+            tenant=checked.actor.tenant,
+            now=now,
+            policies=policies,
         )
     return _Pending(
-        call=call,
+        call=checked.call,
         request=AuthorizationRequest(
-            actor=actor, tool=tool, resource=resource, arguments=call.arguments
+            actor=checked.actor,
+            tool=checked.tool,
+            resource=resource,
+            arguments=checked.call.arguments,
         ),
     )
+
+
+def one_by_one(fetch: ResourceFetch) -> ResourcesFetch:
+    """A batch fetch made of single fetches (for stores without a batch query)."""
+
+    async def fetch_all(asks: Sequence[ResourceAsk]) -> Sequence[Resource | None]:
+        return await asyncio.gather(*(fetch(tool, actor, args) for tool, actor, args in asks))
+
+    return fetch_all
 
 
 def _routed(
@@ -170,16 +204,21 @@ async def on_validated_batch(
     catalog: Catalog,
     keys: ContextKeys,
     policies: PolicySet,
-    fetch: ResourceFetch,
+    fetch_many: ResourcesFetch,
     now: datetime,
 ) -> list[tuple[Emit, ...]]:
-    """What the authorizer publishes for each call of a batch, in order."""
-    prepared = await asyncio.gather(
-        *(
-            _prepare(c, catalog=catalog, keys=keys, policies=policies, fetch=fetch, now=now)
-            for c in calls
-        )
-    )
+    """What the authorizer publishes for each call of a batch, in order; the resources of
+    all its calls are loaded at once."""
+    checked = [_check(c, catalog=catalog, keys=keys, policies=policies, now=now) for c in calls]
+    loading = [c for c in checked if isinstance(c, _Checked) and c.tool.load is not None]
+    found = await fetch_many([(c.tool, c.actor, c.arguments) for c in loading]) if loading else ()
+    resources = {id(c): r for c, r in zip(loading, found, strict=True)}
+    prepared = [
+        _pending(c, resources.get(id(c)), now=now, policies=policies)
+        if isinstance(c, _Checked)
+        else c
+        for c in checked
+    ]
     pending = [p for p in prepared if isinstance(p, _Pending)]
     decisions = iter(authorize_batch([p.request for p in pending], policies))
     return [
@@ -199,6 +238,11 @@ async def on_validated(
 ) -> tuple[Emit, ...]:
     """Everything the authorizer publishes for one validated call."""
     (emits,) = await on_validated_batch(
-        [call], catalog=catalog, keys=keys, policies=policies, fetch=fetch, now=now
+        [call],
+        catalog=catalog,
+        keys=keys,
+        policies=policies,
+        fetch_many=one_by_one(fetch),
+        now=now,
     )
     return emits

@@ -40,7 +40,7 @@ from schemas.identity import ContextKeys
 from schemas.names import AUTHORIZER_GROUP, STREAMS_APP_ID, VALIDATOR_GROUP, Topic
 from schemas.settings import Settings
 from schemas.vocabulary import StreamStage
-from streams.authorizer import ResourceFetch, on_validated_batch
+from streams.authorizer import ResourcesFetch, on_validated_batch
 from streams.validator import on_proposed
 from telemetry.tracing import Tracer, trace_id_of
 
@@ -92,7 +92,7 @@ def validator_handler(
 
 
 def authorizer_handler(
-    *, catalog: Catalog, keys: ContextKeys, feed: PolicyFeed, fetch: ResourceFetch
+    *, catalog: Catalog, keys: ContextKeys, feed: PolicyFeed, fetch_many: ResourcesFetch
 ) -> Callable[[Sequence[Consumed]], Awaitable[list[Handled]]]:
     async def handle(records: Sequence[Consumed]) -> list[Handled]:
         parsed: list[ValidatedCall | None] = []
@@ -107,7 +107,7 @@ def authorizer_handler(
                 catalog=catalog,
                 keys=keys,
                 policies=feed.current,
-                fetch=fetch,
+                fetch_many=fetch_many,
                 now=datetime.now(UTC),
             )
         )
@@ -161,7 +161,7 @@ class StatelessStages:
         feed: PolicyFeed,
         keys: ContextKeys,
         limits: Limits,
-        fetch: ResourceFetch,
+        fetch_many: ResourcesFetch,
         tracer: Tracer,
     ) -> None:
         self._settings = settings
@@ -170,7 +170,7 @@ class StatelessStages:
         self._handlers = {
             StreamStage.VALIDATOR: validator_handler(catalog=catalog, limits=limits, feed=feed),
             StreamStage.AUTHORIZER: authorizer_handler(
-                catalog=catalog, keys=keys, feed=feed, fetch=fetch
+                catalog=catalog, keys=keys, feed=feed, fetch_many=fetch_many
             ),
         }
         self._loops: list[ConsumerLoop] = []

@@ -12,7 +12,7 @@ from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from commands.catalog import Resource, Tool, ToolArguments
+from commands.catalog import Resource, Tool, ToolArguments, load_resources
 from commands.sql import named_query
 from runtime.clients import pg_pool
 from schemas.envelopes import Actor
@@ -70,6 +70,14 @@ class StreamStorage:
             return None
         who = actor if isinstance(actor, Actor) else Actor(sub="-", tenant=actor)
         return await self._with_connection(lambda conn: load(conn, who, arguments, False))
+
+    async def fetch_many(
+        self, asks: Sequence[tuple[Tool, Actor, ToolArguments]]
+    ) -> list[Resource | None]:
+        """The resources of many calls, in order, on one connection (`load_resources`)."""
+        if not any(tool.load is not None for tool, _, _ in asks):
+            return [None] * len(asks)
+        return await self._with_connection(lambda conn: load_resources(conn, asks))
 
     async def audit(self, entries: Sequence[AuditEntry], *, event_key: str) -> None:
         """Append audit rows, once per source record (``event_key`` + position in it);

@@ -71,6 +71,7 @@ TOOLS: tuple[Tool, ...] = (
         arguments=ProposeRefundArguments,
         effect=Effect.EXTERNAL_WRITE,
         load=load_payment,
+        load_many=load_payments,
         resource=PaymentFacts,
         handler=propose_refund,
         external=ExternalEffect(
@@ -96,6 +97,7 @@ TOOLS: tuple[Tool, ...] = (
         arguments=AddPayoutAccountArguments,
         effect=Effect.REVERSIBLE_WRITE,
         load=load_payment,
+        load_many=load_payments,
         resource=PaymentFacts,
         handler=add_payout_account,
     ),

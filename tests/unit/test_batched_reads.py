@@ -15,11 +15,12 @@ from commands.catalog import (
     HandlerResult,
     Resource,
     Tool,
+    load_groups,
 )
 from commands.payments.models import GetPaymentArguments, PaymentFacts
 from commands.policy import PolicySet
 from executors.decisions import Admitted, Loaded, admission, plain_read, resource_refusals
-from executors.reads import BatchedReads, Read, load_groups, split_reads
+from executors.reads import BatchedReads, Read, split_reads
 from schemas.envelopes import Actor, ActorRef, CommittedCommand, Effect, Status
 from schemas.errors import ErrorCode, PreconditionFailed
 from schemas.fingerprint import fingerprint

@@ -3,15 +3,17 @@ order; a record the authorizer cannot read fails alone."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from aiokafka import ConsumerRecord
 
-from commands.catalog import Catalog
+from commands.catalog import Catalog, Resource
 from commands.policy import PolicySet
 from commands.validate import Limits
 from schemas.envelopes import AuthorizedCall, ValidatedCall
 from schemas.names import TRACEPARENT_HEADER, Topic
+from streams.authorizer import ResourceAsk, one_by_one
 from streams.stateless import authorizer_handler, validator_handler
 from tests.unit.conftest import KEYS
 from tests.unit.test_stages import PAYMENT, FakeStore, proposed, validated
@@ -59,7 +61,18 @@ async def test_authorizer_fails_only_the_unreadable_record(
     catalog: Catalog, policies: PolicySet
 ) -> None:
     store = FakeStore(PAYMENT)
-    handle = authorizer_handler(catalog=catalog, keys=KEYS, feed=Feed(policies), fetch=store.fetch)  # type: ignore[arg-type]
+    batches: list[int] = []
+
+    async def fetch_many(asks: Sequence[ResourceAsk]) -> Sequence[Resource | None]:
+        batches.append(len(asks))
+        return await one_by_one(store.fetch)(asks)
+
+    handle = authorizer_handler(
+        catalog=catalog,
+        keys=KEYS,
+        feed=Feed(policies),  # type: ignore[arg-type]
+        fetch_many=fetch_many,
+    )
     call = validated().model_dump_json().encode()
     first, broken, last = await handle([record(call, 1), record(b"{not json", 2), record(call, 3)])
     assert broken.failure == "unreadable" and broken.emits == ()
@@ -68,3 +81,4 @@ async def test_authorizer_fails_only_the_unreadable_record(
         emit, committed = handled.emits  # a read: committed by the authorizer itself
         assert emit.topic is Topic.AUTHORIZED and isinstance(emit.value, AuthorizedCall)
         assert committed.topic is Topic.COMMITTED
+    assert batches == [2]  # the readable calls' resources, loaded together
