@@ -31,10 +31,6 @@ SCHEMA_FILE = "approvers.cedarschema.json"
 _NOBODY = "ratifier:open"
 
 
-def _escape(ident: str) -> str:
-    return ident.replace("\\", "\\\\").replace('"', '\\"')
-
-
 def _amount(arguments: dict[str, Any]) -> int:
     value = arguments.get("amount_minor")
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
@@ -99,9 +95,10 @@ class PolicyRights:
         pending: PendingCall,
     ) -> tuple[bool, tuple[str, ...]]:
         request = {
-            "principal": f'Approver::"{_escape(f"{tenant}/{sub}")}"',
-            "action": f'Action::"{action}"',
-            "resource": f'PendingCall::"{_escape(pending.call.call_id)}"',
+            # Structured uids: nothing to escape (as in commands/policy.py).
+            "principal": {"type": "Approver", "id": f"{tenant}/{sub}"},
+            "action": {"type": "Action", "id": action},
+            "resource": {"type": "PendingCall", "id": pending.call.call_id},
             "context": {"kind": kind},
         }
         (result,) = cedarpy.is_authorized_batch(

@@ -205,9 +205,10 @@ class AuthorizationRequest:
     arguments: dict[str, Any]
 
 
-def _uid(kind: str, ident: str) -> str:
-    escaped = ident.replace("\\", "\\\\").replace('"', '\\"')
-    return f'{kind}::"{escaped}"'
+def _uid(kind: str, ident: str) -> dict[str, str]:
+    # Structured, not Cedar's `Kind::"id"` text: nothing to escape, and Cedar builds the
+    # request without running its parser on each uid (a third of a request's cost).
+    return {"type": kind, "id": ident}
 
 
 def _cedar_value(value: Any) -> Any:
