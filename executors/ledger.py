@@ -179,16 +179,15 @@ class CommandLedger:
         kind: AuditKind,
     ) -> None:
         """`audit` for many calls in one statement: ``(tenant, call_id, detail)`` each."""
+        if not rows:
+            return
         async with conn.cursor() as cur:
-            await cur.executemany(
-                named_query(_PKG, "insert_audit"),
-                [
-                    {
-                        "tenant": tenant,
-                        "call_id": call_id,
-                        "kind": kind.value,
-                        "detail": Jsonb(detail),
-                    }
-                    for tenant, call_id, detail in rows
-                ],
+            await cur.execute(
+                named_query(_PKG, "insert_audit_many"),
+                {
+                    "kind": kind.value,
+                    "tenants": [tenant for tenant, _, _ in rows],
+                    "call_ids": [call_id for _, call_id, _ in rows],
+                    "details": [Jsonb(detail) for _, _, detail in rows],
+                },
             )
