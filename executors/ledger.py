@@ -186,8 +186,11 @@ class CommandLedger:
                 named_query(_PKG, "insert_audit_many"),
                 {
                     "kind": kind.value,
-                    "tenants": [tenant for tenant, _, _ in rows],
-                    "call_ids": [call_id for _, call_id, _ in rows],
-                    "details": [Jsonb(detail) for _, _, detail in rows],
+                    "rows": Jsonb(
+                        [
+                            {"tenant": tenant, "call_id": call_id, "detail": detail}
+                            for tenant, call_id, detail in rows
+                        ]
+                    ),
                 },
             )
