@@ -202,10 +202,10 @@ NEXT_STEP = {
     "does) instead of one `send` per record",
     "faust + mode": "take the remaining stage off faust's per-event path (the runtime loop with "
     "a changelog topic of its own)",
-    "psycopg": "fewer round trips per command: a batch's independent statements in one "
-    "pipeline (psycopg pipeline mode, as the batched reads' audit rows already are), and a "
-    "write's ledger insert, outcome and audit row as one statement; the reads' tenant-scoped "
-    "query per batch and the writes' group commit are in",
+    "psycopg": "fewer round trips per command: a write's ledger insert, outcome and audit row "
+    "as one statement (the resources of a batch's calls are one query per tenant and tool in "
+    "the authorizer and in the executor, a batch's read audit rows one statement, writes "
+    "group-committed)",
     "pydantic": "parse each envelope once per hop (`model_validate_json` on the bytes) and "
     "serialize once; no re-validation of records the stage built itself",
     "redis-py": "fewer scripts per write: the claims and finishes of a batch already take one "
@@ -213,10 +213,10 @@ NEXT_STEP = {
     "token (PyJWT, cryptography)": "verify each signature once: context tokens are cached per "
     "token already; cache verified approval receipts (the executor's EdDSA verify) by digest "
     "until their expiry",
-    "Cedar": "hand Cedar the batch's entities as one parsed `cedarpy.Entities` handle instead "
-    "of JSON dicts serialized and parsed again on every `is_authorized_batch` call, and reuse "
-    "the decision of identical requests within a batch (policies and schema are parsed once "
-    "already)",
+    "Cedar": "Cedar's own metrics put a request's build at about 45 us and its evaluation at "
+    "about 12: reuse the decision of identical requests (principal, action, resource, context "
+    "and entities alike) within a batch and, bounded, across batches of one policy version "
+    "(uids are structured and policies and schema parsed once already)",
     "json": "serialize each record once (pydantic's `model_dump_json`, no `json` round trip)",
     "ratifier runtime loop": "make the loop's per-record work per batch in runtime/loop.py "
     "(hop metric and span, publication bookkeeping)",
