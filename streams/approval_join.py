@@ -244,6 +244,7 @@ def install_approval_join(
             event_key = f"{position.topic}:{position.partition}:{position.offset}"
             started = time.time_ns()
             parent = traceparent_of(message.headers)
+            before = table.get(event.key) if event.key else None
             try:
                 handled = await handle(event, position)
             except (ValidationError, ValueError):
@@ -262,9 +263,6 @@ def install_approval_join(
                 continue
             if handled is None:
                 continue  # committed by the authorizer, whose hop the call's trace went through
-            # Read after the handling (records of a key are handled one at a time): a call the
-            # authorizer committed, most of them, costs no table read.
-            before = table.get(event.key) if event.key else None
             state, steps = handled
             emits = tuple(e for s in steps for e in s.emits)
             audits = [a for s in steps for a in s.audits]
