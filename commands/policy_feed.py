@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from commands.catalog import load_catalog
 from commands.policy import DEFAULT_POLICY_DIR, PolicySet, catalog_mismatches
-from runtime.clients import kafka_producer
+from runtime.clients import kafka_admin, kafka_producer, start_kafka_client
 from runtime.reader import TopicReader
 from schemas.envelopes import PolicySetRecord
 from schemas.errors import ConfigurationError
@@ -95,9 +95,28 @@ class PolicyStatus:
         return "\n".join(lines)
 
 
+async def _require_policies_topic(settings: Settings) -> None:
+    """Raise a :class:`ConfigurationError` that says what to do when the `policies` topic does
+    not exist (a wrong prefix, or topics never created), rather than waiting for it."""
+    name = settings.topic(Topic.POLICIES)
+    admin = kafka_admin(settings)
+    await start_kafka_client(admin, settings.kafka)
+    try:
+        exists = name in set(await admin.list_topics())
+    finally:
+        await admin.close()
+    if not exists:
+        raise ConfigurationError(
+            f"no topic {name} on {settings.kafka.bootstrap}: nothing was ever published under "
+            f"the prefix {settings.topic_prefix!r} (check RATIFIER_TOPIC_PREFIX, or create the "
+            "topics with `ratifier topics`)"
+        )
+
+
 async def policy_status(settings: Settings) -> PolicyStatus:
     """What a running deployment enforces: the newest valid set on the `policies` topic (the
     one every worker switched to), compared with the local folder."""
+    await _require_policies_topic(settings)
     feed = PolicyFeed(settings, local_policies(settings))
     await feed.catch_up(announce=False)
     return PolicyStatus(
@@ -139,10 +158,11 @@ class PolicyFeed:
         except ValidationError:
             self._refuse("?", "unreadable policies record")
             return
-        if (
-            record.name != self._settings.policies.set_name
-            or record.version == self._current.version
-        ):
+        if record.name != self._settings.policies.set_name:
+            return
+        if record.version == self._current.version:
+            # The set in force is the published one, even when the folder holds the same.
+            self.origin = self._published(record)
             return
         try:
             candidate = PolicySet.from_sources(record.policies, canonical_json(record.cedar_schema))
@@ -153,13 +173,16 @@ class PolicyFeed:
             self._refuse(record.version, f"content hashes to {candidate.version}")
             return
         previous, self._current = self._current, candidate
-        self.origin = (
-            f"topic {self._settings.topic(Topic.POLICIES)} key {record.name!r}, "
-            f"published {record.published_at.isoformat()}"
-        )
+        self.origin = self._published(record)
         log.warning("policy set switched from %s to %s", previous.version, candidate.version)
         if self._on_change is not None:
             self._on_change(candidate)
+
+    def _published(self, record: PolicySetRecord) -> str:
+        return (
+            f"topic {self._settings.topic(Topic.POLICIES)} key {record.name!r}, "
+            f"published {record.published_at.isoformat()}"
+        )
 
     def _refuse(self, version: str, reason: str) -> None:
         self.refusals.append(Refusal(version=version, reason=reason, at=datetime.now(UTC)))

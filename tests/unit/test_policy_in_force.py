@@ -64,3 +64,16 @@ def test_status_renders_drift() -> None:
     )
     assert status.differs
     assert "DIFFERS" in status.render()
+
+
+def test_a_published_set_equal_to_the_folder_comes_from_the_topic(policies: PolicySet) -> None:
+    settings = Settings()
+    feed = PolicyFeed(settings, policies)
+    feed.apply(policy_record(settings, policies).to_bytes())
+    assert feed.current.version == policies.version
+    assert feed.origin.startswith(f"topic {settings.topic_prefix}policies key 'default'")
+    # Another set name on the same topic is not ours: the origin stays.
+    other = Settings(policies={"set_name": "other"})
+    mine = PolicyFeed(settings, policies)
+    mine.apply(policy_record(other, policies).to_bytes())
+    assert mine.origin.startswith("local folder")
