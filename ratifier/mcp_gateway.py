@@ -1,13 +1,15 @@
 """`ratifier mcp`: the catalog served over MCP, every call through the pipeline.
 
-- ``tools/list`` is the catalog (the same definitions as ``ratifier export --format mcp``),
-  plus ``ratifier_call_status`` to ask again about a call that is still pending.
+- ``tools/list`` is the catalog (the same definitions as
+  ``ratifier catalog export --format mcp``), plus ``ratifier_call_status`` to ask again about
+  a call that is still pending.
 - ``tools/call`` publishes the call to ``calls.proposed`` with the MCP client's bearer token as
   its signed context: the token is verified here as an OAuth resource server would (signature,
   audience, issuer, expiry; `schemas.identity`) and again by the authorizer. Identity never
   comes from ``_meta`` or the arguments. The answer is the call's final outcome rendered as a
   ``CallToolResult`` (`schemas.providers`): refusals are ``isError`` with the code and the
-  message that is safe to show the model.
+  message that is safe to show the model. The gateway's own refusals (no verified token, a
+  status question about a call that is not the caller's) have the same shape.
 - A call that waits for the end user's confirmation (the approval request's ``subject`` is
   the caller) asks the user through MCP elicitation when the client supports it: with the
   handshake protocols a form ``elicitation/create`` request on the session, with 2026-07-28 an
@@ -29,6 +31,7 @@ import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import mcp_types as types
@@ -45,8 +48,8 @@ from commands.catalog import Catalog
 from commands.export import ExportFormat, export_catalog
 from ratifier.adapters.confirmation import ConfirmationApi, ConfirmationRefused
 from ratifier.client import Pending, RatifierClient
-from schemas.envelopes import Outcome, Status
-from schemas.errors import Unauthenticated
+from schemas.envelopes import ErrorInfo, Outcome, Stage, Status
+from schemas.errors import ErrorCode, Unauthenticated
 from schemas.identity import ContextKeys, verify_context_token
 from schemas.providers import to_mcp_call_tool_result
 
@@ -160,7 +163,11 @@ class McpGateway:
     ) -> types.CallToolResult | types.InputRequiredResult:
         principal = self._principal()
         if principal is None:
-            return _error("unauthenticated", "No verified context token came with this call.")
+            return _refusal(
+                ErrorCode.UNAUTHENTICATED,
+                "No verified context token came with this call.",
+                tool=params.name,
+            )
         context, owner, subject = principal
         arguments: Mapping[str, Any] = params.arguments or {}
         if params.name == STATUS_TOOL:
@@ -217,7 +224,7 @@ class McpGateway:
     ) -> types.CallToolResult:
         call_id = params.request_state or ""
         if self._owners.get(call_id) != owner:
-            return _error("not_found", "No call with this id is pending for you.")
+            return _not_yours(call_id, tool=params.name)
         answer = (params.input_responses or {}).get(CONFIRM_INPUT)
         if not isinstance(answer, types.ElicitResult):
             return await self._answer(call_id)
@@ -244,7 +251,7 @@ class McpGateway:
     async def _status(self, call_id: str, owner: str) -> types.CallToolResult:
         if self._owners.get(call_id) != owner:
             # Same answer for a call of someone else and a call that never existed.
-            return _error("not_found", "No call with this id is pending for you.")
+            return _not_yours(call_id, tool=STATUS_TOOL)
         return await self._answer(call_id)
 
     async def _answer(self, call_id: str, *, wait_final: bool = False) -> types.CallToolResult:
@@ -310,12 +317,32 @@ def _pending(pending: Pending) -> types.CallToolResult:
     )
 
 
-def _error(code: str, message: str) -> types.CallToolResult:
-    body = {"error": {"code": code, "message": message}}
-    return types.CallToolResult(
-        content=[types.TextContent(type="text", text=json.dumps(body))],
-        structured_content=body,
-        is_error=True,
+def _refusal(
+    code: ErrorCode, message: str, *, tool: str, call_id: str | None = None
+) -> types.CallToolResult:
+    """A refusal of the gateway's own, in the shape of every refusal the pipeline answers
+    (`schemas.providers`): status ``denied`` as the authorizer answers the same codes, the
+    code and the safe message; ``call_id`` is the call asked about, if any."""
+    refused = Outcome(
+        call_id="gateway-refusal",  # not rendered: replaced below
+        tool=tool,
+        tenant=None,
+        status=Status.DENIED,
+        stage=Stage.VALIDATE,
+        error=ErrorInfo.of(code, message),
+        at=datetime.now(UTC),
+    )
+    result = to_mcp_call_tool_result(refused)
+    result["structuredContent"]["call_id"] = call_id or None
+    return types.CallToolResult.model_validate(result)
+
+
+def _not_yours(call_id: str, *, tool: str) -> types.CallToolResult:
+    return _refusal(
+        ErrorCode.NOT_FOUND,
+        "No call with this id is pending for you.",
+        tool=tool,
+        call_id=call_id,
     )
 
 

@@ -1,0 +1,87 @@
+"""The MCP gateway's own refusals (a status question about a call that is not yours, a call
+without a verified token) have the shape of every refusal the pipeline answers, in process
+(no Kafka). tests/e2e/test_mcp_gateway.py asks the status tool for real."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import UTC, datetime
+from typing import Any, cast
+
+import mcp_types as types
+from mcp.client import Client
+
+from commands.catalog import load_catalog
+from ratifier.mcp_gateway import STATUS_TOOL, McpGateway
+from schemas.envelopes import ErrorInfo, Outcome, Stage, Status
+from schemas.errors import ErrorCode
+from schemas.identity import context_keys, issue_context_token
+from schemas.providers import to_mcp_call_tool_result
+from schemas.settings import Settings
+
+SETTINGS = Settings()
+KEYS = context_keys(SETTINGS)
+
+
+def _pipeline_refusal() -> dict[str, Any]:
+    """What the gateway answers for a call the authorizer denied."""
+    return to_mcp_call_tool_result(
+        Outcome(
+            call_id="call-1",
+            tool="propose_refund",
+            tenant="tenant-a",
+            status=Status.DENIED,
+            stage=Stage.AUTHORIZE,
+            error=ErrorInfo.of(ErrorCode.POLICY_DENIED),
+            at=datetime.now(UTC),
+        )
+    )
+
+
+def _ask(context: str | None, tool: str, arguments: dict[str, Any]) -> types.CallToolResult:
+    gateway = McpGateway(
+        catalog=load_catalog(SETTINGS.catalog),
+        client=cast(Any, None),  # never reached: both refusals come before any call
+        keys=KEYS,
+        fixed_context=context,
+        wait_seconds=0.1,
+    )
+
+    async def steps() -> types.CallToolResult:
+        async with Client(gateway.server()) as client:
+            return await client.call_tool(tool, arguments)
+
+    return asyncio.run(steps())
+
+
+def _assert_refusal_shape(result: types.CallToolResult, code: ErrorCode) -> dict[str, Any]:
+    common = _pipeline_refusal()
+    assert result.is_error
+    structured: dict[str, Any] | None = result.structured_content
+    assert structured is not None
+    assert structured.keys() == common["structuredContent"].keys()
+    assert structured["error"].keys() == common["structuredContent"]["error"].keys()
+    assert structured["status"] == "denied"
+    assert structured["error"]["code"] == code.value
+    assert structured["error"]["retryable"] is False
+    assert structured["result"] is None
+    text = json.loads(cast(types.TextContent, result.content[0]).text)
+    assert text.keys() == json.loads(common["content"][0]["text"]).keys()
+    assert text["code"] == code.value
+    assert text["message"] == structured["error"]["message"]
+    return structured
+
+
+def test_the_status_tool_refuses_a_call_that_is_not_yours_like_any_refusal() -> None:
+    token = issue_context_token(KEYS, sub="agent-9", tenant="tenant-a", roles=("support",))
+    result = _ask(token, STATUS_TOOL, {"call_id": "call-of-someone-else"})
+    structured = _assert_refusal_shape(result, ErrorCode.NOT_FOUND)
+    assert structured["call_id"] == "call-of-someone-else"
+    assert structured["error"]["message"] == "No call with this id is pending for you."
+
+
+def test_a_call_without_a_verified_token_is_refused_like_any_refusal() -> None:
+    result = _ask(None, "get_payment", {"payment_id": "pay_A1001"})
+    structured = _assert_refusal_shape(result, ErrorCode.UNAUTHENTICATED)
+    assert structured["call_id"] is None
