@@ -18,6 +18,7 @@ class CrashPoint(StrEnum):
     AFTER_LEDGER = "after_ledger"  # recorded in the ledger, the outcome not published
     AFTER_PUBLISH = "after_publish"  # outcomes acknowledged, offsets not committed
     AFTER_SETTLE = "after_settle"  # reconciler: settled and committed, not published
+    FOLLOWER_STARTED = "follower_started"  # executor: a view follower (side task) starts
 
 
 class CrashPoints(Protocol):

@@ -42,6 +42,7 @@ from runtime.health import Health, connect_retrying, serve_health
 from runtime.loop import ConsumerLoop, Handled, by_key
 from runtime.retry import Stopped, retrying
 from runtime.signals import stop_on_signals
+from runtime.supervision import SideTask, Supervisor
 from schemas.envelopes import CommittedCommand, Outcome, Stage
 from schemas.errors import StorageUnavailable
 from schemas.names import EXECUTOR_GROUP, Topic
@@ -102,6 +103,7 @@ class ExecutorService:
         self._crash_points = crash_points
         self._tracer = tracer_from(settings, service="executor")
         self._loop: ConsumerLoop | None = None
+        self._supervisor: Supervisor | None = None
         # Commands in flight at once in this process (the pool has POOL_SIZE connections).
         # Records of one key (operation id) run in order; different keys of a partition run
         # concurrently: one at a time, a partition's throughput was one command per ledger
@@ -115,6 +117,11 @@ class ExecutorService:
     @property
     def stopping(self) -> asyncio.Event:
         return self._stopping
+
+    @property
+    def failure(self) -> str | None:
+        """Why the executor had to stop (a side task died), else None."""
+        return self._supervisor.failure if self._supervisor is not None else None
 
     def stop(self) -> None:
         self._stopping.set()
@@ -367,6 +374,19 @@ class ExecutorService:
             await claims.heartbeat()
             await asyncio.sleep(claims.liveness_ms / 5000)
 
+    async def _until_ready(self, cancellations_ready: asyncio.Event) -> None:
+        """Wait until the cancellation view has caught up (60 s at most), or until a stop
+        (a follower that died on the way asked for one)."""
+        ready = asyncio.create_task(cancellations_ready.wait())
+        stop = asyncio.create_task(self._stopping.wait())
+        try:
+            await asyncio.wait({ready, stop}, timeout=60, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ready.cancel()
+            stop.cancel()
+        if not cancellations_ready.is_set() and not self._stopping.is_set():
+            raise TimeoutError("the cancellation view did not catch up within 60 s")
+
     async def run(self) -> None:
         settings = self._settings
         group = settings.group(EXECUTOR_GROUP)
@@ -424,23 +444,37 @@ class ExecutorService:
         await self._catalog.start(settings)
         await producer.start()
         cancellations_ready = asyncio.Event()
-        followers = [
-            asyncio.create_task(self._policies.follow()),
-            asyncio.create_task(cancelled.follow(cancellations_ready)),
-        ]
-        await asyncio.wait_for(cancellations_ready.wait(), timeout=60)
-        await claims.heartbeat()
-        followers.append(asyncio.create_task(self._keep_alive(claims)))
-        await consumer.start()
-        log.info("executor %s started on %s", owner, settings.topic(Topic.COMMITTED))
+        # The views this executor decides on, and its liveness mark, under supervision: a
+        # view that stops following must not be served, so a follower that dies stops the
+        # executor (non-zero exit; a fresh process rebuilds both views from their topics).
+        # The keep-alive is restarted: Redis away for a while only delays take-overs.
+        supervisor = self._supervisor = Supervisor(
+            service="executor", stopping=self._stopping, on_death=self.stop
+        )
+
+        async def follow_policies() -> None:
+            self._crash_points.reached(CrashPoint.FOLLOWER_STARTED)
+            await self._policies.follow()
+
+        async def follow_cancellations() -> None:
+            self._crash_points.reached(CrashPoint.FOLLOWER_STARTED)
+            await cancelled.follow(cancellations_ready)
+
+        supervisor.start(SideTask(name="policy follower", run=follow_policies))
+        supervisor.start(SideTask(name="cancellation follower", run=follow_cancellations))
         try:
+            await self._until_ready(cancellations_ready)
+            await claims.heartbeat()
+            supervisor.start(
+                SideTask(name="keep-alive", run=partial(self._keep_alive, claims), restartable=True)
+            )
+            await consumer.start()
+            log.info("executor %s started on %s", owner, settings.topic(Topic.COMMITTED))
             await loop.run()
         finally:
             log.info("executor stopping")
-            for task in followers:
-                task.cancel()
             # Let the followers close their own consumers before the pool and clients go.
-            await asyncio.gather(*followers, return_exceptions=True)
+            await supervisor.close()
             await consumer.stop()
             await producer.stop()
             await self._catalog.stop()
@@ -456,9 +490,10 @@ def run_executor(
     policies: PolicyFeed,
     prepare: Callable[[], Awaitable[object]] | None = None,
     crash_points: CrashPoints = NO_CRASH_POINTS,
-) -> None:
+) -> int:
     """Serve health and metrics at once, then ``prepare`` (topics) and catch up on the
-    policies until the broker answers (alive, not ready meanwhile), then run."""
+    policies until the broker answers (alive, not ready meanwhile), then run. The exit
+    status: 0 after a requested stop, 1 when a side task died (the reason is logged)."""
     service = ExecutorService(
         settings, catalog=catalog, policies=policies, crash_points=crash_points
     )
@@ -484,3 +519,7 @@ def run_executor(
             await close()
 
     asyncio.run(main())
+    if service.failure is not None:
+        log.error("executor stopped: %s", service.failure)
+        return 1
+    return 0

@@ -94,14 +94,13 @@ def cmd_executor(settings: Settings, args: argparse.Namespace) -> int:
     require_current_schema(database_conninfo(settings), catalog=settings.catalog)
     feed = PolicyFeed(settings, local_policies(settings))
     # Topics are created once the broker answers (health is served meanwhile).
-    run_executor(
+    return run_executor(
         settings,
         catalog=load_catalog(settings.catalog),
         policies=feed,
         prepare=lambda: ensure_topics(settings),
         crash_points=args.crash_points,
     )
-    return 0
 
 
 def _policy_dir(settings: Settings, args: argparse.Namespace) -> Path:

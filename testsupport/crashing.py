@@ -2,9 +2,12 @@
 
     python -m testsupport.crashing after_effect:0.05 executor
     python -m testsupport.crashing after_settle:1 reconciler
+    python -m testsupport.crashing follower_started:raise executor
 
-The first argument is ``point:probability`` (points: executors/crash_points.py); the rest is
-the `ratifier` command line, run with these crash points injected."""
+The first argument is ``point:probability`` (points: executors/crash_points.py), or
+``point:raise`` to raise :class:`InjectedFault` there instead of dying (a side task that
+fails, not a process that is killed); the rest is the `ratifier` command line, run with these
+crash points injected."""
 
 from __future__ import annotations
 
@@ -20,6 +23,22 @@ from executors.crash_points import CrashPoint
 from ratifier.cli import main as ratifier_main
 
 log = logging.getLogger("ratifier.crash-test")
+
+
+class InjectedFault(RuntimeError):
+    """Raised at a crash point by ``point:raise``."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RaiseAt:
+    """Raise :class:`InjectedFault` each time the process passes ``point``."""
+
+    point: CrashPoint
+
+    def reached(self, point: CrashPoint) -> None:
+        if point == self.point:
+            log.error("crash test: raising at %s", point)
+            raise InjectedFault(f"injected fault at {point}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,9 +59,16 @@ class SigkillAt:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+def crash_points_of(spec: str) -> SigkillAt | RaiseAt:
+    point, _, how = spec.partition(":")
+    if how == "raise":
+        return RaiseAt(point=CrashPoint(point))
+    return SigkillAt.parse(spec)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     spec, *command = sys.argv[1:] if argv is None else argv
-    return ratifier_main(command, crash_points=SigkillAt.parse(spec))
+    return ratifier_main(command, crash_points=crash_points_of(spec))
 
 
 if __name__ == "__main__":
