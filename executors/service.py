@@ -464,13 +464,13 @@ class ExecutorService:
         supervisor.start(SideTask(name="cancellation follower", run=follow_cancellations))
         try:
             await self._until_ready(cancellations_ready)
-            await claims.heartbeat()
-            supervisor.start(
-                SideTask(name="keep-alive", run=partial(self._keep_alive, claims), restartable=True)
-            )
-            await consumer.start()
-            log.info("executor %s started on %s", owner, settings.topic(Topic.COMMITTED))
-            await loop.run()
+            if not self._stopping.is_set():  # else a follower died before the start
+                await claims.heartbeat()
+                keep_alive = partial(self._keep_alive, claims)
+                supervisor.start(SideTask(name="keep-alive", run=keep_alive, restartable=True))
+                await consumer.start()
+                log.info("executor %s started on %s", owner, settings.topic(Topic.COMMITTED))
+                await loop.run()
         finally:
             log.info("executor stopping")
             # Let the followers close their own consumers before the pool and clients go.

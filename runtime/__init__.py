@@ -9,7 +9,9 @@
 - :mod:`runtime.loop`: the batched consume → handle → publish → ack → commit loop, with
   per-record isolation (a record that fails, or whose output cannot be published, becomes a
   bounded dead letter and a typed outcome; the others of its batch are unaffected);
-- :mod:`runtime.reader`: "read a topic from the start, then follow" without a group.
+- :mod:`runtime.reader`: "read a topic from the start, then follow" without a group;
+- :mod:`runtime.supervision`: side tasks (view followers, keep-alives) watched: one that dies
+  stops its service with the reason, or is restarted with the backoff when declared so.
 
 It imports only :mod:`schemas` and :mod:`telemetry` of ours (an import-linter contract).
 """
