@@ -34,7 +34,7 @@ from runtime.clients import database_conninfo, kafka_consumer, kafka_producer
 from schemas.envelopes import Actor, ApprovalVerdict, Outcome
 from schemas.identity import context_keys, issue_context_token
 from schemas.names import Topic
-from schemas.settings import Settings
+from schemas.settings import DEVELOPMENT_MODE_ENV, Settings
 
 
 def _log_dir(settings: Settings) -> Path:
@@ -354,10 +354,14 @@ def _start_processes(settings: Settings) -> list[WorkerProcess]:
     run_dir, log_dir = _run_dir(settings), _log_dir(settings)
     run_dir.mkdir(parents=True, exist_ok=True)
     workers = []
+    # The demo's workers share its development mode (built-in keys, a local scenario).
+    env = {DEVELOPMENT_MODE_ENV: "true"} if settings.development_mode else {}
     for name, args, _ready in DEMO_PROCESSES:
         # The fake provider is test support: its own module, started, never imported.
         module = FAKE_PROVIDER_MODULE if name == "provider" else "ratifier.cli"
-        worker = start_worker_args(list(args), name=f"demo-{name}", log_dir=log_dir, module=module)
+        worker = start_worker_args(
+            list(args), name=f"demo-{name}", log_dir=log_dir, module=module, env=env
+        )
         (run_dir / f"demo-{name}.pid").write_text(f"{worker.process.pid}\n", encoding="utf-8")
         workers.append(worker)
     return workers
