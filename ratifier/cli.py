@@ -627,11 +627,14 @@ def main(argv: Sequence[str] | None = None, *, crash_points: CrashPoints = NO_CR
     if args.command != "streams":  # faust configures its own logging
         _setup_logging(settings)
     if settings.development_mode and _needs_keys(args):
-        log.warning(
-            "development mode is on (%s): built-in, publicly known keys are accepted; "
-            "never run a deployment like this",
-            DEVELOPMENT_MODE_ENV,
+        warning = (
+            f"development mode is on ({DEVELOPMENT_MODE_ENV}): built-in, publicly known keys "
+            "are accepted; never run a deployment like this"
         )
+        if args.command == "streams":  # its logging is not set up yet
+            print(f"WARNING ratifier: {warning}", file=sys.stderr, flush=True)
+        else:
+            log.warning(warning)
     try:
         code: int = args.func(settings, args)
     except RatifierError as exc:

@@ -393,7 +393,10 @@ def _summary(settings: Settings, seen: dict[str, tuple[Step, str]], url: str) ->
     waiting = [c for c, (_step, status) in seen.items() if status == AWAITING]
     approved = [c for c, (step, status) in seen.items() if step.approve and status == "succeeded"]
     denied = [c for c, (step, _s) in seen.items() if step.expect_code == "not_found"]
-    ratifier = settings.bin
+    # Commands to copy into another shell: the demo's keys are development mode's.
+    ratifier = (
+        f"{DEVELOPMENT_MODE_ENV}=true {settings.bin}" if settings.development_mode else settings.bin
+    )
     print()
     print("summary")
     print(f"  calls:      {len(seen)} — " + ", ".join(f"{n} {s}" for s, n in counts.most_common()))
