@@ -603,7 +603,7 @@ def _needs_keys(args: argparse.Namespace) -> bool:
     return args.command not in _KEYLESS
 
 
-def _start_settings(args: argparse.Namespace) -> Settings:
+def start_settings(args: argparse.Namespace) -> Settings:
     """The settings of this start, checked once: no unknown RATIFIER_* variable, and real
     key material unless in development mode (`ratifier demo` always is: a local scenario)."""
     check_environment()
@@ -620,7 +620,7 @@ def main(argv: Sequence[str] | None = None, *, crash_points: CrashPoints = NO_CR
     parser.set_defaults(crash_points=crash_points)
     args = parser.parse_args(argv)
     try:
-        settings = _start_settings(args)
+        settings = start_settings(args)
     except RatifierError as exc:
         print(f"ratifier {args.command}: {exc.safe_message}", file=sys.stderr)
         return 2

@@ -350,12 +350,17 @@ def _stop_previous_demo(settings: Settings) -> None:
         pid_file.unlink(missing_ok=True)
 
 
+def worker_env(settings: Settings) -> dict[str, str]:
+    """What the demo's workers get besides its own environment: its development mode (the
+    built-in keys of a local scenario; `ratifier demo` always runs in it)."""
+    return {DEVELOPMENT_MODE_ENV: "true"} if settings.development_mode else {}
+
+
 def _start_processes(settings: Settings) -> list[WorkerProcess]:
     run_dir, log_dir = _run_dir(settings), _log_dir(settings)
     run_dir.mkdir(parents=True, exist_ok=True)
     workers = []
-    # The demo's workers share its development mode (built-in keys, a local scenario).
-    env = {DEVELOPMENT_MODE_ENV: "true"} if settings.development_mode else {}
+    env = worker_env(settings)
     for name, args, _ready in DEMO_PROCESSES:
         # The fake provider is test support: its own module, started, never imported.
         module = FAKE_PROVIDER_MODULE if name == "provider" else "ratifier.cli"

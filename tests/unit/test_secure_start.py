@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from approvals.signing import approval_keys, sign_decision, statement_for, verify_decision
-from ratifier.cli import main
+from ratifier.cli import build_parser, main, start_settings
+from ratifier.demo import worker_env
 from ratifier.keys import (
     AUDIT_SALT_FILE,
     CONTEXT_SECRET_FILE,
@@ -361,3 +362,15 @@ def test_development_mode_warns_at_start() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "WARNING ratifier: development mode is on" in done.stderr
+
+
+@pytest.mark.usefixtures("production_env")
+def test_the_demo_runs_in_development_mode_with_zero_config() -> None:
+    """`make demo` / `ratifier demo` need no configuration: the demo and its workers are in
+    development mode even when the shell is not."""
+    settings = start_settings(build_parser().parse_args(["demo"]))
+    assert settings.development_mode
+    assert settings.missing_key_material() == ()
+    assert worker_env(settings) == {DEVELOPMENT_MODE_ENV: "true"}
+    executor = start_settings(build_parser().parse_args(["migrate"]))
+    assert not executor.development_mode  # only the demo turns it on by itself
