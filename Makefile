@@ -8,6 +8,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST := $(BIN)/pytest
 export RATIFIER_BIN := $(CURDIR)/$(BIN)/ratifier
+# Every target here runs against the local deployment (demo, dashboard, tests, bench): the
+# built-in keys of development mode (docs/operations.md); `make ... RATIFIER_DEVELOPMENT_MODE=false`
+# checks a start with real keys instead.
+export RATIFIER_DEVELOPMENT_MODE ?= true
 
 .PHONY: help install up down status lint contract format schemas unit fuzz soak integration browser e2e cluster chaos manifests test dashboard demo bench bench-quick bench-idle bench-approvals bench-replies bench-validator bench-authorizer bench-executor clean
 

@@ -149,6 +149,8 @@ def approval_keys(settings: Settings) -> ApprovalKeys:
         except (OSError, ValueError, TypeError) as exc:
             raise ConfigurationError(f"cannot read the approval signing key: {exc}") from exc
     else:
+        # The seed-derived key is public knowledge: development mode only.
+        settings.require_key_material("RATIFIER_APPROVALS__SIGNING_KEY_FILE")
         signing_key = local_signing_key(settings.approvals.signing_seed)
     algorithm = _algorithm_of(signing_key)
     service = {settings.approvals.signing_kid: (signing_key.public_key(), algorithm)}

@@ -1,0 +1,10 @@
+"""The benchmarks run against the local deployment in development mode (built-in keys;
+docs/operations.md, "Development mode"), as do the workers they start."""
+
+from __future__ import annotations
+
+import os
+
+from schemas.settings import DEVELOPMENT_MODE_ENV
+
+os.environ.setdefault(DEVELOPMENT_MODE_ENV, "true")

@@ -31,7 +31,7 @@ from ratifier.processes import WorkerProcess, start_worker_args
 from ratifier.topics import delete_topics, ensure_topics
 from schemas.identity import context_keys, issue_context_token
 from schemas.names import Topic
-from schemas.settings import Settings
+from schemas.settings import DEVELOPMENT_MODE_ENV, Settings
 
 
 def machine_facts() -> str:
@@ -217,6 +217,7 @@ class BenchRun:
                 storage={"database_url": bench_database_url()},
                 topic_partitions=partitions,
                 streams={"http_port": 0},
+                development_mode=True,
                 **settings,
             ),
             log_dir=LOG_ROOT / f"{label}-{prefix.rstrip('.')}",
@@ -234,6 +235,7 @@ class BenchRun:
             "RATIFIER_STREAMS__HTTP_PORT": "0",
             "RATIFIER_OBSERVABILITY__LOG_LEVEL": "WARNING",
             "RATIFIER_PROVIDER_URL": s.provider_url,
+            DEVELOPMENT_MODE_ENV: "true" if s.development_mode else "false",
             **self.extra_env,
         }
 

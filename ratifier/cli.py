@@ -13,7 +13,9 @@ from pathlib import Path
 from executors.crash_points import NO_CRASH_POINTS, CrashPoints
 from runtime.clients import database_conninfo
 from schemas.errors import RatifierError
-from schemas.settings import Settings
+from schemas.settings import DEVELOPMENT_MODE_ENV, Settings, check_environment
+
+log = logging.getLogger("ratifier")
 
 
 def _setup_logging(settings: Settings) -> None:
@@ -402,6 +404,16 @@ def cmd_check_call(settings: Settings, args: argparse.Namespace) -> int:
     return 0 if run.permitted else 1
 
 
+def cmd_keys_generate(_settings: Settings, args: argparse.Namespace) -> int:
+    from ratifier.keys import exports, generate_keys
+
+    generated = generate_keys(
+        Path(args.out), mounted_at=args.mounted_at, kid=args.kid, force=args.force
+    )
+    sys.stdout.write(exports(generated))
+    return 0
+
+
 def cmd_catalog_import(_settings: Settings, args: argparse.Namespace) -> int:
     from ratifier.testing.scaffold import scaffold_catalog
 
@@ -555,6 +567,22 @@ def build_parser() -> argparse.ArgumentParser:
         )
     importer.add_argument("--output", metavar="FILE.py", help="write here instead of stdout")
     importer.set_defaults(func=cmd_catalog_import)
+    keys = sub.add_parser("keys", help="key material for a deployment outside development mode")
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True)
+    generate = keys_sub.add_parser(
+        "generate",
+        help="write an Ed25519 approval signing key, its JWKS, a context secret and an audit "
+        "salt (mode 0600); print the RATIFIER_* settings naming them",
+    )
+    generate.add_argument("--out", required=True, metavar="DIR", help="directory to write")
+    generate.add_argument(
+        "--mounted-at",
+        metavar="PATH",
+        help="where the services see these files (a container mount; default: DIR)",
+    )
+    generate.add_argument("--kid", help="key id of the signing key (default: dated)")
+    generate.add_argument("--force", action="store_true", help="replace existing files")
+    generate.set_defaults(func=cmd_keys_generate)
     check_call = sub.add_parser(
         "check-call", help="dry-run one proposed call offline; print the decision and reasons"
     )
@@ -563,15 +591,49 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Commands that use no key, secret or salt (they start without key material).
+_KEYLESS = frozenset({"topics", "migrate", "schemas", "catalog", "keys", "check-call", "ops"})
+_KEYLESS_POLICY = frozenset({"check", "schema", "status", "publish"})
+
+
+def _needs_keys(args: argparse.Namespace) -> bool:
+    if args.command == "policy":
+        return args.policy_command not in _KEYLESS_POLICY
+    return args.command not in _KEYLESS
+
+
+def start_settings(args: argparse.Namespace) -> Settings:
+    """The settings of this start, checked once: no unknown RATIFIER_* variable, and real
+    key material unless in development mode (`ratifier demo` always is: a local scenario)."""
+    check_environment()
+    settings = Settings(development_mode=True) if args.command == "demo" else Settings()
+    if _needs_keys(args):
+        settings.require_key_material()
+    return settings
+
+
 def main(argv: Sequence[str] | None = None, *, crash_points: CrashPoints = NO_CRASH_POINTS) -> int:
     """``crash_points``: where a worker may be stopped dead (crash tests inject theirs through
     `python -m testsupport.crashing`); production runs with none."""
     parser = build_parser()
     parser.set_defaults(crash_points=crash_points)
     args = parser.parse_args(argv)
-    settings = Settings()
+    try:
+        settings = start_settings(args)
+    except RatifierError as exc:
+        print(f"ratifier {args.command}: {exc.safe_message}", file=sys.stderr)
+        return 2
     if args.command != "streams":  # faust configures its own logging
         _setup_logging(settings)
+    if settings.development_mode and _needs_keys(args):
+        warning = (
+            f"development mode is on ({DEVELOPMENT_MODE_ENV}): built-in, publicly known keys "
+            "are accepted; never run a deployment like this"
+        )
+        if args.command == "streams":  # its logging is not set up yet
+            print(f"WARNING ratifier: {warning}", file=sys.stderr, flush=True)
+        else:
+            log.warning(warning)
     try:
         code: int = args.func(settings, args)
     except RatifierError as exc:

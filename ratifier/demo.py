@@ -34,7 +34,7 @@ from runtime.clients import database_conninfo, kafka_consumer, kafka_producer
 from schemas.envelopes import Actor, ApprovalVerdict, Outcome
 from schemas.identity import context_keys, issue_context_token
 from schemas.names import Topic
-from schemas.settings import Settings
+from schemas.settings import DEVELOPMENT_MODE_ENV, Settings
 
 
 def _log_dir(settings: Settings) -> Path:
@@ -350,14 +350,23 @@ def _stop_previous_demo(settings: Settings) -> None:
         pid_file.unlink(missing_ok=True)
 
 
+def worker_env(settings: Settings) -> dict[str, str]:
+    """What the demo's workers get besides its own environment: its development mode (the
+    built-in keys of a local scenario; `ratifier demo` always runs in it)."""
+    return {DEVELOPMENT_MODE_ENV: "true"} if settings.development_mode else {}
+
+
 def _start_processes(settings: Settings) -> list[WorkerProcess]:
     run_dir, log_dir = _run_dir(settings), _log_dir(settings)
     run_dir.mkdir(parents=True, exist_ok=True)
     workers = []
+    env = worker_env(settings)
     for name, args, _ready in DEMO_PROCESSES:
         # The fake provider is test support: its own module, started, never imported.
         module = FAKE_PROVIDER_MODULE if name == "provider" else "ratifier.cli"
-        worker = start_worker_args(list(args), name=f"demo-{name}", log_dir=log_dir, module=module)
+        worker = start_worker_args(
+            list(args), name=f"demo-{name}", log_dir=log_dir, module=module, env=env
+        )
         (run_dir / f"demo-{name}.pid").write_text(f"{worker.process.pid}\n", encoding="utf-8")
         workers.append(worker)
     return workers
@@ -389,7 +398,10 @@ def _summary(settings: Settings, seen: dict[str, tuple[Step, str]], url: str) ->
     waiting = [c for c, (_step, status) in seen.items() if status == AWAITING]
     approved = [c for c, (step, status) in seen.items() if step.approve and status == "succeeded"]
     denied = [c for c, (step, _s) in seen.items() if step.expect_code == "not_found"]
-    ratifier = settings.bin
+    # Commands to copy into another shell: the demo's keys are development mode's.
+    ratifier = (
+        f"{DEVELOPMENT_MODE_ENV}=true {settings.bin}" if settings.development_mode else settings.bin
+    )
     print()
     print("summary")
     print(f"  calls:      {len(seen)} — " + ", ".join(f"{n} {s}" for s, n in counts.most_common()))

@@ -130,3 +130,12 @@ class ConfigurationError(RatifierError):
     """Settings, catalog or policies are unusable; raised at start-up only."""
 
     code = ErrorCode.PERMANENT_ERROR
+
+
+class MissingKeyMaterial(ConfigurationError):
+    """Outside development mode, a key, secret or salt is not configured (the built-in ones
+    are public): the service refuses to start."""
+
+
+class UnknownSetting(ConfigurationError):
+    """A ``RATIFIER_*`` environment variable that no setting reads (misspelt or renamed)."""

@@ -113,6 +113,9 @@ def load_jwks(path: Path) -> dict[str, jwt.PyJWK]:
 def context_keys(settings: Settings) -> ContextKeys:
     public_keys = load_jwks(Path(settings.context.jwks_file)) if settings.context.jwks_file else {}
     secret = settings.context.secret if settings.context.hs256 else None
+    if secret is not None:
+        # The built-in HS256 secret is public knowledge: development mode only.
+        settings.require_key_material("RATIFIER_CONTEXT__SECRET")
     if secret is None and not public_keys:
         raise ConfigurationError("no context keys: enable HS256 or configure a JWKS file")
     return ContextKeys(

@@ -3,6 +3,7 @@ environment variables (a group's fields from ``RATIFIER_<GROUP>__<FIELD>``)."""
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,6 +18,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from schemas.errors import MissingKeyMaterial, UnknownSetting
 from schemas.names import Topic, reply_namespace, topic_name
 from schemas.vocabulary import StreamStage
 
@@ -26,6 +28,14 @@ PostgresSslMode = Literal["disable", "allow", "prefer", "require", "verify-ca", 
 # The one environment variable of the bootstrap list before `RATIFIER_KAFKA__BOOTSTRAP`; still
 # read (a nested `RATIFIER_KAFKA__BOOTSTRAP` wins when both are set).
 LEGACY_BOOTSTRAP_ENV = "RATIFIER_KAFKA_BOOTSTRAP"
+
+# Development mode (docs/operations.md, "Development mode"): the only way the built-in key
+# material below is ever used. Everyone who has read this file knows these values, so outside
+# development mode a setting still holding one counts as missing and the start is refused.
+DEVELOPMENT_MODE_ENV = "RATIFIER_DEVELOPMENT_MODE"
+DEVELOPMENT_CONTEXT_SECRET = "ratifier-local-development-secret-change-me"  # noqa: S105
+DEVELOPMENT_SIGNING_SEED = "ratifier-local-approval-signing-seed-change-me"
+DEVELOPMENT_AUDIT_SALT = "ratifier-local-audit-salt"
 
 
 class KafkaConnection(BaseModel):
@@ -126,7 +136,8 @@ class ContextTokens(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     # Local-only HS256 secret; production configures its own (and, later, JWKS keys).
-    secret: str = Field(default="ratifier-local-development-secret-change-me", min_length=32)
+    # The built-in value is accepted in development mode only.
+    secret: str = Field(default=DEVELOPMENT_CONTEXT_SECRET, min_length=32)
     # HS256 with the secret above is for local use; production sets this false and points
     # RATIFIER_CONTEXT__JWKS_FILE at the runtime's public keys (EdDSA / RS256, by kid).
     hs256: bool = True
@@ -213,15 +224,14 @@ class Approvals(BaseModel):
     hold_seconds: int = Field(default=60, ge=1)
     # Signed decisions. The approval service signs decisions of the humans it authenticated,
     # and receipts, with one private key (PEM, Ed25519 or P-256) under ``signing_kid``.
-    # Without a key file the key is DERIVED from ``signing_seed`` (local development only:
-    # every process of a local deployment derives the same key; production sets the file).
+    # Without a key file the key is DERIVED from ``signing_seed``, in development mode only
+    # (every process of a local deployment derives the same key); any other start needs the
+    # file (`ratifier keys generate` writes one).
     # Older service public keys (rotation) and approvers' own keys (EdDSA / ES256, each entry
     # naming its ``sub``, ``tenant`` and ``roles``) are trusted from JWKS files.
     signing_key_file: str | None = None
     signing_kid: str = Field(default="ratifier-local-approvals-1", min_length=1)
-    signing_seed: str = Field(
-        default="ratifier-local-approval-signing-seed-change-me", min_length=32
-    )
+    signing_seed: str = Field(default=DEVELOPMENT_SIGNING_SEED, min_length=32)
     service_jwks_file: str | None = None
     approver_jwks_file: str | None = None
     # Approver rights (Cedar): a directory with *.cedar and approvers.cedarschema.json;
@@ -298,7 +308,8 @@ class Settings(BaseSettings):
     (docs/operations.md, "Settings")."""
 
     # An unknown keyword is an error (a misspelt or renamed setting must not silently keep its
-    # default); unknown RATIFIER_* environment variables are simply not read.
+    # default); so is an unknown RATIFIER_* environment variable, checked at every start
+    # (`check_environment`).
     model_config = SettingsConfigDict(
         env_prefix="RATIFIER_", frozen=True, extra="forbid", env_nested_delimiter="__"
     )
@@ -323,7 +334,11 @@ class Settings(BaseSettings):
     dashboard_port: int = Field(default=6070, ge=1, le=65535)
     # `ratifier mcp` serves the catalog over MCP (streamable HTTP) here, on /mcp.
     mcp_port: int = Field(default=6071, ge=1, le=65535)
-    audit_salt: str = "ratifier-local-audit-salt"
+    # Keys the audit's pseudonyms of masked values; the built-in one in development mode only.
+    audit_salt: str = Field(default=DEVELOPMENT_AUDIT_SALT, min_length=1)
+    # Built-in key material (context secret, approval signing seed, audit salt) may be used:
+    # local demos and tests only; logged at WARNING at start.
+    development_mode: bool = False
     # The payment provider the refund domain pays through (`python -m testsupport.provider`
     # runs a fake one).
     provider_url: str = "http://127.0.0.1:8765"
@@ -363,6 +378,32 @@ class Settings(BaseSettings):
                 names.add(f"RATIFIER_{name.upper()}")
         return frozenset(names)
 
+    def missing_key_material(self) -> tuple[str, ...]:
+        """The settings that still lack real key material (none in development mode)."""
+        if self.development_mode:
+            return ()
+        missing: list[str] = []
+        if self.context.hs256 and self.context.secret == DEVELOPMENT_CONTEXT_SECRET:
+            missing.append("RATIFIER_CONTEXT__SECRET")
+        if not self.context.hs256 and self.context.jwks_file is None:
+            missing.append("RATIFIER_CONTEXT__JWKS_FILE")
+        if self.approvals.signing_key_file is None:
+            missing.append("RATIFIER_APPROVALS__SIGNING_KEY_FILE")
+        if self.audit_salt == DEVELOPMENT_AUDIT_SALT:
+            missing.append("RATIFIER_AUDIT_SALT")
+        return tuple(missing)
+
+    def require_key_material(self, *names: str) -> None:
+        """Raise `MissingKeyMaterial` unless every one of ``names`` (default: all) holds real
+        key material, or development mode is on."""
+        missing = [m for m in self.missing_key_material() if not names or m in names]
+        if missing:
+            raise MissingKeyMaterial(
+                f"no key material for {', '.join(missing)} (built-in keys are for development "
+                f"only): set {' and '.join(missing)} (`ratifier keys generate --out DIR` writes "
+                f"them), or {DEVELOPMENT_MODE_ENV}=true on a local development machine"
+            )
+
     @property
     def kafka_bootstrap(self) -> str:
         """The bootstrap list (``kafka.bootstrap``)."""
@@ -398,3 +439,119 @@ class Settings(BaseSettings):
         """Consumer-group (and faust app) ids live under the topic prefix, so that two
         deployments sharing a broker under different prefixes never share a group."""
         return f"{self.topic_prefix}{group_id}"
+
+
+# RATIFIER_* variables that are not settings, so never refused: the knobs of deploy/local's
+# scripts (exact names; docs/operations.md, "Local deployment knobs") and of the test, fuzz,
+# chaos, soak and bench suites (reserved sub-prefixes no setting starts with).
+HARNESS_PREFIXES = (
+    "RATIFIER_TEST_",
+    "RATIFIER_FUZZ_",
+    "RATIFIER_CHAOS_",
+    "RATIFIER_SOAK_",
+    "RATIFIER_BENCH_",
+)
+LOCAL_DEPLOYMENT_VARIABLES = frozenset(
+    {
+        "RATIFIER_CHROMIUM",
+        "RATIFIER_KAFKA_BROKERS",
+        "RATIFIER_KAFKA_CONTROLLER_PORT",
+        "RATIFIER_KAFKA_DATA_DIR",
+        "RATIFIER_KAFKA_HEAP_OPTS",
+        "RATIFIER_KAFKA_INSTANCE",
+        "RATIFIER_KAFKA_JARS_DIR",
+        "RATIFIER_KAFKA_MIN_ISR",
+        "RATIFIER_KAFKA_NODE_HEAP_OPTS",
+        "RATIFIER_KAFKA_PORT",
+        "RATIFIER_KAFKA_PORT_BASE",
+        "RATIFIER_KAFKA_RESET",
+        "RATIFIER_KAFKA_SASL",
+        # Not RATIFIER_KAFKA_SASL_*: too close to the RATIFIER_KAFKA__SASL_* settings.
+        "RATIFIER_KAFKA_SCRAM_ADMIN_PASSWORD",
+        "RATIFIER_KAFKA_SCRAM_PASSWORD",
+        "RATIFIER_KAFKA_SCRAM_USER",
+        "RATIFIER_KAFKA_VERSION",
+        "RATIFIER_KAFKA_WAIT",
+        "RATIFIER_LOG4J_VERSION",
+        "RATIFIER_PG_CLUSTER",
+        "RATIFIER_PG_DATABASES",
+        "RATIFIER_PG_PASSWORD",
+        "RATIFIER_PG_PORT",
+        "RATIFIER_PG_USER",
+        "RATIFIER_PG_WAIT",
+        "RATIFIER_REDIS_DATA_DIR",
+        "RATIFIER_REDIS_PORT",
+        "RATIFIER_REDIS_WAIT",
+        "RATIFIER_STOP_WAIT",
+    }
+)
+# Flat names of the settings before they were grouped (docs/operations.md, "Renamed
+# settings"), and the few that are gone.
+RENAMED_SETTINGS: dict[str, str] = {
+    "RATIFIER_DATABASE_URL": "RATIFIER_STORAGE__DATABASE_URL",
+    "RATIFIER_REDIS_URL": "RATIFIER_STORAGE__REDIS_URL",
+    "RATIFIER_CONTEXT_SECRET": "RATIFIER_CONTEXT__SECRET",
+    "RATIFIER_CONTEXT_JWKS_FILE": "RATIFIER_CONTEXT__JWKS_FILE",
+    "RATIFIER_CONTEXT_AUDIENCE": "RATIFIER_CONTEXT__AUDIENCE",
+    "RATIFIER_CONTEXT_ISSUER": "RATIFIER_CONTEXT__ISSUER",
+    "RATIFIER_CLOCK_SKEW_SECONDS": "RATIFIER_CONTEXT__CLOCK_SKEW_SECONDS",
+    "RATIFIER_POLICY_DIR": "RATIFIER_POLICIES__DIRECTORY",
+    "RATIFIER_POLICY_SET_NAME": "RATIFIER_POLICIES__SET_NAME",
+    "RATIFIER_POLICY_DIR_MISMATCH": "RATIFIER_POLICIES__DIRECTORY_MISMATCH",
+    "RATIFIER_MAX_RECORD_BYTES": "RATIFIER_LIMITS__MAX_RECORD_BYTES",
+    "RATIFIER_KAFKA_MAX_MESSAGE_BYTES": "RATIFIER_LIMITS__KAFKA_MAX_MESSAGE_BYTES",
+    "RATIFIER_MAX_NESTING_DEPTH": "RATIFIER_LIMITS__MAX_NESTING_DEPTH",
+    "RATIFIER_MAX_STRING_LENGTH": "RATIFIER_LIMITS__MAX_STRING_LENGTH",
+    "RATIFIER_CLAIM_LEASE_SECONDS": "RATIFIER_EXECUTOR__CLAIM_LEASE_SECONDS",
+    "RATIFIER_RETRY_ATTEMPTS": "RATIFIER_EXECUTOR__RETRY_ATTEMPTS",
+    "RATIFIER_REDIS_FAST_PATH": "RATIFIER_EXECUTOR__REDIS_FAST_PATH",
+    "RATIFIER_RECONCILE_ATTEMPTS": "RATIFIER_RECONCILER__ATTEMPTS",
+    "RATIFIER_RECONCILE_BACKOFF_SECONDS": "RATIFIER_RECONCILER__BACKOFF_SECONDS",
+    "RATIFIER_RECONCILE_BACKOFF_CAP_SECONDS": "RATIFIER_RECONCILER__BACKOFF_CAP_SECONDS",
+    "RATIFIER_LOG_LEVEL": "RATIFIER_OBSERVABILITY__LOG_LEVEL",
+    "RATIFIER_APPROVAL_TTL_SECONDS": "RATIFIER_APPROVALS__TTL_SECONDS",
+    "RATIFIER_APPROVAL_HOLD_SECONDS": "RATIFIER_APPROVALS__HOLD_SECONDS",
+    "RATIFIER_HTTP_PORT": "RATIFIER_STREAMS__HTTP_PORT",
+    "RATIFIER_STREAMS_STAGES": "RATIFIER_STREAMS__STAGES",
+    "RATIFIER_EXECUTOR_METRICS_PORT": "RATIFIER_OBSERVABILITY__EXECUTOR_METRICS_PORT",
+    "RATIFIER_RECONCILER_METRICS_PORT": "RATIFIER_OBSERVABILITY__RECONCILER_METRICS_PORT",
+    "RATIFIER_AUDIT_METRICS_PORT": "RATIFIER_OBSERVABILITY__AUDIT_METRICS_PORT",
+    "RATIFIER_METRICS_HOST": "RATIFIER_OBSERVABILITY__METRICS_HOST",
+    "RATIFIER_OTEL_EXPORTER": "RATIFIER_OBSERVABILITY__OTEL_EXPORTER",
+    "RATIFIER_OTEL_ENDPOINT": "RATIFIER_OBSERVABILITY__OTEL_ENDPOINT",
+}
+REMOVED_SETTINGS: dict[str, str] = {
+    "RATIFIER_EXECUTOR_CRASH_AT": "crash tests run `python -m testsupport.crashing`",
+    "RATIFIER_RECONCILER_CRASH_AT": "crash tests run `python -m testsupport.crashing`",
+}
+
+
+def unknown_settings(environ: Mapping[str, str]) -> list[str]:
+    """One line per ``RATIFIER_*`` variable in ``environ`` that no setting reads, each with
+    the new name of a renamed setting or the closest valid name."""
+    valid = Settings.environment_names()
+    problems: list[str] = []
+    for name in sorted(environ):
+        upper = name.upper()
+        if not upper.startswith("RATIFIER_") or upper in valid:
+            continue
+        if upper.startswith(HARNESS_PREFIXES) or upper in LOCAL_DEPLOYMENT_VARIABLES:
+            continue
+        if upper in RENAMED_SETTINGS:
+            problems.append(f"{name} was renamed to {RENAMED_SETTINGS[upper]}")
+        elif upper in REMOVED_SETTINGS:
+            problems.append(f"{name} is no longer a setting: {REMOVED_SETTINGS[upper]}")
+        else:
+            close = difflib.get_close_matches(upper, sorted(valid), n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]}?" if close else " (docs/operations.md, 'Settings')"
+            problems.append(f"{name} is not a setting{hint}")
+    return problems
+
+
+def check_environment(environ: Mapping[str, str] | None = None) -> None:
+    """Raise `UnknownSetting` if ``environ`` (default: this process's) holds a ``RATIFIER_*``
+    variable that no setting reads: a misspelt or renamed setting must stop the start, not
+    leave its default in force unnoticed."""
+    problems = unknown_settings(os.environ if environ is None else environ)
+    if problems:
+        raise UnknownSetting("; ".join(problems))

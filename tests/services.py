@@ -24,7 +24,7 @@ from schemas.names import (
     VALIDATOR_GROUP,
     Topic,
 )
-from schemas.settings import Settings
+from schemas.settings import DEVELOPMENT_MODE_ENV, Settings
 
 T = TypeVar("T")
 
@@ -51,6 +51,7 @@ def session_settings(prefix: str | None = None) -> Settings:
         topic_prefix=prefix or f"t{uuid.uuid4().hex[:10]}.",
         storage={"database_url": TEST_DATABASE_URL},
         topic_partitions=4,
+        development_mode=True,  # the built-in keys (docs/operations.md, "Development mode")
     )
 
 
@@ -61,6 +62,7 @@ def worker_env(settings: Settings) -> dict[str, str]:
         "RATIFIER_TOPIC_PARTITIONS": str(settings.topic_partitions),
         "RATIFIER_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
         "RATIFIER_STORAGE__REDIS_URL": settings.storage.redis_url,
+        DEVELOPMENT_MODE_ENV: "true" if settings.development_mode else "false",
     }
 
 

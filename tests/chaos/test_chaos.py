@@ -133,6 +133,7 @@ def isolated_services(keys: SigningKeys) -> Iterator[Services]:
             context={"jwks_file": str(keys.jwks_path)},
             approvals={"ttl_seconds": 600},
             provider_url=f"http://127.0.0.1:{provider_port}",
+            development_mode=True,
         )
         seed_payments(settings)
         run(ensure_topics(settings))

