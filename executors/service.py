@@ -30,6 +30,7 @@ from pydantic import ValidationError
 
 from approvals.signing import approval_keys
 from commands.catalog import Catalog
+from commands.freezes import FleetFreezes
 from commands.policy_feed import PolicyFeed
 from executors.cancellations import CancelledCalls
 from executors.claims import Claim, ClaimFinish, ClaimKind, ClaimStore
@@ -384,6 +385,7 @@ class ExecutorService:
             lease_ms=settings.executor.claim_lease_seconds * 1000,
         )
         cancelled = CancelledCalls(settings)
+        freezes = FleetFreezes(settings)  # the kill switch, checked at commit time
         receipt_keys = approval_keys(settings)
         executor = CommandExecutor(
             pool=pool,
@@ -395,6 +397,7 @@ class ExecutorService:
             crash_points=self._crash_points,
             wait_for_owner_seconds=settings.executor.claim_lease_seconds,
             receipt_keys=receipt_keys,
+            freezes=freezes,
         )
         reads = BatchedReads(
             pool=pool,
@@ -402,6 +405,7 @@ class ExecutorService:
             policies=self._policies,
             receipt_keys=receipt_keys,
             cancelled=cancelled,
+            freezes=freezes,
         )
         handle = partial(self._handle_batch, executor=executor, reads=reads, pool=pool)
 
@@ -423,12 +427,14 @@ class ExecutorService:
         await pool.open(wait=True, timeout=30)
         await self._catalog.start(settings)
         await producer.start()
-        cancellations_ready = asyncio.Event()
+        cancellations_ready, freezes_ready = asyncio.Event(), asyncio.Event()
         followers = [
             asyncio.create_task(self._policies.follow()),
             asyncio.create_task(cancelled.follow(cancellations_ready)),
+            asyncio.create_task(freezes.follow(freezes_ready)),
         ]
         await asyncio.wait_for(cancellations_ready.wait(), timeout=60)
+        await asyncio.wait_for(freezes_ready.wait(), timeout=60)
         await claims.heartbeat()
         followers.append(asyncio.create_task(self._keep_alive(claims)))
         await consumer.start()
