@@ -497,6 +497,11 @@ class CommandExecutor:
     ) -> _Invoked:
         """Invoke the external effect (bounded retries only for failures known to precede
         it); what it answered, as the outcome to record."""
+        if command_freeze(self._freezes.current, command, None) is not None:
+            # Frozen since the commit-time check (the kill switch): the effect never starts;
+            # the prepared effect is released like any failure known to precede it.
+            frozen = self._failed(command, ErrorCode.FROZEN, trace_id)
+            return _Invoked(outcome=frozen, done=None, code=ErrorCode.FROZEN)
         external, request = pending.external, pending.request
         done: HandlerResult | None = None
         code: ErrorCode | None = None
