@@ -3,6 +3,7 @@ rights, and the stages' refusals (authorizer, approval-join, executor's commit-t
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from typing import Any
 
@@ -281,3 +282,27 @@ def test_the_commit_time_check_sees_the_command_and_its_fresh_resource() -> None
     assert command_freeze(view("subject:tenant-a:alice@example.com"), command, None) is None
     assert command_freeze(view("subject:tenant-a:alice@example.com"), command, payment)
     assert command_freeze(view("writes:tenant-b", "tool:tenant-a:x"), command, payment) is None
+
+
+def test_a_freeze_is_audited_with_who_why_and_the_scopes_tenant() -> None:
+    from tests.unit.test_audit import _row
+
+    record = FreezeRecord(
+        scope="agent:tenant-a:agent-1",
+        frozen=True,
+        by="ops-1",
+        by_tenant="tenant-a",
+        reason="runaway agent",
+        at=NOW,
+    )
+    row = _row(Topic.CONTROLS, json.loads(record.to_bytes()))
+    assert row.stream == "controls"
+    assert row.tenant == "tenant-a"
+    stored = json.loads(row.record)
+    assert (stored["scope"], stored["by"], stored["reason"]) == (
+        "agent:tenant-a:agent-1",
+        "ops-1",
+        "runaway agent",
+    )
+    fleet_wide = _row(Topic.CONTROLS, json.loads(freeze("writes:*").to_bytes()))
+    assert fleet_wide.tenant == "*"
