@@ -152,6 +152,9 @@ def _tenant(stream: Topic | None, body: dict[str, Any]) -> str | None:
     tenant = _text(body.get("tenant"), 64)
     if tenant:
         return tenant
+    if stream is Topic.CONTROLS:  # a freeze (the kill switch): the tenant of its scope
+        parts = str(body.get("scope", "")).split(":")
+        return _text(parts[1], 64) if len(parts) > 1 else None
     # Proposals and validated calls carry the tenant only in their signed context.
     context = body.get("context")
     verified = isinstance(context, dict) and context.get("verified") is True

@@ -369,6 +369,12 @@ _LOG_EVENTS: dict[AuditKind, tuple[str, str, tuple[str, ...], int]] = {
         ("expires_at",),
         42,
     ),
+    AuditKind.APPROVAL_FROZEN: (
+        "approval",
+        "approval refused: scope {scope} is frozen",
+        ("frozen_by", "frozen_reason", "policy_version"),
+        42,
+    ),
     AuditKind.EXECUTED: (
         "executor",
         "executed, recorded in the ledger: {status}",

@@ -9,8 +9,14 @@
     GET  /api/approvals                      the approver tenant's pending requests (Bearer)
     POST /api/approvals/{call_id}/decision   {"decision": "approve"|"reject"|"edit",
                                               "reason": "...", "arguments": {...}}   (Bearer)
+    GET  /api/freezes                        the frozen scopes of the token's tenant and the
+                                             fleet-wide ones (Bearer, any verified token)
+    POST /api/freezes                        {"scope": "...", "frozen": true|false,
+                                              "reason": "..."}: the kill switch (Bearer,
+                                              operator rights by Cedar policy)
 
-The only thing it writes is a signed `approvals.decided` record, published exactly as the
+Besides freezes (`controls` records, docs/kill-switch.md), the only thing it writes is a
+signed `approvals.decided` record, published exactly as the
 approver CLI and HTTP endpoint do (`approvals.inbox`): the approver's token is verified here,
 then the decision, bound to the call, tenant and fingerprint of the request shown, is signed
 with the approval service's key; the token is never published. Everything else is read
@@ -31,12 +37,14 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from pydantic import ValidationError
 
 from approvals.inbox import HTTP_STATUS, approver_from, decision_for, publish_decision
+from approvals.operators import OperatorRights, operator_from, throw_switch, visible_to
 from approvals.signing import ApprovalKeys, approval_keys
+from commands.freezes import FleetFreezes
 from dashboard import shaping
 from dashboard.reads import DashboardReads
 from runtime.clients import database_conninfo, pg_pool
 from runtime.health import health_response
-from schemas.envelopes import Actor, ApprovalVerdict
+from schemas.envelopes import Actor, ApprovalVerdict, FreezeRecord
 from schemas.errors import (
     InvalidArguments,
     RatifierError,
@@ -210,6 +218,65 @@ async def decide(request: web.Request) -> web.Response:
     )
 
 
+# -- the kill switch (docs/kill-switch.md) -----------------------------------------------
+
+_FREEZES = web.AppKey("freezes", FleetFreezes)
+_OPERATORS = web.AppKey("operators", OperatorRights)
+
+
+def _operator(request: web.Request) -> Actor:
+    token = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+    return operator_from(token or None, request.app[_KEYS])
+
+
+def _freeze_json(record: FreezeRecord) -> dict[str, Any]:
+    return record.model_dump(mode="json", exclude={"v"})
+
+
+async def freezes(request: web.Request) -> web.Response:
+    operator = _operator(request)
+    view = request.app[_FREEZES]
+    try:
+        await view.catch_up()
+    except KafkaError as exc:
+        raise StorageUnavailable("Kafka is not reachable.") from exc
+    shown = visible_to(operator, view.current.records())
+    return web.json_response({"freezes": [_freeze_json(r) for r in shown]})
+
+
+async def throw(request: web.Request) -> web.Response:
+    operator = _operator(request)
+    try:
+        body = await request.json()
+    except ValueError as exc:
+        raise InvalidArguments("The body must be JSON.") from exc
+    if not isinstance(body, dict) or not isinstance(body.get("frozen"), bool):
+        raise InvalidArguments('The body needs "scope", "frozen" (true or false) and "reason".')
+    scope, reason = body.get("scope"), body.get("reason") or ""
+    if not isinstance(scope, str) or not isinstance(reason, str):
+        raise InvalidArguments("scope and reason must be text.")
+    try:
+        record = await throw_switch(
+            request.app[_SETTINGS],
+            request.app[_OPERATORS],
+            operator,
+            scope_text=scope,
+            frozen=body["frozen"],
+            reason=reason,
+        )
+    except KafkaError as exc:
+        raise StorageUnavailable("Kafka is not reachable; nothing was published.") from exc
+    log.warning(
+        "dashboard: %s %s by %s@%s: %s",
+        "FROZEN" if record.frozen else "unfrozen",
+        record.scope,
+        operator.sub,
+        operator.tenant,
+        record.reason,
+    )
+    return web.json_response({"published": True, "freeze": _freeze_json(record)}, status=202)
+
+
 READY_TIMEOUT_SECONDS = 2.0
 
 
@@ -222,11 +289,14 @@ def create_app(settings: Settings, *, keys: ContextKeys | None = None) -> web.Ap
     app[_SETTINGS] = settings
     app[_KEYS] = keys or context_keys(settings)
     app[_SIGNING] = approval_keys(settings)
+    app[_FREEZES] = FleetFreezes(settings)
+    app[_OPERATORS] = OperatorRights.from_directory()
 
     async def lifecycle(_app: web.Application) -> Any:
         await pool.open(wait=False)
         yield
         await pool.close()
+        await app[_FREEZES].close()
 
     app.cleanup_ctx.append(lifecycle)
 
@@ -255,6 +325,8 @@ def create_app(settings: Settings, *, keys: ContextKeys | None = None) -> web.Ap
     app.router.add_get("/api/session", session)
     app.router.add_get("/api/approvals", approvals)
     app.router.add_post("/api/approvals/{call_id}/decision", decide)
+    app.router.add_get("/api/freezes", freezes)
+    app.router.add_post("/api/freezes", throw)
     app.router.add_get("/metrics", metrics_handler)
     return app
 

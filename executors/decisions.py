@@ -10,10 +10,12 @@ from enum import StrEnum
 
 from pydantic import ValidationError
 
+from approvals.auto import resource_owner
 from approvals.signing import ApprovalKeys, DecisionRefusal, receipt_refusal
 from commands.catalog import Resource, Tool, ToolArguments
+from commands.freezes import CallFacts, Freezes, frozen_scope
 from commands.policy import APPROVAL_EFFECTS, AuthorizationRequest, PolicySet, authorize_batch
-from schemas.envelopes import Actor, CommittedCommand, Effect, Status
+from schemas.envelopes import Actor, CommittedCommand, Effect, FreezeRecord, Status
 from schemas.errors import ErrorCode
 from schemas.fingerprint import fingerprint
 
@@ -149,11 +151,27 @@ def resource_refusals(loaded: Sequence[Loaded], policies: PolicySet) -> list[Err
     return refusals
 
 
+def command_freeze(
+    view: Freezes, command: CommittedCommand, resource: Resource | None
+) -> FreezeRecord | None:
+    """The kill switch at commit time: the freeze whose scope this command falls in (its
+    effect has not started), or None."""
+    facts = CallFacts(
+        tenant=command.tenant,
+        actor=command.actor.sub,
+        tool=command.tool,
+        effect=command.effect,
+        owner=resource_owner(resource),
+    )
+    return frozen_scope(view, facts)
+
+
 STATUS_BY_CODE: dict[ErrorCode, Status] = {
     ErrorCode.CONFLICT: Status.CONFLICT,
     ErrorCode.APPROVAL_EXPIRED: Status.EXPIRED,
     ErrorCode.CANCELLED: Status.CANCELLED,
     ErrorCode.TIMEOUT: Status.UNKNOWN,
+    ErrorCode.FROZEN: Status.DENIED,
 }
 
 

@@ -48,6 +48,7 @@ from commands.catalog import (
     HandlerResult,
     Tool,
 )
+from commands.freezes import FixedFreezes, FreezeSource
 from commands.policy import PolicySource
 from executors.claims import Claim, ClaimFinish, ClaimKind, ClaimRequest, ClaimStore
 from executors.crash_points import NO_CRASH_POINTS, CrashPoint, CrashPoints
@@ -55,6 +56,7 @@ from executors.decisions import (
     Dedup,
     Loaded,
     admission,
+    command_freeze,
     dedup_decision,
     plain_read,
     resource_refusals,
@@ -140,7 +142,9 @@ class CommandExecutor:
         crash_points: CrashPoints = NO_CRASH_POINTS,
         wait_for_owner_seconds: float = 30.0,
         receipt_keys: ApprovalKeys | None = None,
+        freezes: FreezeSource | None = None,
     ) -> None:
+        self._freezes = freezes or FixedFreezes()
         # The keys receipts are verified with; by default this deployment's (settings).
         self._receipt_keys = receipt_keys or approval_keys(Settings())
         self._wait_for_owner = wait_for_owner_seconds
@@ -420,6 +424,8 @@ class CommandExecutor:
         actor, arguments = admitted.actor, admitted.arguments
         # Commit-time re-check on fresh, locked state with the tenant in the WHERE.
         resource = await tool.load(conn, actor, arguments, True) if tool.load else None
+        if command_freeze(self._freezes.current, command, resource) is not None:  # kill switch
+            return Execution(outcome=self._failed(command, ErrorCode.FROZEN, trace_id)), None
         loaded = Loaded(command=command, tool=tool, admitted=admitted, resource=resource)
         (refusal,) = resource_refusals([loaded], self._policies.current)
         if refusal is not None:
@@ -491,6 +497,11 @@ class CommandExecutor:
     ) -> _Invoked:
         """Invoke the external effect (bounded retries only for failures known to precede
         it); what it answered, as the outcome to record."""
+        if command_freeze(self._freezes.current, command, None) is not None:
+            # Frozen since the commit-time check (the kill switch): the effect never starts;
+            # the prepared effect is released like any failure known to precede it.
+            frozen = self._failed(command, ErrorCode.FROZEN, trace_id)
+            return _Invoked(outcome=frozen, done=None, code=ErrorCode.FROZEN)
         external, request = pending.external, pending.request
         done: HandlerResult | None = None
         code: ErrorCode | None = None

@@ -27,8 +27,16 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from approvals.signing import ApprovalKeys
 from commands.catalog import Catalog, Connection, ExecutionContext, Tool, load_resources
+from commands.freezes import FixedFreezes, FreezeSource
 from commands.policy import PolicySet, PolicySource
-from executors.decisions import Admitted, Loaded, admission, plain_read, resource_refusals
+from executors.decisions import (
+    Admitted,
+    Loaded,
+    admission,
+    command_freeze,
+    plain_read,
+    resource_refusals,
+)
 from executors.executor import Execution
 from executors.ledger import CommandLedger
 from executors.outcomes import executed_detail, failed_outcome, outcome_of, refused_outcome
@@ -78,7 +86,9 @@ class BatchedReads:
         policies: PolicySource,
         receipt_keys: ApprovalKeys,
         cancelled: Container[str] = frozenset(),
+        freezes: FreezeSource | None = None,
     ) -> None:
+        self._freezes = freezes or FixedFreezes()
         self._pool = pool
         self._catalog = catalog
         self._policies = policies
@@ -142,6 +152,10 @@ class BatchedReads:
             for (_, item), r in zip(admitted, resources, strict=True)
         ]
         refusals = resource_refusals(loaded, policies)
+        view = self._freezes.current  # the kill switch, at commit time
+        for i, found in enumerate(loaded):
+            if command_freeze(view, found.command, found.resource) is not None:
+                refusals[i] = ErrorCode.FROZEN
         for (index, item), found, refusal in zip(admitted, loaded, refusals, strict=True):
             if refusal is not None:
                 outcomes[index] = failed_outcome(item.read.command, refusal, item.read.trace_id)

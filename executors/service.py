@@ -30,6 +30,7 @@ from pydantic import ValidationError
 
 from approvals.signing import approval_keys
 from commands.catalog import Catalog
+from commands.freezes import FleetFreezes
 from commands.policy_feed import PolicyFeed
 from executors.cancellations import CancelledCalls
 from executors.claims import Claim, ClaimFinish, ClaimKind, ClaimStore
@@ -374,18 +375,24 @@ class ExecutorService:
             await claims.heartbeat()
             await asyncio.sleep(claims.liveness_ms / 5000)
 
-    async def _until_ready(self, cancellations_ready: asyncio.Event) -> None:
-        """Wait until the cancellation view has caught up (60 s at most), or until a stop
-        (a follower that died on the way asked for one)."""
-        ready = asyncio.create_task(cancellations_ready.wait())
+    async def _until_ready(self, *views_ready: asyncio.Event) -> None:
+        """Wait until the cancellation and freeze views have caught up (60 s at most), or
+        until a stop (a follower that died on the way asked for one)."""
+
+        async def all_ready() -> None:
+            for event in views_ready:
+                await event.wait()
+
+        ready = asyncio.create_task(all_ready())
         stop = asyncio.create_task(self._stopping.wait())
         try:
             await asyncio.wait({ready, stop}, timeout=60, return_when=asyncio.FIRST_COMPLETED)
         finally:
             ready.cancel()
             stop.cancel()
-        if not cancellations_ready.is_set() and not self._stopping.is_set():
-            raise TimeoutError("the cancellation view did not catch up within 60 s")
+        caught_up = all(event.is_set() for event in views_ready)
+        if not caught_up and not self._stopping.is_set():
+            raise TimeoutError("the cancellation and freeze views did not catch up within 60 s")
 
     async def run(self) -> None:
         settings = self._settings
@@ -404,6 +411,7 @@ class ExecutorService:
             lease_ms=settings.executor.claim_lease_seconds * 1000,
         )
         cancelled = CancelledCalls(settings)
+        freezes = FleetFreezes(settings)  # the kill switch, checked at commit time
         receipt_keys = approval_keys(settings)
         executor = CommandExecutor(
             pool=pool,
@@ -415,6 +423,7 @@ class ExecutorService:
             crash_points=self._crash_points,
             wait_for_owner_seconds=settings.executor.claim_lease_seconds,
             receipt_keys=receipt_keys,
+            freezes=freezes,
         )
         reads = BatchedReads(
             pool=pool,
@@ -422,6 +431,7 @@ class ExecutorService:
             policies=self._policies,
             receipt_keys=receipt_keys,
             cancelled=cancelled,
+            freezes=freezes,
         )
         handle = partial(self._handle_batch, executor=executor, reads=reads, pool=pool)
 
@@ -443,7 +453,7 @@ class ExecutorService:
         await pool.open(wait=True, timeout=30)
         await self._catalog.start(settings)
         await producer.start()
-        cancellations_ready = asyncio.Event()
+        cancellations_ready, freezes_ready = asyncio.Event(), asyncio.Event()
         # The views this executor decides on, and its liveness mark, under supervision: a
         # view that stops following must not be served, so a follower that dies stops the
         # executor (non-zero exit; a fresh process rebuilds both views from their topics).
@@ -460,10 +470,15 @@ class ExecutorService:
             self._crash_points.reached(CrashPoint.FOLLOWER_STARTED)
             await cancelled.follow(cancellations_ready)
 
+        async def follow_freezes() -> None:
+            self._crash_points.reached(CrashPoint.FOLLOWER_STARTED)
+            await freezes.follow(freezes_ready)
+
         supervisor.start(SideTask(name="policy follower", run=follow_policies))
         supervisor.start(SideTask(name="cancellation follower", run=follow_cancellations))
+        supervisor.start(SideTask(name="freeze follower", run=follow_freezes))
         try:
-            await self._until_ready(cancellations_ready)
+            await self._until_ready(cancellations_ready, freezes_ready)
             if not self._stopping.is_set():  # else a follower died before the start
                 await claims.heartbeat()
                 keep_alive = partial(self._keep_alive, claims)

@@ -247,6 +247,18 @@ def cmd_approvals(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_freeze(settings: Settings, args: argparse.Namespace) -> int:
+    from ratifier.freeze import cmd_freeze as freeze
+
+    return freeze(settings, args)
+
+
+def cmd_freezes(settings: Settings, args: argparse.Namespace) -> int:
+    from ratifier.freeze import cmd_freezes as freezes
+
+    return freezes(settings, args)
+
+
 def cmd_reconciler(settings: Settings, args: argparse.Namespace) -> int:
     from commands.catalog import load_catalog
     from executors.reconciler import run_reconciler
@@ -490,6 +502,17 @@ def build_parser() -> argparse.ArgumentParser:
             one.add_argument("--arguments", required=True, help="the new arguments as JSON")
     approvals.set_defaults(func=cmd_approvals, reason=None)
     sub.add_parser("reconciler", help="run a reconciler process").set_defaults(func=cmd_reconciler)
+    for name, text in (("freeze", "freeze a scope (the kill switch)"), ("unfreeze", "lift it")):
+        switch = sub.add_parser(name, help=text)
+        switch.add_argument(
+            "--scope",
+            required=True,
+            help="tenant:T, agent:T:sub, subject:T:sub, tool:T:name, writes:T or writes:*",
+        )
+        switch.add_argument("--reason", required=True, help="why (kept in the audit)")
+        switch.add_argument("--token", required=True, help="an operator's token (role operator)")
+        switch.set_defaults(func=cmd_freeze)
+    sub.add_parser("freezes", help="list the frozen scopes").set_defaults(func=cmd_freezes)
     ops = sub.add_parser("ops", help="operations with unknown outcomes")
     ops_sub = ops.add_subparsers(dest="ops_command", required=True)
     ops_unknown = ops_sub.add_parser("unknown", help="list unknown and escalated operations")

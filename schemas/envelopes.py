@@ -481,6 +481,27 @@ class PolicySetRecord(Record):
     published_at: datetime
 
 
+# A freeze's scope (the `controls` key): `tenant:T`, `agent:T:sub`, `subject:T:sub`,
+# `tool:T:name`, `writes:T`, or `writes:*` (every tenant's writes).
+FREEZE_SCOPE_PATTERN = (
+    r"^(?:(?:tenant|writes):[A-Za-z0-9_-]{1,64}|writes:\*"
+    r"|(?:agent|subject|tool):[A-Za-z0-9_-]{1,64}:[^\s]{1,256})$"
+)
+
+
+class FreezeRecord(Record):
+    """`controls` (compacted), key `scope` (v1.5, additive): the kill switch. ``frozen``
+    true stops new calls, committed commands not started yet and approvals in ``scope``;
+    false lifts it. ``by`` is the operator's ``sub`` (an identity, never a credential)."""
+
+    scope: Annotated[str, StringConstraints(pattern=FREEZE_SCOPE_PATTERN)]
+    frozen: bool
+    by: str = Field(min_length=1, max_length=256)
+    by_tenant: Tenant | None = None
+    reason: ShortText = ""
+    at: datetime
+
+
 CONTRACT_RECORDS: dict[str, type[Record]] = {
     "calls.proposed": ProposedCall,
     "calls.validated": ValidatedCall,
@@ -494,4 +515,5 @@ CONTRACT_RECORDS: dict[str, type[Record]] = {
     "commands.unknown": CommittedCommand,
     "outcomes": Outcome,
     "policies": PolicySetRecord,
+    "controls": FreezeRecord,
 }

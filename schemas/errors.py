@@ -28,6 +28,8 @@ class ErrorCode(StrEnum):
     CANCELLED = "cancelled"
     # v1.3: `reply_to` names a topic outside the deployment's reply namespace.
     INVALID_REPLY_ADDRESS = "invalid_reply_address"
+    # v1.5: an operator froze a scope the call falls in (the kill switch, docs/kill-switch.md).
+    FROZEN = "frozen"
 
 
 class RefusalReason(StrEnum):
@@ -68,6 +70,7 @@ SAFE_MESSAGES: dict[ErrorCode, str] = {
     ErrorCode.RETRY_EXHAUSTED: "Retries are exhausted; the call was escalated.",
     ErrorCode.CANCELLED: "The call was cancelled before its effect.",
     ErrorCode.INVALID_REPLY_ADDRESS: "The reply address is not a reply topic of this deployment.",
+    ErrorCode.FROZEN: "Operators have paused this kind of action for now; try again later.",
 }
 
 
@@ -102,6 +105,12 @@ class ResourceNotFound(RatifierError):
 
 class ApprovalExpired(RatifierError):
     code = ErrorCode.APPROVAL_EXPIRED
+
+
+class Frozen(RatifierError):
+    """An operator froze a scope the call falls in (the kill switch)."""
+
+    code = ErrorCode.FROZEN
 
 
 class PreconditionFailed(RatifierError):

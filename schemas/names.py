@@ -21,13 +21,15 @@ class Topic(StrEnum):
     POLICIES = "policies"
     # Internal to the approval-join: expiry ticks, keyed and partitioned like the approvals.
     APPROVAL_TIMERS = "approvals.timers"
+    # v1.5: freezes (the kill switch), compacted, keyed by scope; every stage follows it.
+    CONTROLS = "controls"
 
 
 # Topics whose records are keyed by call id and co-partitioned with calls.proposed.
 PIPELINE_TOPICS: tuple[Topic, ...] = tuple(Topic)
 
 # Compacted topics (latest value per key matters).
-COMPACTED_TOPICS: frozenset[Topic] = frozenset({Topic.POLICIES})
+COMPACTED_TOPICS: frozenset[Topic] = frozenset({Topic.POLICIES, Topic.CONTROLS})
 
 STREAMS_APP_ID = "ratifier-streams"  # the approval-join's faust app
 VALIDATOR_GROUP = "ratifier-validator"

@@ -26,6 +26,8 @@ class AuditKind(StrEnum):
     APPROVAL_EDIT_COMMITTED = "approval_edit_committed"
     APPROVAL_EDIT_REFUSED = "approval_edit_refused"
     APPROVAL_EXPIRED = "approval_expired"
+    # v1.5: an approval (or the join's commit) of a call in a frozen scope, refused
+    APPROVAL_FROZEN = "approval_frozen"
     # the executor
     EXECUTED = "executed"
     READ = "read"  # a read, run without a ledger entry (docs/execution.md, "Reads")

@@ -8,16 +8,20 @@ stage is idempotent by `call_id`, so a redelivered record is harmless.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from functools import partial
 from typing import Any
 
 import faust
+from aiokafka.errors import KafkaError
 from faust.auth import OAuthCredentials, SASLCredentials, SSLCredentials
 from faust.types.auth import CredentialsT as Credentials
 
 from approvals.http import install_approval_api
 from approvals.inbox import ApprovalInbox
 from commands.catalog import Catalog
+from commands.freezes import FleetFreezes
 from commands.policy_feed import PolicyFeed
 from commands.validate import Limits
 from runtime.clients import (
@@ -29,6 +33,7 @@ from runtime.clients import (
     token_provider,
 )
 from runtime.health import Health
+from runtime.retry import retrying
 from schemas.errors import ConfigurationError
 from schemas.identity import context_keys
 from schemas.names import STREAMS_APP_ID, Topic
@@ -143,6 +148,9 @@ def create_app(
         raise ConfigurationError(
             f"unknown stream stages {sorted(unknown)}; known: {sorted(STAGES)}"
         )
+    # The kill switch (commands/freezes.py): the stages admit calls once the view is caught up.
+    freezes = FleetFreezes(settings)
+    freezes_ready = asyncio.Event()
     stateless = StatelessStages(
         settings,
         stages=stages,
@@ -152,9 +160,18 @@ def create_app(
         limits=limits,
         fetch_many=storage.fetch_many,
         tracer=observer.tracer,
+        freezes=freezes,
     )
 
+    async def follow_freezes() -> None:
+        await retrying(
+            partial(freezes.follow, freezes_ready), retry_on=(KafkaError, OSError), what="controls"
+        )
+
+    app.task(follow_freezes)
+
     async def run_stateless_stages() -> None:
+        await freezes_ready.wait()
         await stateless.run()
 
     app.task(run_stateless_stages)
@@ -217,6 +234,7 @@ def create_app(
             limits=limits,
             publish=publisher.publish,
             observer=observer,
+            freezes=freezes,
         )
 
     async def _close_store(_app: Any, /, *_args: Any, signal: Any, **_kwargs: Any) -> None:

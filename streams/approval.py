@@ -37,6 +37,7 @@ from schemas.envelopes import (
     DeadLetter,
     DecisionStatement,
     ErrorInfo,
+    FreezeRecord,
     Part,
     Route,
     SourcePosition,
@@ -639,5 +640,35 @@ def decision_dead_letter(
             raw_truncated=bool(data),
             source=source,
             at=at,
+        ),
+    )
+
+
+def commits(step: Step) -> bool:
+    """Whether ``step`` commits a command (or goes on to commit an edit)."""
+    return step.edit is not None or any(e.topic is Topic.COMMITTED for e in step.emits)
+
+
+def frozen_instead(
+    state: ApprovalState, step: Step, freeze: FreezeRecord, *, now: datetime, rules: Rules
+) -> Step:
+    """The kill switch at the join: a step that would commit a call in a frozen scope ends
+    the call `frozen` instead (denied; nothing is committed). The decision's own audit stays,
+    followed by why it did not count."""
+    call = state.authorized
+    assert call is not None
+    return Step(
+        state=_terminal(state, Phase.DENIED, now, rules),
+        emits=(_ended(call, Status.DENIED, ErrorCode.FROZEN, now),),
+        audits=(
+            *step.audits,
+            _audit(
+                AuditKind.APPROVAL_FROZEN,
+                call,
+                call.call_id,
+                scope=freeze.scope,
+                frozen_by=freeze.by,
+                frozen_reason=freeze.reason,
+            ),
         ),
     )

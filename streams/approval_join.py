@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from approvals.policy import PolicyRights
 from approvals.signing import approval_keys, verify_decision
 from commands.catalog import Catalog
+from commands.freezes import CallFacts, FixedFreezes, FreezeSource, frozen_scope
 from commands.policy import authorize
 from commands.policy_feed import PolicyFeed
 from commands.validate import Limits, Rejection, validate
@@ -46,9 +47,11 @@ from streams.approval import (
     EditRequest,
     Rules,
     Step,
+    commits,
     decision_dead_letter,
     due,
     edited,
+    frozen_instead,
     on_authorized,
     on_decided,
     on_tick,
@@ -79,7 +82,9 @@ def install_approval_join(
     limits: Limits,
     publish: Publish,
     observer: StageObserver,
+    freezes: FreezeSource | None = None,
 ) -> None:
+    frozen = freezes or FixedFreezes()
     table = app.Table(
         "approvals",
         default=None,
@@ -146,6 +151,23 @@ def install_approval_join(
             }
         )
 
+    def unless_frozen(state: ApprovalState | None, step: Step, now: datetime) -> Step:
+        """The kill switch: a step that would commit a call in a frozen scope ends it."""
+        call = state.authorized if state is not None else None
+        if state is None or call is None or not commits(step):
+            return step
+        facts = CallFacts(
+            tenant=call.tenant,
+            actor=call.actor.sub,
+            tool=call.tool,
+            effect=call.effect,
+            owner=call.resource_owner,
+        )
+        freeze = frozen_scope(frozen.current, facts)
+        if freeze is None:
+            return step
+        return frozen_instead(state, step, freeze, now=now, rules=rules)
+
     async def decide(
         state: ApprovalState | None, decision: ApprovalDecision, call_id: str, now: datetime
     ) -> Step:
@@ -154,6 +176,7 @@ def install_approval_join(
         step = on_decided(
             state, decision, verified, call_id=call_id, tool=tool, now=now, rules=rules
         )
+        step = unless_frozen(state, step, now)
         if step.edit is not None:
             finished = edited(step.edit, await reauthorize(step.edit), now=now, rules=rules)
             step = Step(

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from approvals.auto import auto_approving_policy, resource_owner
 from commands.catalog import Catalog, Resource, Tool, ToolArguments
+from commands.freezes import NO_FREEZES, CallFacts, Freezes, frozen_scope
 from commands.policy import AuthorizationRequest, Decision, PolicySet, authorize_batch
 from schemas.envelopes import Actor, ActorRef, AuthorizedCall, Stage, Status, ValidatedCall
 from schemas.errors import ErrorCode, Unauthenticated
@@ -143,12 +144,28 @@ def one_by_one(fetch: ResourceFetch) -> ResourcesFetch:
 
 
 def _routed(
-    pending: _Pending, decision: Decision, now: datetime, policies: PolicySet
+    pending: _Pending,
+    decision: Decision,
+    now: datetime,
+    policies: PolicySet,
+    freezes: Freezes = NO_FREEZES,
 ) -> tuple[Emit, ...]:
     """A denied outcome; or the call's `calls.authorized` record, followed by its committed
     command when it needs no approval (streams/commit.py)."""
     call, request = pending.call, pending.request
     actor, tool = request.actor, request.tool
+    # The kill switch (commands/freezes.py): a call in a frozen scope is refused, `frozen`.
+    facts = CallFacts(
+        tenant=actor.tenant,
+        actor=actor.sub,
+        tool=tool.name,
+        effect=tool.effect,
+        owner=resource_owner(request.resource),
+    )
+    if frozen_scope(freezes, facts) is not None:
+        return (
+            _ended(call, code=ErrorCode.FROZEN, tenant=actor.tenant, now=now, policies=policies),
+        )
     if not decision.permitted or decision.route is None:
         denied = outcome(
             call_id=call.call_id,
@@ -206,6 +223,7 @@ async def on_validated_batch(
     policies: PolicySet,
     fetch_many: ResourcesFetch,
     now: datetime,
+    freezes: Freezes = NO_FREEZES,
 ) -> list[tuple[Emit, ...]]:
     """What the authorizer publishes for each call of a batch, in order; the resources of
     all its calls are loaded at once."""
@@ -222,7 +240,7 @@ async def on_validated_batch(
     pending = [p for p in prepared if isinstance(p, _Pending)]
     decisions = iter(authorize_batch([p.request for p in pending], policies))
     return [
-        _routed(p, next(decisions), now, policies) if isinstance(p, _Pending) else (p,)
+        _routed(p, next(decisions), now, policies, freezes) if isinstance(p, _Pending) else (p,)
         for p in prepared
     ]
 

@@ -28,6 +28,7 @@ from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 
 from commands.catalog import Catalog
+from commands.freezes import FixedFreezes, FreezeSource
 from commands.policy_feed import PolicyFeed
 from commands.validate import Limits
 from runtime.clients import kafka_admin, kafka_consumer, kafka_producer
@@ -92,8 +93,15 @@ def validator_handler(
 
 
 def authorizer_handler(
-    *, catalog: Catalog, keys: ContextKeys, feed: PolicyFeed, fetch_many: ResourcesFetch
+    *,
+    catalog: Catalog,
+    keys: ContextKeys,
+    feed: PolicyFeed,
+    fetch_many: ResourcesFetch,
+    freezes: FreezeSource | None = None,
 ) -> Callable[[Sequence[Consumed]], Awaitable[list[Handled]]]:
+    frozen = freezes or FixedFreezes()
+
     async def handle(records: Sequence[Consumed]) -> list[Handled]:
         parsed: list[ValidatedCall | None] = []
         for record in records:
@@ -109,6 +117,7 @@ def authorizer_handler(
                 policies=feed.current,
                 fetch_many=fetch_many,
                 now=datetime.now(UTC),
+                freezes=frozen.current,
             )
         )
         return [
@@ -163,6 +172,7 @@ class StatelessStages:
         limits: Limits,
         fetch_many: ResourcesFetch,
         tracer: Tracer,
+        freezes: FreezeSource | None = None,
     ) -> None:
         self._settings = settings
         self._tracer = tracer
@@ -170,7 +180,7 @@ class StatelessStages:
         self._handlers = {
             StreamStage.VALIDATOR: validator_handler(catalog=catalog, limits=limits, feed=feed),
             StreamStage.AUTHORIZER: authorizer_handler(
-                catalog=catalog, keys=keys, feed=feed, fetch_many=fetch_many
+                catalog=catalog, keys=keys, feed=feed, fetch_many=fetch_many, freezes=freezes
             ),
         }
         self._loops: list[ConsumerLoop] = []

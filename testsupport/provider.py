@@ -194,6 +194,8 @@ async def stats(request: web.Request) -> web.Response:
         {
             "refunds": sum(state.applied_by_key.values()),
             "by_key": dict(state.applied_by_key),
+            # When each effect was applied (kill-switch tests: none after a freeze).
+            "applied_at": {k: a.refund["created_at"] for k, a in state.refunds.items()},
             "posts": state.posts,
         }
     )

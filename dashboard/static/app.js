@@ -704,6 +704,60 @@ async function refreshInbox() {
   }
 }
 
+// ------------------------------------------------------------------ kill switch
+
+function renderFreezes(payload) {
+  const rows = payload.freezes;
+  $("freezes-count").textContent = rows.length ? String(rows.length) : "";
+  $("freezes-count").classList.toggle("hot", rows.length > 0);
+  const body = $("freezes").querySelector("tbody");
+  body.replaceChildren(
+    ...rows.map((freeze) =>
+      h(
+        "tr",
+        { "data-scope": freeze.scope },
+        h("td", {}, h("code", {}, freeze.scope)),
+        h("td", {}, freeze.by),
+        h("td", {}, ago(freeze.at)),
+        h("td", {}, freeze.reason),
+        h(
+          "td",
+          {},
+          h("button", { class: "btn", type: "button", onclick: () => throwSwitch(freeze.scope, false, "unfrozen from the dashboard") }, "Unfreeze"),
+        ),
+      ),
+    ),
+  );
+  if (!rows.length) body.append(h("tr", {}, h("td", { colspan: "5", class: "empty" }, "Nothing is frozen.")));
+}
+
+async function refreshFreezes() {
+  const signedIn = Boolean(state.token && state.me);
+  $("freezes-panel").hidden = !signedIn;
+  $("freezes-signin").hidden = signedIn;
+  if (!signedIn) return;
+  try {
+    renderFreezes(await api("/api/freezes", { auth: true }));
+  } catch (err) {
+    $("freeze-error").textContent = err.message;
+    $("freeze-error").hidden = false;
+  }
+}
+
+async function throwSwitch(scope, frozen, reason) {
+  try {
+    await api("/api/freezes", { method: "POST", auth: true, body: { scope, frozen, reason } });
+    $("freeze-error").hidden = true;
+    toast(`${frozen ? "Frozen" : "Unfrozen"}: ${scope}`, frozen ? "bad" : "good");
+    await refreshFreezes();
+  } catch (err) {
+    $("freeze-error").textContent = {
+      policy_denied: "Your token may not freeze or unfreeze that scope (operator role, own tenant).",
+    }[err.code] || err.message;
+    $("freeze-error").hidden = false;
+  }
+}
+
 // ------------------------------------------------------------------ polling
 
 async function refresh() {
@@ -730,6 +784,7 @@ async function refresh() {
     showBanner(null);
     $("refreshed").textContent = `live · updated ${fmtTime(overview.now)}`;
     await refreshInbox();
+    await refreshFreezes();
   } catch (err) {
     if (err.status === 0) setHealth("down", "dashboard server unreachable");
     else if (err.status === 503) setHealth("down", "storage unavailable");
@@ -757,6 +812,17 @@ async function start() {
     signIn(token);
   });
   $("signout").addEventListener("click", signOut);
+  $("freeze-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const scope = $("freeze-scope").value.trim();
+    const reason = $("freeze-reason").value.trim();
+    if (!scope || !reason) {
+      $("freeze-error").textContent = "A scope and a reason, please.";
+      $("freeze-error").hidden = false;
+      return;
+    }
+    throwSwitch(scope, true, reason);
+  });
   window.addEventListener("resize", () => state.overview && renderChart(state.overview));
   document.addEventListener("visibilitychange", () => !document.hidden && refresh());
   renderWho();

@@ -122,3 +122,34 @@ def test_approver_approves_a_refund_and_sees_it_succeed(dashboard: tuple[Pipelin
     with urllib.request.urlopen(url + "metrics", timeout=10) as response:
         metrics = response.read().decode()
     assert 'ratifier_records_total{stage="dashboard",status="decision_approve"} 1.0' in metrics
+
+
+def test_operator_freezes_and_unfreezes_a_scope_from_the_page(
+    dashboard: tuple[Pipeline, str],
+) -> None:
+    """The kill-switch panel: frozen scopes listed, a freeze thrown and lifted from the page."""
+    pipeline, url = dashboard
+    operator = token(pipeline.settings, "ops-1", roles=("approver", "operator"))
+    problems: list[str] = []
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1440, "height": 1250})
+            page.on("pageerror", lambda exc: problems.append(str(exc)))
+            page.goto(url)
+            page.fill("#token", operator)
+            page.click("#signin button[type=submit]")
+            page.locator("#freezes-panel").wait_for(state="visible", timeout=30_000)
+            page.fill("#freeze-scope", "tool:tenant-a:add_payout_account")
+            page.fill("#freeze-reason", "browser test")
+            page.click("#freeze-form button[type=submit]")
+            row = page.locator("#freezes tr[data-scope='tool:tenant-a:add_payout_account']")
+            row.wait_for(timeout=30_000)
+            assert "ops-1" in row.inner_text() and "browser test" in row.inner_text()
+            assert page.inner_text("#freezes-count") == "1"
+            row.locator("button").click()
+            row.wait_for(state="detached", timeout=30_000)
+            assert "Nothing is frozen." in page.inner_text("#freezes")
+        finally:
+            browser.close()
+    assert problems == [], problems

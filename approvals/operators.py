@@ -1,0 +1,102 @@
+"""Who may throw the kill switch: operator rights as Cedar policy
+(`approvals/operator_policies/operators.cedar`). Pure: one Cedar evaluation per question.
+
+Principal ``Operator`` (sub, tenant, roles: from the verified token, as an approver's),
+action ``freeze`` / ``unfreeze``, resource ``Scope`` (kind, tenant; ``*`` for `writes:*`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import cedarpy
+
+from commands.freezes import EVERY_TENANT, Scope, freeze_record, publish_freeze
+from commands.policy import PolicySet
+from schemas.envelopes import Actor, FreezeRecord
+from schemas.errors import PolicyDenied, Unauthenticated
+from schemas.identity import ContextKeys, verify_context_token
+from schemas.settings import Settings
+
+OPERATOR_POLICY_DIR = Path(__file__).parent / "operator_policies"
+SCHEMA_FILE = "operators.cedarschema.json"
+
+
+@dataclass(frozen=True, kw_only=True)
+class OperatorRights:
+    policies: PolicySet
+
+    @classmethod
+    def from_directory(cls, directory: Path = OPERATOR_POLICY_DIR) -> OperatorRights:
+        text = "\n".join(p.read_text(encoding="utf-8") for p in sorted(directory.glob("*.cedar")))
+        schema = (directory / SCHEMA_FILE).read_text(encoding="utf-8")
+        return cls(policies=PolicySet.from_sources(text, schema))
+
+    def allows(self, operator: Actor, *, frozen: bool, scope: Scope) -> bool:
+        """Whether ``operator`` may freeze (``frozen``) or unfreeze ``scope``."""
+        request = {
+            "principal": {"type": "Operator", "id": f"{operator.tenant}/{operator.sub}"},
+            "action": {"type": "Action", "id": "freeze" if frozen else "unfreeze"},
+            "resource": {"type": "Scope", "id": scope.key},
+            "context": {},
+        }
+        entities: list[dict[str, Any]] = [
+            {
+                "uid": {"type": "Operator", "id": f"{operator.tenant}/{operator.sub}"},
+                "attrs": {
+                    "sub": operator.sub,
+                    "tenant": operator.tenant,
+                    "roles": list(operator.roles),
+                },
+                "parents": [],
+            },
+            {
+                "uid": {"type": "Scope", "id": scope.key},
+                "attrs": {"kind": scope.kind.value, "tenant": scope.tenant},
+                "parents": [],
+            },
+        ]
+        (result,) = cedarpy.is_authorized_batch(
+            [request], self.policies.parsed, entities, self.policies.parsed_schema
+        )
+        return bool(result.allowed)
+
+
+def operator_from(token: str | None, keys: ContextKeys) -> Actor:
+    """The operator named by ``token`` (verified like an approver's; rights are per scope)."""
+    if not token:
+        raise Unauthenticated()
+    return verify_context_token(token, keys)
+
+
+def check_operator(rights: OperatorRights, operator: Actor, *, frozen: bool, scope: Scope) -> None:
+    """`PolicyDenied` unless ``operator`` may (un)freeze ``scope``."""
+    if not rights.allows(operator, frozen=frozen, scope=scope):
+        raise PolicyDenied("This token may not freeze or unfreeze that scope.")
+
+
+async def throw_switch(
+    settings: Settings,
+    rights: OperatorRights,
+    operator: Actor,
+    *,
+    scope_text: str,
+    frozen: bool,
+    reason: str,
+) -> FreezeRecord:
+    """Freeze (or unfreeze) a scope for ``operator`` after the rights check; returns the
+    record once the broker acknowledged it (from then on every stage stops it within 1 s)."""
+    scope = Scope.parse(scope_text)
+    check_operator(rights, operator, frozen=frozen, scope=scope)
+    record = freeze_record(
+        scope, frozen=frozen, by=operator.sub, by_tenant=operator.tenant, reason=reason
+    )
+    await publish_freeze(settings, record)
+    return record
+
+
+def visible_to(operator: Actor, records: list[FreezeRecord]) -> list[FreezeRecord]:
+    """The freezes an operator sees: their tenant's scopes and the fleet-wide ones."""
+    return [r for r in records if Scope.parse(r.scope).tenant in (operator.tenant, EVERY_TENANT)]

@@ -1,0 +1,232 @@
+"""The kill switch on the real pipeline (Kafka, Redis, PostgreSQL, worker processes):
+freezing a tenant's writes under load stops every effect within 1 s of the freeze record's
+acknowledgement (provider counters), later calls end `frozen`, unfreezing restores service;
+a committed command not started yet is refused at commit time; an approval in a frozen scope
+is refused."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from approvals.operators import OperatorRights, throw_switch
+from ratifier.cli import main
+from runtime.clients import kafka_producer
+from schemas.envelopes import Actor
+from schemas.names import Topic
+from schemas.settings import Settings
+from tests.e2e.approvals_kit import (
+    audit,
+    decide,
+    propose,
+    propose_only,
+    terminal_outcomes,
+    token,
+    wait_for,
+)
+from tests.e2e.conftest import ARTIFACTS, Pipeline
+from tests.e2e.executor_kit import provider_stats, wait_terminal
+from tests.services import context_token, keyed_call, read_until, run, worker_env
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
+
+OPERATOR = Actor(sub="ops-1", tenant="tenant-a", roles=("operator",))
+RATE = 200  # calls per second offered (half refunds, half reads)
+TICK = 0.05
+BEFORE, AFTER = 3.0, 3.0  # seconds of load before and after the freeze
+
+
+async def _switch(settings: Settings, scope: str, *, frozen: bool) -> float:
+    """(Un)freeze ``scope`` as the operator; the wall-clock time of the broker's ack."""
+    await throw_switch(
+        settings,
+        OperatorRights.from_directory(),
+        OPERATOR,
+        scope_text=scope,
+        frozen=frozen,
+        reason="e2e: kill switch",
+    )
+    return time.time()
+
+
+async def _load_with_freeze(settings: Settings) -> tuple[dict[str, tuple[str, float]], float]:
+    """Offer refunds (auto-approved, 1 minor unit) and reads at RATE for BEFORE + AFTER
+    seconds; freeze `writes:tenant-a` after BEFORE. Every call's kind and send time, and the
+    freeze's ack time."""
+    refunder = context_token(settings, roles=("refund", "refund_auto"))
+    reader = context_token(settings, roles=("support",))
+    producer = kafka_producer(settings)
+    await producer.start()
+    sent: dict[str, tuple[str, float]] = {}
+    acked = 0.0
+    try:
+        started = time.monotonic()
+        n = 0
+        while (elapsed := time.monotonic() - started) < BEFORE + AFTER:
+            if not acked and elapsed >= BEFORE:
+                acked = await _switch(settings, "writes:tenant-a", frozen=True)
+            for _ in range(int(RATE * TICK)):
+                n += 1
+                call_id = f"ks-{uuid.uuid4().hex[:16]}"
+                if n % 2:
+                    payment = "pay_A1001" if n % 4 == 1 else "pay_A1002"
+                    value = keyed_call(
+                        call_id,
+                        "propose_refund",
+                        {"payment_id": payment, "amount_minor": 1, "reason": "load"},
+                        call_id,
+                        refunder,
+                    )
+                    kind = "refund"
+                else:
+                    args = {"payment_id": "pay_A1001"}
+                    value = keyed_call(call_id, "get_payment", args, call_id, reader)
+                    kind = "read"
+                sent[call_id] = (kind, time.time())
+                await producer.send(
+                    settings.topic(Topic.PROPOSED), key=call_id.encode(), value=value
+                )
+            await producer.flush()
+            # Pacing of the offered load (not a wait for a condition).
+            await asyncio.sleep(max(0.0, started + n / RATE - time.monotonic()))
+    finally:
+        await producer.stop()
+    return sent, acked
+
+
+def _at(iso: str) -> float:
+    return datetime.fromisoformat(iso).timestamp()
+
+
+def test_a_freeze_under_load_stops_every_effect_within_a_second(pipeline: Pipeline) -> None:
+    settings = pipeline.settings
+    offered = time.monotonic()
+    try:
+        sent, acked = run(_load_with_freeze(settings))
+        offered = (time.monotonic() - offered) or 1.0
+        outcomes = wait_terminal(settings, set(sent), timeout=300)
+    finally:
+        run(_switch(settings, "writes:tenant-a", frozen=False))
+    unfrozen = time.time()
+    stats = provider_stats(pipeline.provider_url)
+    ours = {f"tenant-a:{c}" for c, (kind, _) in sent.items() if kind == "refund"}
+    applied = {k: _at(t) for k, t in stats["applied_at"].items() if k in ours}
+
+    # No effect started later than 1 s after the freeze was acknowledged.
+    late = {k: round(t - acked, 3) for k, t in applied.items() if t > acked + 1.0}
+    assert not late, late
+
+    final = {c: found[-1] for c, found in outcomes.items()}
+    by_status: dict[tuple[str, str, str | None], int] = {}
+    by_stage: dict[str, int] = {}
+    for call_id, outcome in final.items():
+        code = (outcome.get("error") or {}).get("code")
+        key = (sent[call_id][0], outcome["status"], code)
+        by_status[key] = by_status.get(key, 0) + 1
+        if code == "frozen":
+            by_stage[outcome["stage"]] = by_stage.get(outcome["stage"], 0) + 1
+    report = {
+        "offered_calls": len(sent),
+        "offered_per_second": round(len(sent) / (BEFORE + AFTER), 1),
+        "seconds_to_offer": round(offered, 2),
+        "outcomes": {" ".join(map(str, k)): v for k, v in sorted(by_status.items(), key=str)},
+        "frozen_at_stage": by_stage,
+        "effects": len(applied),
+        "last_effect_after_ack_s": round(max(applied.values(), default=acked) - acked, 3),
+    }
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    Path(ARTIFACTS / "kill-switch-load.json").write_text(json.dumps(report, indent=2))
+    print("kill switch under load:", json.dumps(report))
+
+    for call_id, (kind, at) in sent.items():
+        outcome = final[call_id]
+        code = (outcome.get("error") or {}).get("code")
+        effect = applied.get(f"tenant-a:{call_id}")
+        if kind == "read":  # a writes freeze leaves reads alone
+            assert outcome["status"] == "succeeded", outcome
+            continue
+        if outcome["status"] == "succeeded":
+            assert effect is not None, outcome
+        else:  # frozen before its effect: at admission or at commit time; no effect at all
+            assert (outcome["status"], code) == ("denied", "frozen"), outcome
+            assert outcome["stage"] in ("authorize", "execute"), outcome
+            assert effect is None, outcome
+        if at > acked + 1.0:  # proposed a second after the freeze: refused
+            assert code == "frozen", outcome
+    assert by_status.get(("refund", "succeeded", None), 0) > 0, by_status  # load was flowing
+    assert by_status.get(("refund", "denied", "frozen"), 0) > 0, by_status
+
+    # Unfrozen: new calls succeed again.
+    (again,) = propose_only(pipeline, roles=("refund", "refund_auto"), amount_minor=1)
+    (outcome,) = terminal_outcomes(pipeline, {again}, timeout=120)[again]
+    assert outcome["status"] == "succeeded", outcome
+    applied_again = provider_stats(pipeline.provider_url)["applied_at"][f"tenant-a:{again}"]
+    assert _at(applied_again) > unfrozen
+
+
+def test_a_command_committed_before_the_freeze_is_refused_at_commit_time(
+    pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    settings = pipeline.settings
+    for name, value in worker_env(settings).items():
+        monkeypatch.setenv(name, value)
+    operator = context_token(settings, sub="ops-1", roles=("operator",))
+    switch = ["--scope", "writes:tenant-a", "--reason", "incident 7", "--token", operator]
+    pipeline.stop_worker("executor")
+    try:
+        (call_id,) = propose_only(pipeline, roles=("refund", "refund_auto"), amount_minor=1)
+        run(
+            read_until(
+                settings,
+                [Topic.COMMITTED],
+                lambda recs: any(json.loads(r.value)["call_id"] == call_id for r in recs),
+                timeout=60,
+            )
+        )
+        # The CLI: a token without the operator role may not; the operator may.
+        approver = context_token(settings, sub="boss", roles=("approver",))
+        assert main(["freeze", *switch[:-1], approver]) == 2
+        assert main(["freeze", *switch]) == 0
+        assert main(["freezes"]) == 0
+        listed = capsys.readouterr().out
+        assert "writes:tenant-a" in listed and "ops-1" in listed and "incident 7" in listed
+    finally:
+        pipeline.start("executor", "executor")
+    try:
+        (outcome,) = wait_terminal(settings, {call_id}, timeout=120)[call_id]
+        assert outcome["status"] == "denied", outcome
+        assert outcome["error"]["code"] == "frozen"
+        assert outcome["stage"] == "execute"
+        assert f"tenant-a:{call_id}" not in provider_stats(pipeline.provider_url)["by_key"]
+    finally:
+        assert main(["unfreeze", *switch]) == 0
+    (again,) = propose_only(pipeline, roles=("refund", "refund_auto"), amount_minor=1)
+    (outcome,) = wait_terminal(settings, {again}, timeout=120)[again]
+    assert outcome["status"] == "succeeded", outcome
+
+
+def test_an_approval_in_a_frozen_scope_is_refused(pipeline: Pipeline) -> None:
+    settings = pipeline.settings
+    (request,) = propose(pipeline)
+    scope = f"subject:tenant-a:{request['subject']}"
+    run(_switch(settings, scope, frozen=True))
+    try:
+        decide(pipeline, request, token(settings, "boss"))
+        call_id = request["call_id"]
+        (outcome,) = terminal_outcomes(pipeline, {call_id})[call_id]
+        assert outcome["status"] == "denied", outcome
+        assert outcome["error"]["code"] == "frozen"
+        assert outcome["stage"] == "approve"
+        assert f"tenant-a:{call_id}" not in provider_stats(pipeline.provider_url)["by_key"]
+        wait_for(lambda: "approval_frozen" in [k for k, _ in audit(pipeline, call_id)])
+        (detail,) = [d for k, d in audit(pipeline, call_id) if k == "approval_frozen"]
+        assert detail["scope"] == scope
+        assert detail["frozen_by"] == "ops-1"
+    finally:
+        run(_switch(settings, scope, frozen=False))
