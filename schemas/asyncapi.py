@@ -19,7 +19,7 @@ from schemas.names import REPLY_NAMESPACE, REPLY_OF_HEADER, TRACEPARENT_HEADER
 
 ASYNCAPI_VERSION = "3.0.0"
 # The contract's version: major = the records' "v", minor = additive changes since.
-CONTRACT_VERSION = "1.4.0"
+CONTRACT_VERSION = "1.5.0"
 KAFKA_BINDING_VERSION = "0.5.0"
 
 # What each topic's Kafka key is (the partition key): a field of the record.
@@ -35,6 +35,7 @@ TOPIC_KEYS: dict[str, str] = {
     "commands.unknown": "operation_id",
     "outcomes": "call_id",
     "policies": "name",
+    "notifications.deadletter": "call_id",
 }
 
 # Who writes each topic (the channel's description).
@@ -55,6 +56,9 @@ WRITTEN_BY: dict[str, str] = {
     "commands.unknown": "the executor",
     "outcomes": "every stage, for a call that ends or waits there",
     "policies": "operators (`ratifier policy publish`)",
+    "notifications.deadletter": (
+        "the notifier, for an approval notification it gave up on after its bound (v1.5)"
+    ),
 }
 
 # Who writes a topic from outside the pipeline (agents, approvers, operators): the operations
