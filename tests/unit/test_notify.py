@@ -4,11 +4,14 @@ retry schedule and dead-letter bound (approvals/notify.py)."""
 from __future__ import annotations
 
 import json
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from approvals.notifier import Notifier
 from approvals.notify import (
     DEFAULT_TOLERANCE_SECONDS,
     Directory,
@@ -25,6 +28,7 @@ from approvals.notify import (
 )
 from schemas.envelopes import ApprovalRequest, DecisionKind, Effect, NotificationDeadLetter
 from schemas.errors import ConfigurationError
+from schemas.settings import Settings
 
 SECRET = b"whsec-test-0123456789abcdef"
 NOW = 1_790_000_000
@@ -290,3 +294,30 @@ def test_the_dead_letter_names_the_endpoint_never_its_url_or_secret() -> None:
     fields = set(NotificationDeadLetter.model_fields)
     assert {"delivery_id", "call_id", "tenant", "endpoint", "attempts", "last_error"} <= fields
     assert not fields & {"url", "secret", "body", "headers", "signature"}
+
+
+def test_the_receiver_snippet_in_the_docs_verifies_what_the_notifier_signs() -> None:
+    text = (Path(__file__).parents[2] / "docs" / "notifications.md").read_text()
+    snippet = text.split("```python\n", 1)[1].split("```", 1)[0]
+    scope: dict[str, object] = {}
+    exec(compile(snippet, "docs/notifications.md", "exec"), scope)  # our own doc
+    verify = scope["verify"]
+    assert callable(verify)
+    body = b'{"call_id":"c-1"}'
+    now = int(time.time())
+    assert verify(SECRET, sign(SECRET, body, now), body) is True
+    assert verify(SECRET, sign(SECRET, body, now), body + b" ") is False
+    assert verify(b"wrong", sign(SECRET, body, now), body) is False
+    assert verify(SECRET, sign(SECRET, body, now - 301), body) is False
+
+
+async def test_a_record_that_is_not_an_approval_request_is_a_failure_of_its_own() -> None:
+    notifier = Notifier(Settings(), DIRECTORY)
+    good = request(tenant="tenant-z")  # a tenant without endpoints: nothing to write
+    records = [
+        SimpleNamespace(value=b"{not json", key=b"x"),
+        SimpleNamespace(value=good.to_bytes(), key=b"call-notify-1"),
+    ]
+    bad, ok = await notifier._enqueue(records)
+    assert bad.failure is not None and "not an approval request" in bad.failure
+    assert ok.failure is None
