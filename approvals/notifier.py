@@ -165,8 +165,8 @@ class Notifier:
         return results
 
     async def _insert(self, owed: Sequence[Delivery]) -> None:
-        pool = await self._connect()
         try:
+            pool = await self._connect()
             async with pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
                 await cur.executemany(
                     named_query(_PKG, "insert_delivery"),
@@ -206,6 +206,13 @@ class Notifier:
                     await pause(idle, self.stopping)
             except Stopped:
                 return
+            except Exception:
+                # A bug must not end this tenant's dispatch silently: logged, then tried again.
+                log.exception("notifier dispatch for tenant %s failed", tenant)
+                try:
+                    await pause(idle * 10, self.stopping)
+                except Stopped:
+                    return
 
     async def _cycle(self, tenant: str) -> bool:
         """One round for ``tenant``: publish owed dead letters, expire what outlived its
@@ -227,7 +234,14 @@ class Notifier:
                     )
                 ).fetchall()
             if rows:
-                await asyncio.gather(*(self._attempt(pool, tenant, row) for row in rows))
+                # Every attempt runs to its end (its result recorded) before a failure of one
+                # of them fails the cycle.
+                results = await asyncio.gather(
+                    *(self._attempt(pool, tenant, row) for row in rows), return_exceptions=True
+                )
+                for result in results:
+                    if isinstance(result, BaseException):
+                        raise result
                 await self._publish_dead_letters(pool, tenant)
             await self._refresh_pending(pool, tenant)
         except (psycopg.OperationalError, PoolTimeout):

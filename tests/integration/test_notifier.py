@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 from psycopg_pool import AsyncConnectionPool
@@ -23,10 +26,12 @@ from psycopg_pool import AsyncConnectionPool
 from approvals.notifier import Notifier
 from approvals.notify import Directory, Endpoint, verify_signature
 from commands.sql import named_query
+from ratifier.processes import start_worker
 from runtime.clients import kafka_consumer, kafka_producer
 from schemas.envelopes import ApprovalRequest, DecisionKind, Effect, NotificationDeadLetter
 from schemas.names import DELIVERY_HEADER, SIGNATURE_HEADER, Topic
 from schemas.settings import Settings
+from tests.services import worker_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -289,9 +294,15 @@ async def test_every_request_arrives_signed_retried_after_500_and_dead_lettered_
             for d in letters
         )
         assert all(d.last_error and "no answer within" in d.last_error for d in letters)
-        for call_id in stuck:
-            (row,) = await rows_of(pool, tenant_slow, call_id)
-            assert row["status"] == "dead" and row["dead_letter_published_at"] is not None
+
+        async def marked_dead() -> bool:
+            rows = [row for c in stuck for row in await rows_of(pool, tenant_slow, c)]
+            return len(rows) == len(stuck) and all(
+                r["status"] == "dead" and r["dead_letter_published_at"] is not None for r in rows
+            )
+
+        # marked after the broker acknowledged the dead letter (which the test read already)
+        await until(marked_dead, timeout=10, what="the stuck rows dead, their letters marked")
     finally:
         await running.stop()
 
@@ -344,3 +355,80 @@ async def test_a_request_published_while_the_notifier_is_down_is_delivered_once_
     # The request consumed before the restart was not delivered again.
     assert [r.body["call_id"] for r in state.received].count(before) == 1
     assert [r.body["call_id"] for r in state.received].count(during) == 1
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_the_notifier_process_reads_its_endpoints_file_and_delivers(
+    settings: Settings,
+    topics: list[str],
+    receiver: tuple[Receiver, str],
+    tmp_path: Path,
+) -> None:
+    """`ratifier notifier` as a process: endpoints from the file, the secret from the
+    environment, a delivery verified by the receiver, counted on /metrics."""
+    state, base_url = receiver
+    run_id = uuid.uuid4().hex[:8]
+    tenant = f"wh-{run_id}-p"
+    endpoints = tmp_path / "endpoints.json"
+    endpoints.write_text(
+        json.dumps(
+            {
+                "tenants": {
+                    tenant: [
+                        {"name": "ops", "url": f"{base_url}/hook", "secret_env": "WH_TEST_SECRET"}
+                    ]
+                }
+            }
+        )
+    )
+    port = free_port()
+    env = worker_env(settings) | {
+        "RATIFIER_NOTIFICATIONS__ENDPOINTS_FILE": str(endpoints),
+        "RATIFIER_NOTIFICATIONS__METRICS_PORT": str(port),
+        "RATIFIER_NOTIFICATIONS__POLL_SECONDS": "0.1",
+    }
+    log_dir = Path("test-artifacts/integration-logs")
+
+    # Without its secret the notifier refuses to start (it never sends unsigned).
+    refused = start_worker("notifier", name=f"notifier-nosecret-{run_id}", log_dir=log_dir, env=env)
+    try:
+        await until(lambda: refused.process.poll() is not None, timeout=60, what="a refusal")
+    finally:
+        refused.stop()
+    assert refused.process.returncode != 0
+    assert "$WH_TEST_SECRET is not set" in refused.log_tail()
+
+    worker = start_worker(
+        "notifier",
+        name=f"notifier-{run_id}",
+        log_dir=log_dir,
+        env=env | {"WH_TEST_SECRET": SECRET_A.decode()},
+    )
+    try:
+        call_id = f"wh-{run_id}-proc"
+        await publish(settings, [approval_request(tenant, call_id)])
+        await until(
+            lambda: any(r.body["call_id"] == call_id for r in state.received),
+            timeout=60,
+            what=f"the process's delivery (log: {worker.log_path})",
+        )
+        (got,) = [r for r in state.received if r.body["call_id"] == call_id]
+        assert got.signed and got.body["tenant"] == tenant
+
+        async def counted() -> bool:
+            async with (
+                aiohttp.ClientSession() as session,
+                session.get(f"http://127.0.0.1:{port}/metrics") as response,
+            ):
+                text = await response.text()
+            return 'ratifier_notifications_total{result="delivered"}' in text
+
+        await until(counted, timeout=10, what="the delivery counted on /metrics")
+    finally:
+        code = worker.stop()
+    assert code == 0, worker.log_tail()
