@@ -26,6 +26,7 @@ from approvals.notify import (
     signature_problem,
     verify_signature,
 )
+from audit.story import record_event
 from schemas.envelopes import ApprovalRequest, DecisionKind, Effect, NotificationDeadLetter
 from schemas.errors import ConfigurationError
 from schemas.settings import Settings
@@ -321,3 +322,32 @@ async def test_a_record_that_is_not_an_approval_request_is_a_failure_of_its_own(
     bad, ok = await notifier._enqueue(records)
     assert bad.failure is not None and "not an approval request" in bad.failure
     assert ok.failure is None
+
+
+def test_a_notification_dead_letter_tells_its_story_in_the_audit() -> None:
+    letter = NotificationDeadLetter(
+        delivery_id="dlv_0123",
+        call_id="call-notify-1",
+        tenant="tenant-a",
+        endpoint="ops",
+        kind=DecisionKind.APPROVER,
+        attempts=10,
+        last_error="HTTP 500",
+        first_queued_at=datetime(2026, 12, 2, 8, 0, tzinfo=UTC),
+        at=datetime(2026, 12, 2, 9, 0, tzinfo=UTC),
+    )
+    event = record_event(
+        {
+            "stream": "notifications.deadletter",
+            "kafka_partition": 0,
+            "kafka_offset": 7,
+            "record_at": letter.at,
+            "record": letter.model_dump(mode="json"),
+        }
+    )
+    assert (event.stage, event.what) == ("notifier", "notification dead-lettered: ops (approver)")
+    assert dict(event.facts) == {
+        "delivery_id": "dlv_0123",
+        "attempts": "10",
+        "last_error": "HTTP 500",
+    }
