@@ -270,17 +270,14 @@ class Notifier:
                 queued_at=row["created_at"],
                 now=datetime.now(UTC),
             )
-            log.info(
-                "delivery %s (tenant %s, endpoint %s) attempt %d failed: %s%s",
-                row["delivery_id"],
-                tenant,
-                row["endpoint"],
-                row["attempts"],
-                error,
-                "; dead-lettered" if decided.dead else "",
-            )
-            count_notification("dead" if decided.dead else "retried")
-            common: dict[str, Any] = {"last_status": status, "last_error": short_error(error)}
+            common: dict[str, Any] = {
+                "last_status": status,
+                "last_error": short_error(
+                    error,
+                    url=endpoint.url if endpoint is not None else "",
+                    name=row["endpoint"],
+                ),
+            }
             if decided.dead:
                 query, params = named_query(_PKG, "mark_dead"), common
             else:
@@ -288,6 +285,16 @@ class Notifier:
                     named_query(_PKG, "mark_retry"),
                     common | {"retry_at": decided.retry_at},
                 )
+            log.info(
+                "delivery %s (tenant %s, endpoint %s) attempt %d failed: %s%s",
+                row["delivery_id"],
+                tenant,
+                row["endpoint"],
+                row["attempts"],
+                common["last_error"],
+                "; dead-lettered" if decided.dead else "",
+            )
+            count_notification("dead" if decided.dead else "retried")
         async with pool.connection() as conn:
             await conn.execute(
                 query, params | {"tenant": tenant, "delivery_id": row["delivery_id"]}

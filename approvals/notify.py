@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
@@ -361,6 +361,14 @@ def after_failure(
     return AfterFailure(dead=False, retry_at=retry_at)
 
 
-def short_error(text: str) -> str:
-    """A failure's description as stored and dead-lettered: one line, bounded."""
+def short_error(text: str, *, url: str = "", name: str = "endpoint") -> str:
+    """A failure's description as stored and dead-lettered: one line, bounded, with the
+    endpoint's URL (and its path and query) replaced by its name: a webhook URL may itself be
+    a credential (a chat hook's, say), and nothing stored or published may carry one."""
+    if url:
+        parts = urlsplit(url)
+        tail = parts.path + (f"?{parts.query}" if parts.query else "")
+        for secret_part in (url, tail if len(tail) > 1 else ""):
+            if secret_part:
+                text = text.replace(secret_part, f"<{name}>")
     return " ".join(text.split())[:MAX_ERROR_CHARS]

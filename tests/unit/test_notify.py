@@ -22,6 +22,7 @@ from approvals.notify import (
     load_directory,
     parse_endpoints,
     resolve_secrets,
+    short_error,
     sign,
     signature_problem,
     verify_signature,
@@ -351,3 +352,12 @@ def test_a_notification_dead_letter_tells_its_story_in_the_audit() -> None:
         "attempts": "10",
         "last_error": "HTTP 500",
     }
+
+
+def test_a_failure_description_never_carries_the_endpoint_url() -> None:
+    url = "https://hooks.example.com/services/T000/B000/XXXXSECRETXXXX?token=abc"
+    text = f"InvalidURL: {url}\nor just /services/T000/B000/XXXXSECRETXXXX?token=abc"
+    described = short_error(text, url=url, name="ops-chat")
+    assert "XXXXSECRETXXXX" not in described and "token=abc" not in described
+    assert described == "InvalidURL: <ops-chat> or just <ops-chat>"
+    assert len(short_error("x" * 5000)) == 300
