@@ -131,6 +131,7 @@ class Notifier:
         self._consumer: AIOKafkaConsumer | None = None
         self._session: aiohttp.ClientSession | None = None
         self._pending: dict[str, tuple[int, float]] = {}
+        self._wake: dict[str, asyncio.Event] = {}
         self.sent = 0  # attempts answered 2xx by this process
 
     def stop(self) -> None:
@@ -162,7 +163,21 @@ class Notifier:
             results.append(Handled(observe=False))
         if owed:
             await self._insert(owed)
+            # This process's dispatchers look at once (others find them on their next poll).
+            for tenant in {d.tenant for d in owed}:
+                self._wake_up(tenant).set()
         return results
+
+    def _wake_up(self, tenant: str) -> asyncio.Event:
+        return self._wake.setdefault(tenant, asyncio.Event())
+
+    async def _idle(self, tenant: str, seconds: float) -> None:
+        """Wait until new deliveries of ``tenant`` are queued here, or ``seconds`` passed
+        (retries come due, another notifier queued some)."""
+        wake = self._wake_up(tenant)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(wake.wait(), timeout=seconds)
+        wake.clear()
 
     async def _insert(self, owed: Sequence[Delivery]) -> None:
         try:
@@ -203,7 +218,7 @@ class Notifier:
                 )
                 self.health.beat()
                 if not busy:
-                    await pause(idle, self.stopping)
+                    await self._idle(tenant, idle)
             except Stopped:
                 return
             except Exception:

@@ -308,9 +308,10 @@ class Notifications(BaseModel):
     backoff_cap_seconds: float = Field(default=600.0, gt=0)
     max_attempts: int = Field(default=10, ge=1, le=100)
     max_age_seconds: float = Field(default=24 * 3600.0, gt=0)
-    # Deliveries in flight per tenant, and how often due deliveries are looked for.
+    # Deliveries in flight per tenant, and how often an idle dispatcher looks for due ones
+    # (requests this process queues wake it at once).
     concurrency_per_tenant: int = Field(default=8, ge=1, le=256)
-    poll_seconds: float = Field(default=0.5, gt=0, le=60)
+    poll_seconds: float = Field(default=1.0, gt=0, le=60)
     # /metrics, /healthz, /readyz of the notifier (0: none).
     metrics_port: int = Field(default=9105, ge=0, le=65535)
 
