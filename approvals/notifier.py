@@ -69,6 +69,7 @@ log = logging.getLogger("ratifier.notifier")
 _PKG = "approvals"
 CONNECT_TIMEOUT_SECONDS = 5.0
 DEAD_LETTER_BATCH = 100
+MAX_DISPATCH_CONNECTIONS = 14
 METRICS_REFRESH_SECONDS = 5.0
 # A claimed delivery's lease beyond its attempt's timeout: after it, a delivery whose notifier
 # died mid-send is due again.
@@ -394,7 +395,8 @@ class Notifier:
         if self._pool is None:
             pool = pg_pool(
                 database_conninfo(self._settings),
-                max_size=4,
+                # the consumer, and each tenant's dispatcher recording its attempts' results
+                max_size=2 + min(len(self._directory.tenants), MAX_DISPATCH_CONNECTIONS),
                 dict_rows=True,
                 autocommit=True,
                 connect_timeout=CONNECT_TIMEOUT_SECONDS,
