@@ -268,6 +268,22 @@ def _cancelled(r: Mapping[str, Any]) -> tuple[str, str, Facts, int]:
     return ("agent", "cancel requested", _facts(reason=r.get("reason")), 45)
 
 
+def _notification_dead(r: Mapping[str, Any]) -> tuple[str, str, Facts, int]:
+    # v1.5: an approver notification (webhook) the notifier gave up on.
+    return (
+        "notifier",
+        "notification dead-lettered: {endpoint} ({kind})".format(
+            endpoint=r.get("endpoint"), kind=r.get("kind")
+        ),
+        _facts(
+            delivery_id=r.get("delivery_id"),
+            attempts=r.get("attempts"),
+            last_error=r.get("last_error"),
+        ),
+        32,
+    )
+
+
 _RECORD_EVENTS: dict[str, Callable[[Mapping[str, Any]], tuple[str, str, Facts, int]]] = {
     "calls.proposed": _proposed,
     "calls.validated": _validated,
@@ -279,6 +295,7 @@ _RECORD_EVENTS: dict[str, Callable[[Mapping[str, Any]], tuple[str, str, Facts, i
     "outcomes": _outcome,
     "calls.deadletter": _dead_letter,
     "calls.cancelled": _cancelled,
+    "notifications.deadletter": _notification_dead,
 }
 
 

@@ -278,6 +278,24 @@ def cmd_reconciler(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_notifier(settings: Settings, args: argparse.Namespace) -> int:
+    from approvals.notifier import run_notifier
+    from approvals.notify import load_directory
+    from ratifier.migrate import require_current_schema
+    from ratifier.topics import ensure_topics
+
+    async def prepare() -> None:
+        await asyncio.to_thread(
+            require_current_schema, database_conninfo(settings), catalog=settings.catalog
+        )
+        await ensure_topics(settings)
+
+    # A bad endpoints file (or a secret that is not set) stops the start: no unsigned sends.
+    directory = load_directory(settings.notifications.endpoints_file)
+    asyncio.run(run_notifier(settings, directory, prepare=prepare))
+    return 0
+
+
 def cmd_ops(settings: Settings, args: argparse.Namespace) -> int:
     from ratifier.ops import (
         describe_unknown,
@@ -513,6 +531,9 @@ def build_parser() -> argparse.ArgumentParser:
         switch.add_argument("--token", required=True, help="an operator's token (role operator)")
         switch.set_defaults(func=cmd_freeze)
     sub.add_parser("freezes", help="list the frozen scopes").set_defaults(func=cmd_freezes)
+    sub.add_parser(
+        "notifier", help="deliver approval requests to the tenants' webhooks (signed)"
+    ).set_defaults(func=cmd_notifier)
     ops = sub.add_parser("ops", help="operations with unknown outcomes")
     ops_sub = ops.add_subparsers(dest="ops_command", required=True)
     ops_unknown = ops_sub.add_parser("unknown", help="list unknown and escalated operations")

@@ -36,6 +36,7 @@ TOPIC_KEYS: dict[str, str] = {
     "outcomes": "call_id",
     "policies": "name",
     "controls": "scope",
+    "notifications.deadletter": "call_id",
 }
 
 # Who writes each topic (the channel's description).
@@ -57,6 +58,9 @@ WRITTEN_BY: dict[str, str] = {
     "outcomes": "every stage, for a call that ends or waits there",
     "policies": "operators (`ratifier policy publish`)",
     "controls": "operators (`ratifier freeze` / `unfreeze`, the dashboard's freeze API; v1.5)",
+    "notifications.deadletter": (
+        "the notifier, for an approval notification it gave up on after its bound (v1.5)"
+    ),
 }
 
 # Who writes a topic from outside the pipeline (agents, approvers, operators): the operations

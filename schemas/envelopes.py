@@ -418,6 +418,23 @@ class DecisionKind(StrEnum):
     CONFIRMATION = "confirmation"  # the subject the call acts for confirms its exact preview
 
 
+class NotificationDeadLetter(Record):
+    """`notifications.deadletter`, key `call_id` (v1.5): an approval notification the notifier
+    gave up on (its attempts or its age reached the bound). Names the endpoint, never its URL
+    or secret."""
+
+    delivery_id: str = Field(min_length=1, max_length=128)
+    call_id: CallId
+    tenant: Tenant
+    endpoint: str = Field(min_length=1, max_length=128)
+    kind: DecisionKind
+    attempts: int = Field(ge=0)
+    # Why the last attempt failed (an HTTP status or a connection error), bounded.
+    last_error: ShortText | None = None
+    first_queued_at: datetime
+    at: datetime
+
+
 class DecisionApprover(Part):
     """Who decided: an identity, never a credential."""
 
@@ -516,4 +533,6 @@ CONTRACT_RECORDS: dict[str, type[Record]] = {
     "outcomes": Outcome,
     "policies": PolicySetRecord,
     "controls": FreezeRecord,
+    # v1.5: approval notifications the notifier gave up on (docs/notifications.md).
+    "notifications.deadletter": NotificationDeadLetter,
 }

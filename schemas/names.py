@@ -23,6 +23,8 @@ class Topic(StrEnum):
     APPROVAL_TIMERS = "approvals.timers"
     # v1.5: freezes (the kill switch), compacted, keyed by scope; every stage follows it.
     CONTROLS = "controls"
+    # Approval notifications the notifier gave up on (docs/notifications.md), keyed by call id.
+    NOTIFICATIONS_DEADLETTER = "notifications.deadletter"
 
 
 # Topics whose records are keyed by call id and co-partitioned with calls.proposed.
@@ -37,6 +39,7 @@ AUTHORIZER_GROUP = "ratifier-authorizer"
 EXECUTOR_GROUP = "ratifier-executor"
 RECONCILER_GROUP = "ratifier-reconciler"
 AUDIT_SINK_GROUP = "ratifier-audit-sink"
+NOTIFIER_GROUP = "ratifier-notifier"
 
 REDIS_CLAIM_PREFIX = "ratifier:claim:"
 # An executor's liveness mark (refreshed while it runs), so that a claim held by a dead owner
@@ -44,6 +47,11 @@ REDIS_CLAIM_PREFIX = "ratifier:claim:"
 REDIS_OWNER_PREFIX = "ratifier:owner:"
 
 TRACEPARENT_HEADER = "traceparent"
+
+# Approval notifications (webhooks, docs/notifications.md): the HMAC signature over timestamp
+# and body, and the delivery id a receiver deduplicates on.
+SIGNATURE_HEADER = "Ratifier-Signature"
+DELIVERY_HEADER = "Ratifier-Delivery"
 
 # Reply topics (an agent's `reply_to`, v1.3) live under `<topic_prefix>replies.`: ratifier
 # writes reply copies there and nowhere else. A reply copy names the topic its original was

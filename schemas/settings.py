@@ -302,6 +302,30 @@ class Observability(BaseModel):
     otel_endpoint: str = "http://127.0.0.1:4318/v1/traces"
 
 
+class Notifications(BaseModel):
+    """Approver notifications by signed webhooks (`ratifier notifier`, docs/notifications.md)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # The per-tenant endpoints (JSON or TOML); unset: the notifier has nothing to deliver to.
+    endpoints_file: str | None = None
+    # Where an approver decides: each notification links to <dashboard_url>?call=<call id>.
+    dashboard_url: str = Field(default="http://127.0.0.1:6070/", pattern=r"^https?://")
+    # One attempt's bound, the retry backoff (doubling from backoff_seconds, capped), and when
+    # a delivery is dead-lettered: after max_attempts attempts or max_age_seconds since queued.
+    timeout_seconds: float = Field(default=5.0, gt=0, le=120)
+    backoff_seconds: float = Field(default=2.0, gt=0)
+    backoff_cap_seconds: float = Field(default=600.0, gt=0)
+    max_attempts: int = Field(default=10, ge=1, le=100)
+    max_age_seconds: float = Field(default=24 * 3600.0, gt=0)
+    # Deliveries in flight per tenant, and how often an idle dispatcher looks for due ones
+    # (requests this process queues wake it at once).
+    concurrency_per_tenant: int = Field(default=8, ge=1, le=256)
+    poll_seconds: float = Field(default=1.0, gt=0, le=60)
+    # /metrics, /healthz, /readyz of the notifier (0: none).
+    metrics_port: int = Field(default=9105, ge=0, le=65535)
+
+
 class Settings(BaseSettings):
     """Grouped by concern; each group is read from ``RATIFIER_<GROUP>__<FIELD>``
     (``RATIFIER_STORAGE__DATABASE_URL``), the few top-level values from ``RATIFIER_<FIELD>``
@@ -327,6 +351,7 @@ class Settings(BaseSettings):
     streams: Streams = Streams()
     observability: Observability = Observability()
     replies: Replies = Replies()
+    notifications: Notifications = Notifications()
     topic_prefix: str = Field(default="ratifier.", pattern=r"^[A-Za-z0-9._-]*$", max_length=100)
     topic_partitions: int = Field(default=12, ge=1, le=1000)
     catalog: str = "commands.reference:catalog"

@@ -86,6 +86,16 @@ RECONCILIATION_OLDEST_AGE = Gauge(
     "ratifier_reconciliation_oldest_age_seconds",
     "Age of the oldest unsettled unknown operation (0 when there is none).",
 )
+NOTIFICATIONS = Counter(
+    "ratifier_notifications",
+    "Approval notifications (webhooks), by result: queued, no_endpoint, delivered, retried, "
+    "dead, dead_letter_published.",
+    ["result"],
+)
+NOTIFICATIONS_PENDING = Gauge(
+    "ratifier_notifications_pending",
+    "Webhook deliveries still owed (queued or waiting for a retry), all tenants.",
+)
 
 # Every metric family this module exports, by exposed sample-name prefix (the dashboard test
 # checks its expressions against these).
@@ -102,6 +112,8 @@ METRIC_NAMES: frozenset[str] = frozenset(
         "ratifier_reconciliation_queue_size",
         "ratifier_reconciliation_escalated",
         "ratifier_reconciliation_oldest_age_seconds",
+        "ratifier_notifications_total",
+        "ratifier_notifications_pending",
     }
 )
 
@@ -152,6 +164,14 @@ def count_dedup(layer: str, result: str) -> None:
 
 def count_policy_evaluation_error(policy: str) -> None:
     POLICY_EVALUATION_ERRORS.labels(policy[:128]).inc()
+
+
+def count_notification(result: str, n: int = 1) -> None:
+    NOTIFICATIONS.labels(result).inc(n)
+
+
+def set_notifications_pending(n: int) -> None:
+    NOTIFICATIONS_PENDING.set(n)
 
 
 def set_lag(group: str, topic: str, partition: int, lag: int) -> None:

@@ -35,6 +35,7 @@ PORTS = {
     "executor": 9102,
     "reconciler": 9103,
     "audit-sink": 9104,
+    "notifier": 9105,
     "dashboard": 6070,
 }
 # Which pieces may reach what (ratifier.dev/needs-* labels select the NetworkPolicies).
@@ -43,6 +44,7 @@ NEEDS = {
     "redis": {"executor"},
     "postgres": set(PORTS) | {"migrate"},
     "provider": {"executor", "reconciler"},
+    "webhooks": {"notifier"},
 }
 
 
@@ -233,7 +235,13 @@ def test_every_workload_waits_for_the_operators_secrets(rendered: list[Resource]
     for resource in rendered:
         if resource["kind"] == "Deployment":
             names, mounts = secret_references(resource)
-            assert names == OPERATOR_SECRETS, resource["metadata"]["name"]
+            # The notifier also signs webhooks with the tenants' HMAC secrets.
+            extra = (
+                {"ratifier-webhook-secrets"}
+                if resource["metadata"]["name"] == "ratifier-notifier"
+                else set()
+            )
+            assert names == OPERATOR_SECRETS | extra, resource["metadata"]["name"]
             assert not names & shipped
             assert mounts["/etc/ratifier/keys"] == "ratifier-keys"
 
@@ -344,7 +352,14 @@ def test_compose_runs_every_stage_after_the_migration() -> None:
     compose: dict[str, Any] = yaml.safe_load((REPO / "deploy" / "compose.yaml").read_text())
     services = compose["services"]
     commands = {name: tuple(s.get("command", ())) for name, s in services.items()}
-    for wanted in [("streams",), ("executor",), ("reconciler",), ("audit", "sink"), ("dashboard",)]:
+    for wanted in [
+        ("streams",),
+        ("executor",),
+        ("reconciler",),
+        ("audit", "sink"),
+        ("notifier",),
+        ("dashboard",),
+    ]:
         name = next(n for n, c in commands.items() if c == wanted)
         depends = services[name]["depends_on"]
         assert depends["migrate"]["condition"] == "service_completed_successfully", name
