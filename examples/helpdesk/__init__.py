@@ -48,6 +48,8 @@ class TicketFacts(ResourceFacts):
     """What policies know of a ticket: stored columns and one computed fact."""
 
     kind = "ticket"
+    # The customer who opened the ticket is its owner (who may confirm a call on it).
+    owner_attribute = "requester"
     subject: str
     status: str
     requester: str
