@@ -173,16 +173,16 @@ class PolicySet:
         with a message, the one of highest `MessageRank` (``@priority``, then the most
         specific scope, then the most conditions), then the first by ``@id``. Deterministic:
         it depends on the policies only, never on the order Cedar reports them in."""
-        ranked = self.ranked(
-            c for c in cedar_ids if self.annotations.get(c, {}).get(MESSAGE_ANNOTATION)
-        )
-        return self.annotations[ranked[0]][MESSAGE_ANNOTATION] if ranked else None
+        ranked = self.ranked(cedar_ids)
+        return self.annotations.get(ranked[0], {}).get(MESSAGE_ANNOTATION) if ranked else None
 
     def ranked(self, cedar_ids: Iterable[str]) -> list[str]:
-        """``cedar_ids`` from the one whose ``@message`` speaks first to the last."""
+        """``cedar_ids`` from the one whose ``@message`` speaks for them (see `message_of`)
+        to the last; those without a message come after those with one."""
         return sorted(
             set(cedar_ids),
             key=lambda c: (
+                not self.annotations.get(c, {}).get(MESSAGE_ANNOTATION),
                 _reverse(self.message_ranks.get(c, MessageRank())),
                 self.policy_id(c),
                 c,
