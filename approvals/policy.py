@@ -86,7 +86,10 @@ class ApproverPolicySources:
         return tuple(f for d in self.directories for f in sorted(d.glob("*.cedar")))
 
     def __str__(self) -> str:
-        return ", ".join(str(d) for d in self.directories)
+        return ", ".join(
+            "reference set" if d == DEFAULT_APPROVER_POLICY_DIR else str(d)
+            for d in self.directories
+        )
 
 
 def approver_policy_sources(
