@@ -51,7 +51,7 @@ PRIORITY_ANNOTATION = "priority"
 _INTEGER = re.compile(r"^[+-]?[0-9]{1,9}$")
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True)
 class MessageRank:
     """How strongly a forbid's `@message` speaks for a refusal (higher first): its
     `@priority`, then how many of principal, action and resource its scope constrains, then
@@ -124,13 +124,13 @@ class PolicySet:
         static = parsed.get("staticPolicies", {})
         annotations = {pid: dict(policy.get("annotations") or {}) for pid, policy in static.items()}
         action_scopes = {pid: _action_scope(policy.get("action")) for pid, policy in static.items()}
-        bad_priorities = [
+        bad_annotations = [
             f"{pid}: {problem}"
             for pid, policy in static.items()
             for problem in annotation_problems(dict(policy.get("annotations") or {}))
         ]
-        if bad_priorities:
-            raise ConfigurationError(f"policy set has bad annotations: {bad_priorities}")
+        if bad_annotations:
+            raise ConfigurationError(f"policy set has bad annotations: {bad_annotations}")
         try:
             # Canonical schema JSON: the same set hashes the same from a file or the topic.
             schema_canonical = json.dumps(json.loads(schema), sort_keys=True, separators=(",", ":"))
@@ -606,7 +606,7 @@ def check_policy_directory(directory: Path, catalog: Catalog) -> list[PolicyProb
     """Everything wrong with the policy set in ``directory`` for ``catalog``: the catalog's
     declarations the Cedar schema cannot express (file and line of the declaration), a
     schema file that differs from the generated one, and each policy that does not parse or
-    does not match the generated schema (file and line of the policy)."""
+    does not match the generated schema (file, and the line of the problem in the policy)."""
     problems: list[PolicyProblem] = []
     generated = generate_schema(catalog)
     for p in generated.problems:
