@@ -1,8 +1,9 @@
 """Who may decide about a pending call, and how many must. Pure.
 
 `RoleRights` is the built-in rule (the approver role in the call's tenant, no self-approval
-unless the tool allows it, two distinct approvers for destructive effects). A deployment
-with approver policies uses `approvals.policy.PolicyRights` (Cedar) instead.
+unless the tool allows it, two distinct approvers for destructive effects; the resource's
+owner confirms with one confirmation). The approval-join uses
+`approvals.policy.PolicyRights` (Cedar) instead.
 """
 
 from __future__ import annotations
@@ -32,8 +33,15 @@ class ApproverRights(Protocol):
     def refusal(self, statement: DecisionStatement, pending: PendingCall) -> DecisionRefusal | None:
         """Why this approver may not take this decision on this call; None when they may."""
 
-    def required_approvals(self, pending: PendingCall) -> int:
-        """How many distinct approvers must approve."""
+    def required_approvals(
+        self, pending: PendingCall, kind: DecisionKind = DecisionKind.APPROVER
+    ) -> int:
+        """How many distinct approvers must approve: staff (``approver``), or where the
+        decision is the owner's own ``confirmation``."""
+
+    def awaits_confirmation(self, pending: PendingCall) -> bool:
+        """Whether the subject the call acts for (the resource's owner) may confirm it: the
+        call then waits for their confirmation, and says so."""
 
     def ttl(self, pending: PendingCall) -> timedelta | None:
         """How long the request waits (None: the tool's or the deployment's default)."""
@@ -59,8 +67,16 @@ class RoleRights:
             return DecisionRefusal.SELF_APPROVAL
         return None
 
-    def required_approvals(self, pending: PendingCall) -> int:
+    def required_approvals(
+        self, pending: PendingCall, kind: DecisionKind = DecisionKind.APPROVER
+    ) -> int:
+        # Four-eyes is for staff: a customer confirming their own action is one person.
+        if kind is DecisionKind.CONFIRMATION:
+            return 1
         return 2 if pending.call.effect is Effect.DESTRUCTIVE else 1
+
+    def awaits_confirmation(self, pending: PendingCall) -> bool:
+        return pending.owner is not None
 
     def ttl(self, pending: PendingCall) -> timedelta | None:
         return pending.tool.approval_ttl if pending.tool is not None else None

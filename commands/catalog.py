@@ -47,11 +47,29 @@ class ResourceFacts(BaseModel):
     it. Attributes may be stored columns or facts the loader computes from the arguments, the
     rows and the actor (``owned_by_caller``, ``days_since_purchase``, ...): the executor's
     commit-time re-check calls the loader again, so computed facts are re-evaluated on the
-    locked, current state."""
+    locked, current state.
+
+    ``owner_attribute`` names the attribute that says whom the resource belongs to (a
+    customer id or e-mail): that subject may confirm a call on it themselves
+    (docs/approvals.md, "End-user confirmation"). It must be a declared ``str`` attribute."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     kind: ClassVar[str]
+    owner_attribute: ClassVar[str | None] = None
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        owner = cls.owner_attribute
+        if owner is None:
+            return
+        declared = cls.model_fields.get(owner)
+        if declared is None or declared.annotation not in (str, str | None):
+            raise ConfigurationError(
+                f"{cls.__name__}.owner_attribute is {owner!r}, "
+                "which is not a str attribute it declares"
+            )
 
     @classmethod
     def resource(cls, *, id: str, tenant: str, **attributes: Any) -> Resource:
@@ -230,6 +248,8 @@ class Catalog:
         stop: Callable[[], Awaitable[None]] | None = None,
         name: str | None = None,
         migrations: Path | None = None,
+        approver_policies: Path | None = None,
+        reference_approver_policies: bool = True,
     ) -> None:
         self._start = start
         self._stop = stop
@@ -239,6 +259,16 @@ class Catalog:
             raise ConfigurationError("a catalog with migrations needs a name like 'helpdesk'")
         self.name = name
         self.migrations = migrations
+        # The catalog's approver rules (who may approve, reject or edit its tools' calls, how
+        # many must): a folder of *.cedar files over ratifier's approver schema, loaded by
+        # the approval-join with ratifier's reference set (approvals/policies), or instead of
+        # it when ``reference_approver_policies`` is false (docs/approvals.md).
+        self.approver_policies = approver_policies
+        self.reference_approver_policies = reference_approver_policies
+        if not reference_approver_policies and approver_policies is None:
+            raise ConfigurationError(
+                "a catalog that replaces the reference approver policies must ship its own"
+            )
         by_name: dict[str, Tool] = {}
         for tool in tools:
             if tool.name in by_name:

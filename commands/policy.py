@@ -13,7 +13,7 @@ import hashlib
 import json
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -44,6 +44,49 @@ APPROVAL_ANNOTATION = "approval"
 # it as a fixed sentence, it is never filled in with data.
 ID_ANNOTATION = "id"
 MESSAGE_ANNOTATION = "message"
+# `@priority("N")` (an integer, default 0) on a `forbid`: when several forbids with a
+# `@message` refuse one call, the model is shown the message of the one with the highest
+# priority, then of the most specific one, then of the first by `@id` (`PolicySet.message_of`).
+PRIORITY_ANNOTATION = "priority"
+_INTEGER = re.compile(r"^[+-]?[0-9]{1,9}$")
+
+
+@dataclass(frozen=True)
+class MessageRank:
+    """How strongly a forbid's `@message` speaks for a refusal (higher first): its
+    `@priority`, then how many of principal, action and resource its scope constrains, then
+    how many conditions (`&&`-joined terms of its `when` / `unless` clauses) it has."""
+
+    priority: int = 0
+    scopes: int = 0
+    conditions: int = 0
+
+
+def _conjuncts(body: Any) -> int:
+    if isinstance(body, dict) and isinstance(body.get("&&"), dict):
+        both = body["&&"]
+        return _conjuncts(both.get("left")) + _conjuncts(both.get("right"))
+    return 1
+
+
+def message_rank(policy: dict[str, Any]) -> MessageRank:
+    """The `MessageRank` of one policy in `policies_to_json_str` form."""
+    annotations = policy.get("annotations") or {}
+    priority = annotations.get(PRIORITY_ANNOTATION)
+    scoped = [policy.get(part) for part in ("principal", "action", "resource")]
+    return MessageRank(
+        priority=int(priority) if isinstance(priority, str) and _INTEGER.match(priority) else 0,
+        scopes=sum(1 for scope in scoped if isinstance(scope, dict) and scope.get("op") != "All"),
+        conditions=sum(_conjuncts(c.get("body")) for c in policy.get("conditions") or ()),
+    )
+
+
+def annotation_problems(annotations: dict[str, str]) -> list[str]:
+    """What is wrong with an agent policy's annotations (`ratifier policy check`)."""
+    priority = annotations.get(PRIORITY_ANNOTATION)
+    if priority is not None and not _INTEGER.match(priority):
+        return [f"@priority({priority!r}) is not an integer"]
+    return []
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,6 +100,8 @@ class PolicySet:
     annotations: dict[str, dict[str, str]] = field(default_factory=dict)
     # The tool names each policy's action scope covers, by Cedar id (None: every action).
     action_scopes: dict[str, frozenset[str] | None] = field(default_factory=dict)
+    # How each policy's `@message` ranks when several forbids refuse a call, by Cedar id.
+    message_ranks: dict[str, MessageRank] = field(default_factory=dict)
     # Parsed once: parsing dominates the cost of an evaluation.
     parsed: Any = field(default=None, repr=False, compare=False)
     parsed_schema: Any = field(default=None, repr=False, compare=False)
@@ -79,6 +124,13 @@ class PolicySet:
         static = parsed.get("staticPolicies", {})
         annotations = {pid: dict(policy.get("annotations") or {}) for pid, policy in static.items()}
         action_scopes = {pid: _action_scope(policy.get("action")) for pid, policy in static.items()}
+        bad_annotations = [
+            f"{pid}: {problem}"
+            for pid, policy in static.items()
+            for problem in annotation_problems(dict(policy.get("annotations") or {}))
+        ]
+        if bad_annotations:
+            raise ConfigurationError(f"policy set has bad annotations: {bad_annotations}")
         try:
             # Canonical schema JSON: the same set hashes the same from a file or the topic.
             schema_canonical = json.dumps(json.loads(schema), sort_keys=True, separators=(",", ":"))
@@ -91,6 +143,7 @@ class PolicySet:
             version=f"sha256:{digest}",
             annotations=annotations,
             action_scopes=action_scopes,
+            message_ranks={pid: message_rank(policy) for pid, policy in static.items()},
             parsed=cedarpy.PolicySet.from_str(text),
             parsed_schema=parsed_schema,
         )
@@ -116,13 +169,25 @@ class PolicySet:
         return self.annotations.get(cedar_id, {}).get(ID_ANNOTATION) or cedar_id
 
     def message_of(self, cedar_ids: Sequence[str]) -> str | None:
-        """The first ``@message`` among ``cedar_ids`` (by ``@id``, so the choice is stable)."""
-        messages = sorted(
-            (self.policy_id(c), m)
-            for c in cedar_ids
-            if (m := self.annotations.get(c, {}).get(MESSAGE_ANNOTATION))
+        """The ``@message`` that speaks for a refusal by the forbids ``cedar_ids``: of those
+        with a message, the one of highest `MessageRank` (``@priority``, then the most
+        specific scope, then the most conditions), then the first by ``@id``. Deterministic:
+        it depends on the policies only, never on the order Cedar reports them in."""
+        ranked = self.ranked(cedar_ids)
+        return self.annotations.get(ranked[0], {}).get(MESSAGE_ANNOTATION) if ranked else None
+
+    def ranked(self, cedar_ids: Iterable[str]) -> list[str]:
+        """``cedar_ids`` from the one whose ``@message`` speaks for them (see `message_of`)
+        to the last; those without a message come after those with one."""
+        return sorted(
+            set(cedar_ids),
+            key=lambda c: (
+                not self.annotations.get(c, {}).get(MESSAGE_ANNOTATION),
+                _reverse(self.message_ranks.get(c, MessageRank())),
+                self.policy_id(c),
+                c,
+            ),
         )
-        return messages[0][1] if messages else None
 
     def policies_for(self, tool: str) -> tuple[str, ...]:
         """Cedar ids of the policies whose action scope covers ``tool``."""
@@ -139,6 +204,10 @@ class PolicySet:
         if effect in APPROVAL_EFFECTS and "auto" not in hints:
             return Route.APPROVAL
         return Route.AUTO
+
+
+def _reverse(rank: MessageRank) -> tuple[int, int, int]:
+    return (-rank.priority, -rank.scopes, -rank.conditions)
 
 
 class PolicySource(Protocol):
@@ -298,7 +367,8 @@ def _decide(request: AuthorizationRequest, policies: PolicySet, result: Any) -> 
             code=ErrorCode.POLICY_DENIED,
             reasons=reasons,
             refusal=RefusalReason.FORBID if reasons else RefusalReason.NO_PERMIT,
-            policy_ids=tuple(policies.policy_id(r) for r in reasons),
+            # The forbid whose message the model reads first.
+            policy_ids=tuple(policies.policy_id(r) for r in policies.ranked(reasons)),
             message=policies.message_of(reasons),
         )
     return Decision(
@@ -536,7 +606,7 @@ def check_policy_directory(directory: Path, catalog: Catalog) -> list[PolicyProb
     """Everything wrong with the policy set in ``directory`` for ``catalog``: the catalog's
     declarations the Cedar schema cannot express (file and line of the declaration), a
     schema file that differs from the generated one, and each policy that does not parse or
-    does not match the generated schema (file and line of the policy)."""
+    does not match the generated schema (file, and the line of the problem in the policy)."""
     problems: list[PolicyProblem] = []
     generated = generate_schema(catalog)
     for p in generated.problems:
@@ -571,6 +641,22 @@ def check_policy_directory(directory: Path, catalog: Catalog) -> list[PolicyProb
     policy_files = sorted(directory.glob("*.cedar"))
     if not policy_files:
         problems.append(PolicyProblem(file=str(directory), line=0, message="no *.cedar files"))
+    return problems + check_policy_files(policy_files, schema)
+
+
+AnnotationCheck = Callable[[dict[str, str]], list[str]]
+
+
+def check_policy_files(
+    policy_files: Sequence[Path],
+    schema: Any,
+    *,
+    annotations: AnnotationCheck = annotation_problems,
+) -> list[PolicyProblem]:
+    """Each policy of ``policy_files`` that does not parse, does not match ``schema`` (a
+    parsed `cedarpy.Schema`), has bad annotations or repeats an ``@id``: at the line of the
+    problem itself where Cedar's message lets it be found, else of the policy's start."""
+    problems: list[PolicyProblem] = []
     ids: dict[str, str] = {}
     for policy_file in policy_files:
         for statement in statements(policy_file.read_text(encoding="utf-8")):
@@ -579,11 +665,24 @@ def check_policy_directory(directory: Path, catalog: Catalog) -> list[PolicyProb
                 parsed = json.loads(cedarpy.policies_to_json_str(statement.text))
             except ValueError as exc:  # cedarpy raises bare ValueErrors
                 problems.append(
-                    PolicyProblem(file=file, line=line, message=f"does not parse: {exc}")
+                    PolicyProblem(
+                        file=file,
+                        line=line + parse_error_line(statement.text, str(exc)),
+                        message=f"does not parse: {exc}",
+                    )
                 )
                 continue
             for policy in parsed.get("staticPolicies", {}).values():
-                policy_id = (policy.get("annotations") or {}).get(ID_ANNOTATION)
+                found = dict(policy.get("annotations") or {})
+                problems += [
+                    PolicyProblem(
+                        file=file,
+                        line=line + _annotation_line(statement.text, problem),
+                        message=problem,
+                    )
+                    for problem in annotations(found)
+                ]
+                policy_id = found.get(ID_ANNOTATION)
                 if policy_id and policy_id in ids:
                     problems.append(
                         PolicyProblem(
@@ -595,11 +694,90 @@ def check_policy_directory(directory: Path, catalog: Catalog) -> list[PolicyProb
                 elif policy_id:
                     ids[policy_id] = f"{policy_file}:{statement.line}"
             result = cedarpy.validate_policies(statement.text, schema)
-            problems += [
-                PolicyProblem(file=file, line=line, message=_cedar_message(e.error))
-                for e in result.errors
-            ]
+            for error in result.errors:
+                message = _cedar_message(error.error)
+                problems.append(
+                    PolicyProblem(
+                        file=file, line=line + quoted_line(statement.text, message), message=message
+                    )
+                )
     return problems
+
+
+# -- where in a policy a problem is (cedarpy's errors carry no source positions) -------------
+
+_END_OF_INPUT = "unexpected end of input"
+_QUOTED = re.compile(r"`([^`]+)`")
+_GENERATED_ID = re.compile(r"^policy\d+$")
+
+
+def parse_error_line(text: str, error: str) -> int:
+    """The line (0 for the policy's first) of a syntax error in one policy: the first line
+    whose prefix of the policy fails otherwise than by ending early. An error Cedar finds
+    only in the whole policy (an invalid member access, say) is looked up by the text it
+    quotes."""
+    lines = text.split("\n")
+    for index in range(len(lines) - 1):
+        try:
+            cedarpy.policies_to_json_str("\n".join(lines[: index + 1]))
+        except ValueError as exc:
+            if _END_OF_INPUT not in str(exc):
+                return index
+    return quoted_line(text, error)
+
+
+def _code_only(text: str) -> str:
+    """``text`` with comments and the contents of string literals blanked (lines kept)."""
+    out, i, n = [], 0, len(text)
+    while i < n:
+        if text.startswith("//", i):
+            end = text.find("\n", i)
+            end = n if end == -1 else end
+            out.append(" " * (end - i))
+            i = end
+        elif text[i] == '"':
+            j = i + 1
+            while j < n and text[j] != '"':
+                j += 2 if text[j] == "\\" else 1
+            literal = text[i : j + 1]
+            out.append('"' + "".join(c if c == "\n" else " " for c in literal[1:-1]) + '"')
+            i = j + 1
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)[:n]
+
+
+def _without_comments(text: str) -> str:
+    return re.sub(r"//[^\n]*", lambda m: " " * len(m.group()), text)
+
+
+def quoted_line(text: str, message: str) -> int:
+    """The line (0 for the policy's first) of the first text quoted in Cedar's ``message``
+    (`` `refundable` ``, `` `Action::"x"` ``) that the policy's code holds: an identifier as
+    a whole word outside strings and comments, anything else verbatim outside comments.
+    0 when none is found."""
+    code, plain = _code_only(text), _without_comments(text)
+    for quoted in _QUOTED.findall(message):
+        if _GENERATED_ID.match(quoted):
+            continue
+        if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", quoted):
+            word = re.search(rf"(?<![A-Za-z0-9_]){re.escape(quoted)}(?![A-Za-z0-9_])", code)
+            at = word.start() if word else -1
+        else:
+            at = plain.find(quoted)
+        if at >= 0:
+            return text.count("\n", 0, at)
+    return 0
+
+
+def _annotation_line(text: str, problem: str) -> int:
+    name = re.match(r"@(\w+)", problem)
+    if name:
+        at = _without_comments(text).find(f"@{name.group(1)}")
+        if at >= 0:
+            return text.count("\n", 0, at)
+    return 0
 
 
 def catalog_mismatches(policies: PolicySet, catalog: Catalog) -> list[str]:

@@ -112,24 +112,35 @@ def _policy_dir(settings: Settings, args: argparse.Namespace) -> Path:
 
 
 def cmd_policy_check(settings: Settings, args: argparse.Namespace) -> int:
+    from approvals.policy import approver_policy_sources, check_approver_policies
     from commands.catalog import load_catalog
     from commands.policy import check_policy_directory
 
     directory = _policy_dir(settings, args)
-    problems = check_policy_directory(directory, load_catalog(settings.catalog))
+    catalog = load_catalog(settings.catalog)
+    # The approver policies the approval-join would load for this catalog (or a candidate).
+    approvers = approver_policy_sources(
+        catalog, args.approver_policies or settings.approvals.approver_policy_dir
+    )
+    problems = check_policy_directory(directory, catalog) + check_approver_policies(approvers)
     for problem in problems:
         print(problem)
     print(
-        f"policy check: {directory}: "
+        f"policy check: {directory} (approver policies: {approvers}): "
         + (f"{len(problems)} problem(s)" if problems else f"OK for catalog {settings.catalog}")
     )
     return 1 if problems else 0
 
 
-def cmd_policy_schema(settings: Settings, _args: argparse.Namespace) -> int:
+def cmd_policy_schema(settings: Settings, args: argparse.Namespace) -> int:
+    from approvals.policy import APPROVER_SCHEMA
     from commands.catalog import load_catalog
     from commands.cedar_schema import generate_schema
 
+    if args.approvers:
+        # The approver policies' schema is ratifier's, the same for every catalog.
+        sys.stdout.write(APPROVER_SCHEMA.read_text(encoding="utf-8"))
+        return 0
     generated = generate_schema(load_catalog(settings.catalog))
     for problem in generated.problems:
         print(problem, file=sys.stderr)
@@ -487,10 +498,19 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--policies", help="directory (default: RATIFIER_POLICIES__DIRECTORY or ours)"
     )
+    check.add_argument(
+        "--approver-policies",
+        help="approver policy directory to check instead of the catalog's and the reference "
+        "set (default: RATIFIER_APPROVALS__APPROVER_POLICY_DIR, if set)",
+    )
     check.set_defaults(func=cmd_policy_check)
-    policy_sub.add_parser(
+    schema = policy_sub.add_parser(
         "schema", help="print the Cedar schema generated from the catalog (RATIFIER_CATALOG)"
-    ).set_defaults(func=cmd_policy_schema)
+    )
+    schema.add_argument(
+        "--approvers", action="store_true", help="print the approver policies' schema instead"
+    )
+    schema.set_defaults(func=cmd_policy_schema)
     policy_sub.add_parser(
         "status", help="the policy set in force (published) and whether the local folder differs"
     ).set_defaults(func=cmd_policy_status)

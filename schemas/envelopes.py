@@ -14,7 +14,13 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
-from schemas.errors import RETRYABLE_CODES, SAFE_MESSAGES, ErrorCode, RefusalReason
+from schemas.errors import (
+    CUSTOMER_DECLINED_MESSAGE,
+    RETRYABLE_CODES,
+    SAFE_MESSAGES,
+    ErrorCode,
+    RefusalReason,
+)
 
 CALL_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
 TENANT_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
@@ -301,10 +307,13 @@ class ErrorInfo(Part):
         )
 
     @classmethod
-    def approver_rejected(cls, reason: str | None) -> ErrorInfo:
-        """`approval_rejected` carrying the approver's own words, when they gave any."""
+    def approver_rejected(cls, reason: str | None, *, by_customer: bool = False) -> ErrorInfo:
+        """`approval_rejected` carrying the approver's own words, when they gave any; one
+        declined by the customer (their confirmation) says so."""
         text = " ".join((reason or "").split())
-        message = f"{SAFE_MESSAGES[ErrorCode.APPROVAL_REJECTED]} Reason: {text}" if text else None
+        generic = SAFE_MESSAGES[ErrorCode.APPROVAL_REJECTED]
+        said = CUSTOMER_DECLINED_MESSAGE if by_customer else generic
+        message = f"{said} Reason: {text}" if text else said
         return cls.of(ErrorCode.APPROVAL_REJECTED, message, reason=RefusalReason.APPROVER)
 
 

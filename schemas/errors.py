@@ -48,6 +48,11 @@ class RefusalReason(StrEnum):
     APPROVER = "approver"
 
 
+# Texts that name the customer (the subject a call acts for, who confirms it themselves)
+# instead of staff: while a call waits for their confirmation, and when they declined it.
+AWAITING_CONFIRMATION_MESSAGE = "This action waits for the customer's confirmation."
+CUSTOMER_DECLINED_MESSAGE = "The customer declined this action."
+
 # Whether an agent may retry the same proposal unchanged.
 RETRYABLE_CODES: frozenset[ErrorCode] = frozenset({ErrorCode.TIMEOUT, ErrorCode.RETRYABLE_ERROR})
 

@@ -9,7 +9,8 @@ Pure functions, no I/O. What the model sees (the text) is the same for every pro
   marked for the model or an approver's reason when there is one, else the code's generic
   text), its ``reason`` (``forbid``, ``no_permit``, ``evaluation_error``, ``handler``,
   ``approver``) and its ``fields`` (``reason`` and ``fields`` only when there are any).
-  ``awaiting_approval`` says ``"pending human approval"`` instead of an error message.
+  ``awaiting_approval`` says ``"pending human approval"`` instead of an error message, or
+  ``"pending the customer's confirmation"`` when the call waits for its subject to confirm.
 
 Nothing beyond those values is rendered: no tenant, actor, operation id or policy version.
 
@@ -26,8 +27,10 @@ import json
 from typing import Any
 
 from schemas.envelopes import Outcome, Status
+from schemas.errors import AWAITING_CONFIRMATION_MESSAGE
 
 PENDING_APPROVAL_MESSAGE = "pending human approval"
+PENDING_CONFIRMATION_MESSAGE = "pending the customer's confirmation"
 # Statuses whose tool result is not flagged as an error.
 NOT_ERROR_STATUSES: frozenset[Status] = frozenset({Status.SUCCEEDED, Status.AWAITING_APPROVAL})
 
@@ -57,7 +60,8 @@ def result_text(outcome: Outcome) -> str:
     if error is not None:
         body["code"] = error["code"]
     if outcome.status is Status.AWAITING_APPROVAL:
-        body["message"] = PENDING_APPROVAL_MESSAGE
+        confirming = error is not None and error["message"] == AWAITING_CONFIRMATION_MESSAGE
+        body["message"] = PENDING_CONFIRMATION_MESSAGE if confirming else PENDING_APPROVAL_MESSAGE
     elif error is not None:
         body["message"] = error["message"]
     if error is not None and error.get("reason"):

@@ -35,6 +35,7 @@ from schemas.envelopes import (
     ApprovalVerdict,
     AuthorizedCall,
     DeadLetter,
+    DecisionKind,
     DecisionStatement,
     ErrorInfo,
     FreezeRecord,
@@ -44,7 +45,7 @@ from schemas.envelopes import (
     Stage,
     Status,
 )
-from schemas.errors import ErrorCode
+from schemas.errors import AWAITING_CONFIRMATION_MESSAGE, ErrorCode
 from schemas.names import Topic
 from schemas.vocabulary import AuditKind
 from streams.commit import auto_receipt_needed, commit, committed_by_authorizer
@@ -288,6 +289,7 @@ def on_authorized(
                 policy_version=call.policy_version,
                 operation_id=call.operation_id,
                 trace_id=call.trace_id,
+                error=awaiting_error(rules.rights, pending_call),
                 reply_to=call.reply_to,
             ),
         ),
@@ -303,6 +305,14 @@ def on_authorized(
         ),
         replay=state.held if state is not None else (),
     )
+
+
+def awaiting_error(rights: ApproverRights, pending: PendingCall) -> ErrorInfo:
+    """What a waiting call's outcome says: that it waits for the customer's confirmation
+    when its resource's owner may confirm it, else that a human must approve it."""
+    if rights.awaits_confirmation(pending):
+        return ErrorInfo.of(ErrorCode.APPROVAL_REQUIRED, AWAITING_CONFIRMATION_MESSAGE)
+    return ErrorInfo.of(ErrorCode.APPROVAL_REQUIRED)
 
 
 def decision_refusal(
@@ -408,7 +418,10 @@ def on_decided(
                     Status.REJECTED,
                     ErrorCode.APPROVAL_REJECTED,
                     now,
-                    error=ErrorInfo.approver_rejected(statement.reason),
+                    error=ErrorInfo.approver_rejected(
+                        statement.reason,
+                        by_customer=statement.kind is DecisionKind.CONFIRMATION,
+                    ),
                 ),
             ),
             audits=(valid,),
@@ -421,7 +434,13 @@ def on_decided(
             edit=EditRequest(state=marked, statement=statement),
         )
     approvals = (*state.approvals, sub)
-    if len(approvals) < state.required_approvals:
+    required = state.required_approvals
+    if statement.kind is DecisionKind.CONFIRMATION:
+        # The owner's own confirmation: four-eyes (a rule for staff) does not apply to it.
+        required = rules.rights.required_approvals(
+            PendingCall(call=call, tool=tool, owner=call.resource_owner), kind=statement.kind
+        )
+    if len(approvals) < required:
         return Step(
             state=state.model_copy(update={"approvals": approvals, "decision_ids": used}),
             audits=(
@@ -431,7 +450,7 @@ def on_decided(
                     call_id,
                     **_statement_detail(decision, statement, statement.reason or ""),
                     approvals=len(approvals),
-                    required_approvals=state.required_approvals,
+                    required_approvals=required,
                 ),
             ),
         )

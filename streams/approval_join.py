@@ -97,7 +97,7 @@ def install_approval_join(
         ttl=timedelta(seconds=settings.approvals.ttl_seconds),
         hold=timedelta(seconds=settings.approvals.hold_seconds),
         retention=timedelta(seconds=settings.approvals.retention_margin_seconds),
-        rights=PolicyRights.for_settings(settings),
+        rights=PolicyRights.for_settings(settings, catalog),
     )
     names = {
         settings.topic(t): t

@@ -203,7 +203,7 @@ def _routed(
         trace_id=call.trace_id,
         policies=tuple(p[:128] for p in decision.policy_ids[:16]),
         auto_approved_by=auto_approving_policy(policies, tool.effect, decision),
-        resource_owner=resource_owner(request.resource),
+        resource_owner=resource_owner(request.resource, tool),
         reply_to=call.reply_to,
     )
     if not committed_at_authorization(authorized):

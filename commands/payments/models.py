@@ -54,6 +54,8 @@ class AddPayoutAccountArguments(ToolArguments):
 
 class PaymentFacts(ResourceFacts):
     kind = "payment"
+    # The paying customer confirms (or declines) a call on their payment themselves.
+    owner_attribute = "customer_email"
     customer_email: str
     amount_minor: int
     currency: str

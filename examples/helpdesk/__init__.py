@@ -1,6 +1,7 @@
 """A complete example catalog that lives outside ratifier (a plugin): one read tool and one
-write tool, its own table (``migrations/``), its Cedar policies (``policies/``) and a test
-written with `ratifier.testing` (``test_helpdesk.py``).
+write tool, its own table (``migrations/``), its Cedar policies (``policies/``), its approver
+rules (``policies/approvers/``, loaded with ratifier's reference set) and a test written with
+`ratifier.testing` (``test_helpdesk.py``).
 
 Run ratifier with it::
 
@@ -48,6 +49,8 @@ class TicketFacts(ResourceFacts):
     """What policies know of a ticket: stored columns and one computed fact."""
 
     kind = "ticket"
+    # The customer who opened the ticket is its owner (who may confirm a call on it).
+    owner_attribute = "requester"
     subject: str
     status: str
     requester: str
@@ -117,4 +120,5 @@ catalog = Catalog(
     ],
     name="helpdesk",
     migrations=Path(__file__).parent / "migrations",
+    approver_policies=Path(__file__).parent / "policies" / "approvers",
 )

@@ -29,6 +29,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from approvals.policy import approver_policy_sources, check_approver_policies
 from commands.catalog import Catalog, Connection, Resource, Tool, load_catalog
 from commands.policy import (
     Decision,
@@ -134,11 +135,14 @@ class Kit:
         check: bool = True,
     ) -> Kit:
         """``catalog`` (object or ``package.module:name``) with the policies of
-        ``policy_dir``; with ``check`` the folder must pass `ratifier policy check`."""
+        ``policy_dir``; with ``check`` the folder (and the catalog's approver policies) must
+        pass `ratifier policy check`."""
         found = load_catalog(catalog) if isinstance(catalog, str) else catalog
         directory = Path(policy_dir)
         if check:
-            problems = check_policy_directory(directory, found)
+            # The catalog's approver policies (with the reference set) are checked too.
+            approvers = check_approver_policies(approver_policy_sources(found))
+            problems = check_policy_directory(directory, found) + approvers
             if problems:
                 raise ConfigurationError("; ".join(str(p) for p in problems))
         policies = PolicySet.from_directory(directory)

@@ -14,6 +14,7 @@ import pytest
 
 from ratifier.topics import delete_topics
 from schemas.names import Topic
+from tests.e2e.approvals_kit import decide, terminal_outcomes, token
 from tests.e2e.conftest import Pipeline, SigningKeys, start_pipeline
 from tests.services import context_token, outcomes_by_call, proposal, publish, read_until, run
 
@@ -91,3 +92,33 @@ def test_the_plugin_reads_its_own_table_and_explains_its_refusals(helpdesk: Pipe
     assert closed["error"]["reason"] == "forbid"
     assert closed["error"]["policies"] == ["closed-ticket-staff-only"]
     assert closed["error"]["message"].startswith("This ticket is closed")
+
+
+def test_the_plugins_own_approver_rule_lets_a_support_lead_approve_a_reset(
+    helpdesk: Pipeline,
+) -> None:
+    """The catalog ships an approver rule (policies/approvers/): a support lead, who has no
+    approver role, approves a password reset, and the reset runs."""
+    settings = helpdesk.settings
+    body = proposal(
+        settings,
+        tool="reset_password",
+        arguments={"user_email": "dave@example.com", "temporary_password": "Temporary-123456"},
+    )
+    body["context"] = context_token(settings, sub="sam", roles=("support",))
+    call_id = body["call_id"]
+    run(publish(settings, [(call_id, json.dumps(body).encode())]))
+    records = run(
+        read_until(
+            settings,
+            [Topic.APPROVALS_REQUESTED],
+            lambda recs: any(json.loads(r.value)["call_id"] == call_id for r in recs),
+            timeout=60,
+        )
+    )
+    (request,) = [json.loads(r.value) for r in records if json.loads(r.value)["call_id"] == call_id]
+    lead = token(settings, "lena", roles=("support_lead",))
+    decide(helpdesk, request, lead)
+    (final,) = terminal_outcomes(helpdesk, {call_id}, timeout=60)[call_id][-1:]
+    assert final["status"] == "succeeded", final
+    assert final["result"] == {"reset": True}

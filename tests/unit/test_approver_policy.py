@@ -138,6 +138,9 @@ def test_clerks_do_not_edit_and_four_eyes_for_destructive_effects(catalog: Catal
     destructive = pending(catalog, effect=Effect.DESTRUCTIVE)
     assert RIGHTS.required_approvals(refund) == 1
     assert RIGHTS.required_approvals(destructive) == 2
+    # Four-eyes is for staff: the owner's own confirmation is one person's say.
+    assert RIGHTS.required_approvals(destructive, DecisionKind.CONFIRMATION) == 1
+    assert RoleRights().required_approvals(destructive, DecisionKind.CONFIRMATION) == 1
     assert RIGHTS.ttl(destructive) == timedelta(hours=1)
     assert RIGHTS.ttl(refund) == (refund.tool.approval_ttl if refund.tool else None)
 

@@ -158,9 +158,10 @@ when { resource.amount > 100 };
     )
     (problem,) = check_policy_directory(_policy_dir(tmp_path, SHOP, broken), SHOP)
     assert problem.file == str(tmp_path / "shop.cedar")
-    assert problem.line == 6
+    # The typo's line, not the policy's first (its @id on line 6).
+    assert problem.line == 8
     assert "attribute `amount` on entity type `Order` not found" in problem.message
-    assert str(problem).startswith(f"{tmp_path / 'shop.cedar'}:6: ")
+    assert str(problem).startswith(f"{tmp_path / 'shop.cedar'}:8: ")
 
 
 def test_a_maybe_missing_attribute_is_reported_with_file_and_line(tmp_path: Path) -> None:
@@ -172,8 +173,46 @@ forbid (principal, action, resource) when { resource.coupon == "FREE" };
 """
     )
     (problem,) = check_policy_directory(_policy_dir(tmp_path, SHOP, broken), SHOP)
-    assert (problem.file, problem.line) == (str(tmp_path / "shop.cedar"), 6)
+    assert (problem.file, problem.line) == (str(tmp_path / "shop.cedar"), 7)
     assert "optional attribute `coupon`" in problem.message
+
+
+def test_a_typo_deep_in_a_policy_is_reported_on_its_own_line(tmp_path: Path) -> None:
+    """Syntax and schema errors inside a policy: at the typo's line, not the policy's first;
+    a word in a comment or a string that reads like the typo does not mislead."""
+    broken = (
+        GOOD
+        + """
+@id("pending-only")
+@message("Only pending orders; no amount talk")
+forbid (principal, action == Action::"get_order", resource)
+when {
+  // the amount is checked below
+  resource.status != "pending" &&
+  resource.amount > 100
+};
+
+@id("syntax")
+forbid (principal, action == Action::"get_order", resource)
+when {
+  resource.status == "x" &&
+  resource.total_minor >> 100
+};
+
+@id("member")
+forbid (principal, action == Action::"get_order", resource)
+when {
+  resource.status == "x" &&
+  resourc.total_minor > 100
+};
+"""
+    )
+    problems = check_policy_directory(_policy_dir(tmp_path, SHOP, broken), SHOP)
+    by_line = {p.line: p.message for p in problems}
+    assert len(problems) == 3, problems
+    assert "attribute `amount`" in by_line[12]
+    assert "does not parse: unexpected token" in by_line[19]
+    assert "does not parse: invalid member access" in by_line[26]
 
 
 def test_a_float_attribute_is_reported_at_its_declaration(tmp_path: Path) -> None:

@@ -204,6 +204,89 @@ def test_a_forbid_with_a_message_reaches_the_outcome_and_every_rendering(
     }
 
 
+SEVERAL_FORBIDS = [
+    """@id("a-not-now")
+@message("Orders cannot be changed right now.")
+forbid (principal, action, resource)
+when { resource has status && resource.status != "pending" };""",
+    """@id("b-pending-only")
+@message("Only pending orders can be cancelled.")
+forbid (principal, action == Action::"cancel_order", resource)
+when { resource.status != "pending" };""",
+    """@id("c-big-shipped")
+@message("Large shipped orders are cancelled by the warehouse.")
+forbid (principal, action == Action::"cancel_order", resource)
+when { resource.status != "pending" && resource.total_minor > 1000 };""",
+    """@id("d-shipped")
+@priority("10")
+@message("The order has shipped; ask for a return instead.")
+forbid (principal, action, resource)
+when { resource has status && resource.status == "shipped" };""",
+    """@id("e-silent")
+@priority("99")
+forbid (principal, action == Action::"cancel_order", resource)
+when { resource.status == "shipped" };""",
+    """@id("cancel-own-tenant")
+permit (principal, action == Action::"cancel_order", resource)
+when { resource.tenant == principal.tenant };""",
+]
+
+
+@pytest.mark.parametrize("order_of_policies", [1, -1], ids=["as-written", "reversed"])
+@pytest.mark.parametrize(
+    ("attributes", "message", "first"),
+    [
+        # Highest @priority among the forbids with a @message wins, whatever their @id.
+        ({"status": "shipped"}, "The order has shipped; ask for a return instead.", "d-shipped"),
+        # Same priority: a scoped forbid beats a wildcard; more conditions beat fewer.
+        (
+            {"status": "returned", "total_minor": 1200},
+            "Large shipped orders are cancelled by the warehouse.",
+            "c-big-shipped",
+        ),
+        (
+            {"status": "returned", "total_minor": 500},
+            "Only pending orders can be cancelled.",
+            "b-pending-only",
+        ),
+    ],
+    ids=["priority", "more-conditions", "scoped-beats-wildcard"],
+)
+def test_several_matching_forbids_show_the_message_of_the_strongest_one(
+    order_of_policies: int, attributes: dict[str, Any], message: str, first: str
+) -> None:
+    text = "\n\n".join(SEVERAL_FORBIDS[::order_of_policies])
+    policies = PolicySet.from_sources(text, json.dumps(SCHEMA))
+    decision = decide(policies, "cancel_order", order(**attributes))
+    assert decision.refusal is RefusalReason.FORBID
+    error = decision.error_info()
+    assert error is not None and error.message == message
+    # error.policies lists the forbids from the one whose message is shown.
+    assert error.policies[0] == first
+    assert json.loads(result_text(denial_outcome(decision, "cancel_order")))["message"] == message
+
+
+def test_equal_forbids_fall_back_to_the_first_id() -> None:
+    twins = [
+        """@id("z-twin") @message("Z.") forbid (principal, action, resource);""",
+        """@id("m-twin") @message("M.") forbid (principal, action, resource);""",
+        """@id("all") permit (principal, action, resource);""",
+    ]
+    for text in (twins, twins[::-1]):
+        policies = PolicySet.from_sources("\n".join(text), json.dumps(SCHEMA))
+        decision = decide(policies, "cancel_order", order())
+        assert decision.message == "M."
+        assert decision.policy_ids == ("m-twin", "z-twin")
+
+
+def test_a_priority_that_is_not_an_integer_is_refused() -> None:
+    from schemas.errors import ConfigurationError
+
+    bad = '@id("x") @priority("high") @message("X.") forbid (principal, action, resource);'
+    with pytest.raises(ConfigurationError, match="priority"):
+        PolicySet.from_sources(bad, json.dumps(SCHEMA))
+
+
 def test_no_permit_is_told_apart_from_a_forbid(shop_policies: PolicySet) -> None:
     foreign_actor = Actor(sub="bob", tenant="tenant-a", roles=())
     decision = decide(shop_policies, "get_order", order(total_minor=-1), actor=foreign_actor)
