@@ -154,6 +154,7 @@ STATUS_BY_CODE: dict[ErrorCode, Status] = {
     ErrorCode.APPROVAL_EXPIRED: Status.EXPIRED,
     ErrorCode.CANCELLED: Status.CANCELLED,
     ErrorCode.TIMEOUT: Status.UNKNOWN,
+    ErrorCode.BUDGET_EXCEEDED: Status.DENIED,
 }
 
 

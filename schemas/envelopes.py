@@ -479,6 +479,9 @@ class PolicySetRecord(Record):
     cedar_schema: JsonObject
     version: str
     published_at: datetime
+    # v1.5: the spending budgets declared beside the policies (docs/budgets.md), each as
+    # its declaration; part of the set's version. Absent: the set has none.
+    budgets: tuple[JsonObject, ...] | None = None
 
 
 CONTRACT_RECORDS: dict[str, type[Record]] = {

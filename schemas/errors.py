@@ -28,6 +28,8 @@ class ErrorCode(StrEnum):
     CANCELLED = "cancelled"
     # v1.3: `reply_to` names a topic outside the deployment's reply namespace.
     INVALID_REPLY_ADDRESS = "invalid_reply_address"
+    # v1.5: the call would take a spending budget's window over its cap (status `denied`).
+    BUDGET_EXCEEDED = "budget_exceeded"
 
 
 class RefusalReason(StrEnum):
@@ -68,6 +70,7 @@ SAFE_MESSAGES: dict[ErrorCode, str] = {
     ErrorCode.RETRY_EXHAUSTED: "Retries are exhausted; the call was escalated.",
     ErrorCode.CANCELLED: "The call was cancelled before its effect.",
     ErrorCode.INVALID_REPLY_ADDRESS: "The reply address is not a reply topic of this deployment.",
+    ErrorCode.BUDGET_EXCEEDED: "A spending budget does not allow this call now.",
 }
 
 
