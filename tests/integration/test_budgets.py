@@ -9,6 +9,7 @@ import asyncio
 import random
 import uuid
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -213,6 +214,14 @@ async def test_over_budget_is_denied_with_what_is_left_and_audited(
     # Exactly what is left still fits.
     last = refund(payment, 100)
     assert (await executor.execute(last, trace_id=None)).outcome.status is Status.SUCCEEDED
+    # `ratifier budgets` reads the same window: all of it used, none of it still reserved.
+    async with pool.connection() as conn:
+        (window,) = await BudgetBook().usage(conn, budget, tenant=TENANT, now=datetime.now(UTC))
+        assert (
+            await BudgetBook().usage(conn, budget, tenant="tenant-b", now=datetime.now(UTC)) == []
+        )
+    assert (window.scope_key, window.consumed, window.reserved) == ("agent=agent-1", 1_000, 0)
+    assert window.resets_at is not None and window.resets_at > datetime.now(UTC)
 
 
 async def test_a_failed_effect_releases_its_reservation(

@@ -266,3 +266,30 @@ def test_now_is_utc_aware_in_every_window() -> None:
     now = datetime(2026, 12, 2, 7, 0, tzinfo=UTC)
     for b in (budget(), budget(window="week"), budget(window="rolling", rolling_hours=2)):
         assert window_of(b, now).since.tzinfo is not None
+
+
+def test_ratifier_budgets_shows_usage_what_is_left_and_the_reset() -> None:
+    from executors.budgets import WindowUsage
+    from ratifier.budgets import describe_budgets
+
+    b = budget()
+    now = at("2026-12-02T10:00:00+00:00")
+    used = WindowUsage(
+        budget=b,
+        tenant="tenant-a",
+        scope_key="agent=bot-1",
+        window_key="day:2026-12-02@Europe/Berlin",
+        consumed=49_000,
+        reserved=700,
+        resets_at=at("2026-12-02T23:00:00+00:00"),
+    )
+    lines = describe_budgets([b, budget(name="other")], [used], tenant="tenant-a", now=now)
+    assert lines[0].startswith("refunds-daily: sum:amount_minor <= 50000 per day in Europe/Berlin")
+    assert "per tenant, agent" in lines[0]
+    assert "agent=bot-1: used 49700 amount_minor of 50000 (700 reserved" in lines[1]
+    assert "left 300" in lines[1]
+    assert "resets 2026-12-02T23:00:00+00:00" in lines[1]
+    assert "nothing used in day:2026-12-02@Europe/Berlin" in lines[3]
+    assert describe_budgets([], [], tenant="t", now=now) == [
+        "the policy set in force declares no budgets"
+    ]
