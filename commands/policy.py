@@ -608,7 +608,24 @@ def check_policy_directory(directory: Path, catalog: Catalog) -> list[PolicyProb
                 PolicyProblem(file=file, line=line, message=_cedar_message(e.error))
                 for e in result.errors
             ]
-    return problems
+    return problems + _budget_problems(directory, catalog)
+
+
+def _budget_problems(directory: Path, catalog: Catalog) -> list[PolicyProblem]:
+    """The budgets file's problems: one that does not load, or a budget naming a tool the
+    catalog does not have (docs/budgets.md)."""
+    try:
+        budgets = load_budget_file(directory)
+    except ConfigurationError as exc:
+        return [PolicyProblem(file=str(directory), line=0, message=exc.safe_message)]
+    return [
+        PolicyProblem(
+            file=str(directory), line=0, message=f"budget {b.name}: no tool {tool!r} in the catalog"
+        )
+        for b in budgets
+        for tool in b.tools
+        if catalog.get(tool) is None
+    ]
 
 
 def catalog_mismatches(policies: PolicySet, catalog: Catalog) -> list[str]:

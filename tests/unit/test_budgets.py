@@ -293,3 +293,16 @@ def test_ratifier_budgets_shows_usage_what_is_left_and_the_reset() -> None:
     assert describe_budgets([], [], tenant="t", now=now) == [
         "the policy set in force declares no budgets"
     ]
+
+
+def test_policy_check_reports_budget_problems(tmp_path: Path) -> None:
+    from commands.policy import check_policy_directory
+    from commands.reference import catalog
+
+    assert check_policy_directory(with_budgets(tmp_path / "ok", TOML), catalog) == []
+    unknown_tool = TOML.replace('tools = ["propose_refund"]', 'tools = ["refund_everything"]')
+    (problem,) = check_policy_directory(with_budgets(tmp_path / "tool", unknown_tool), catalog)
+    assert "budget refunds-daily: no tool 'refund_everything'" in str(problem)
+    broken = TOML.replace('window = "day"', 'window = "fortnight"')
+    (problem,) = check_policy_directory(with_budgets(tmp_path / "bad", broken), catalog)
+    assert "budget #1" in str(problem) and "window" in str(problem)
