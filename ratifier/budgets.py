@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from commands.budgets import Budget, window_of
 from commands.policy import PolicySet
@@ -38,6 +39,13 @@ async def budget_usage(
         return found
 
 
+def _local(budget: Budget, at: datetime | None) -> str:
+    """A reset time in the budget's own time zone (where its days and weeks are counted)."""
+    if at is None:
+        return "-"
+    return at.astimezone(ZoneInfo(budget.time_zone)).isoformat(timespec="seconds")
+
+
 def _amount(budget: Budget, value: int) -> str:
     return f"{value} calls" if budget.argument is None else f"{value} {budget.argument}"
 
@@ -64,10 +72,10 @@ def describe_budgets(
         mine = [u for u in usages if u.budget.name == budget.name]
         span = window_of(budget, now)
         if not mine:
-            resets = span.resets_at.isoformat(timespec="seconds") if span.resets_at else "-"
+            resets = _local(budget, span.resets_at)
             lines.append(f"    tenant {tenant}: nothing used in {span.key} (resets {resets})")
         for usage in mine:
-            resets = usage.resets_at.isoformat(timespec="seconds") if usage.resets_at else "-"
+            resets = _local(budget, usage.resets_at)
             lines.append(
                 f"    tenant {usage.tenant} {usage.scope_key}: used "
                 f"{_amount(budget, usage.used)} of {budget.cap} "

@@ -288,7 +288,7 @@ def test_ratifier_budgets_shows_usage_what_is_left_and_the_reset() -> None:
     assert "per tenant, agent" in lines[0]
     assert "agent=bot-1: used 49700 amount_minor of 50000 (700 reserved" in lines[1]
     assert "left 300" in lines[1]
-    assert "resets 2026-12-02T23:00:00+00:00" in lines[1]
+    assert "resets 2026-12-03T00:00:00+01:00" in lines[1]  # in the budget's time zone
     assert "nothing used in day:2026-12-02@Europe/Berlin" in lines[3]
     assert describe_budgets([], [], tenant="t", now=now) == [
         "the policy set in force declares no budgets"
