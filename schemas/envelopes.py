@@ -483,6 +483,13 @@ class PolicySetRecord(Record):
     # its declaration; part of the set's version. Absent: the set has none.
     budgets: tuple[JsonObject, ...] | None = None
 
+    def to_bytes(self) -> bytes:
+        # A set without budgets is the v1.4 record exactly: workers not yet upgraded (which
+        # refuse unknown fields) keep reading it during a rolling upgrade.
+        if self.budgets is None:
+            return self.model_dump_json(exclude={"budgets"}).encode()
+        return super().to_bytes()
+
 
 CONTRACT_RECORDS: dict[str, type[Record]] = {
     "calls.proposed": ProposedCall,

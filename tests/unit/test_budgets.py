@@ -306,3 +306,13 @@ def test_policy_check_reports_budget_problems(tmp_path: Path) -> None:
     broken = TOML.replace('window = "day"', 'window = "fortnight"')
     (problem,) = check_policy_directory(with_budgets(tmp_path / "bad", broken), catalog)
     assert "budget #1" in str(problem) and "window" in str(problem)
+
+
+def test_a_set_without_budgets_is_published_as_before(tmp_path: Path) -> None:
+    import json
+
+    settings = Settings()
+    plain = json.loads(policy_record(settings, PolicySet.from_directory()).to_bytes())
+    assert "budgets" not in plain  # readable by workers that do not know the field
+    budgeted = policy_record(settings, PolicySet.from_directory(with_budgets(tmp_path, TOML)))
+    assert len(json.loads(budgeted.to_bytes())["budgets"]) == 2
