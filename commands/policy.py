@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 import cedarpy
 
+from commands.budgets import Budget, canonical_budgets, load_budget_file
 from commands.catalog import Catalog, Resource, Tool
 from commands.cedar_schema import entity_type, generate_schema
 from schemas.envelopes import Actor, Effect, ErrorInfo, Route
@@ -105,9 +106,11 @@ class PolicySet:
     # Parsed once: parsing dominates the cost of an evaluation.
     parsed: Any = field(default=None, repr=False, compare=False)
     parsed_schema: Any = field(default=None, repr=False, compare=False)
+    # Spending budgets declared beside the policies (docs/budgets.md), part of the version.
+    budgets: tuple[Budget, ...] = ()
 
     @classmethod
-    def from_sources(cls, text: str, schema: str) -> PolicySet:
+    def from_sources(cls, text: str, schema: str, budgets: tuple[Budget, ...] = ()) -> PolicySet:
         """Parse and validate; a broken set raises `ConfigurationError` with Cedar's words."""
         try:
             parsed = json.loads(cedarpy.policies_to_json_str(text))
@@ -136,7 +139,10 @@ class PolicySet:
             schema_canonical = json.dumps(json.loads(schema), sort_keys=True, separators=(",", ":"))
         except ValueError as exc:
             raise ConfigurationError(f"Cedar schema is not JSON: {exc}") from exc
-        digest = hashlib.sha256(f"{text}\0{schema_canonical}".encode()).hexdigest()[:16]
+        content = f"{text}\0{schema_canonical}"
+        if budgets:  # a set without budgets keeps the version it always had
+            content += f"\0{canonical_budgets(budgets)}"
+        digest = hashlib.sha256(content.encode()).hexdigest()[:16]
         return cls(
             text=text,
             schema=schema,
@@ -146,6 +152,7 @@ class PolicySet:
             message_ranks={pid: message_rank(policy) for pid, policy in static.items()},
             parsed=cedarpy.PolicySet.from_str(text),
             parsed_schema=parsed_schema,
+            budgets=budgets,
         )
 
     @classmethod
@@ -157,7 +164,9 @@ class PolicySet:
         if len(schema_files) != 1:
             raise ConfigurationError(f"{directory} needs exactly one *{SCHEMA_SUFFIX} file")
         text = "\n".join(f.read_text(encoding="utf-8") for f in policy_files)
-        return cls.from_sources(text, schema_files[0].read_text(encoding="utf-8"))
+        return cls.from_sources(
+            text, schema_files[0].read_text(encoding="utf-8"), load_budget_file(directory)
+        )
 
     @property
     def current(self) -> PolicySet:
@@ -641,7 +650,9 @@ def check_policy_directory(directory: Path, catalog: Catalog) -> list[PolicyProb
     policy_files = sorted(directory.glob("*.cedar"))
     if not policy_files:
         problems.append(PolicyProblem(file=str(directory), line=0, message="no *.cedar files"))
-    return problems + check_policy_files(policy_files, schema)
+    return (
+        problems + check_policy_files(policy_files, schema) + _budget_problems(directory, catalog)
+    )
 
 
 AnnotationCheck = Callable[[dict[str, str]], list[str]]
@@ -702,6 +713,23 @@ def check_policy_files(
                     )
                 )
     return problems
+
+
+def _budget_problems(directory: Path, catalog: Catalog) -> list[PolicyProblem]:
+    """The budgets file's problems: one that does not load, or a budget naming a tool the
+    catalog does not have (docs/budgets.md)."""
+    try:
+        budgets = load_budget_file(directory)
+    except ConfigurationError as exc:
+        return [PolicyProblem(file=str(directory), line=0, message=exc.safe_message)]
+    return [
+        PolicyProblem(
+            file=str(directory), line=0, message=f"budget {b.name}: no tool {tool!r} in the catalog"
+        )
+        for b in budgets
+        for tool in b.tools
+        if catalog.get(tool) is None
+    ]
 
 
 # -- where in a policy a problem is (cedarpy's errors carry no source positions) -------------

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from commands.budgets import parse_budgets
 from commands.catalog import load_catalog
 from commands.policy import DEFAULT_POLICY_DIR, PolicySet, catalog_mismatches
 from runtime.clients import kafka_admin, kafka_producer, start_kafka_client
@@ -50,6 +51,7 @@ def policy_record(settings: Settings, policies: PolicySet) -> PolicySetRecord:
         cedar_schema=json.loads(policies.schema),
         version=policies.version,
         published_at=datetime.now(UTC),
+        budgets=tuple(b.document() for b in policies.budgets) or None,
     )
 
 
@@ -165,7 +167,10 @@ class PolicyFeed:
             self.origin = self._published(record)
             return
         try:
-            candidate = PolicySet.from_sources(record.policies, canonical_json(record.cedar_schema))
+            budgets = parse_budgets(record.budgets or (), source=f"budgets of {record.version}")
+            candidate = PolicySet.from_sources(
+                record.policies, canonical_json(record.cedar_schema), budgets
+            )
         except ConfigurationError as exc:
             self._refuse(record.version, exc.safe_message)
             return

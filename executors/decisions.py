@@ -172,6 +172,7 @@ STATUS_BY_CODE: dict[ErrorCode, Status] = {
     ErrorCode.CANCELLED: Status.CANCELLED,
     ErrorCode.TIMEOUT: Status.UNKNOWN,
     ErrorCode.FROZEN: Status.DENIED,
+    ErrorCode.BUDGET_EXCEEDED: Status.DENIED,
 }
 
 

@@ -38,7 +38,9 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
+from approvals.auto import resource_owner
 from approvals.signing import ApprovalKeys, approval_keys
+from commands.budgets import BudgetExceeded
 from commands.catalog import (
     Catalog,
     Connection,
@@ -50,6 +52,7 @@ from commands.catalog import (
 )
 from commands.freezes import FixedFreezes, FreezeSource
 from commands.policy import PolicySource
+from executors.budgets import BudgetBook
 from executors.claims import Claim, ClaimFinish, ClaimKind, ClaimRequest, ClaimStore
 from executors.crash_points import NO_CRASH_POINTS, CrashPoint, CrashPoints
 from executors.decisions import (
@@ -99,6 +102,9 @@ class Execution:
     # With ``defer_finish``: the Redis claim to finish with this outcome, left to the caller
     # (which finishes a batch's claims in one round trip).
     claim_finish: ClaimFinish | None = None
+    # The command reserved budget amounts in this transaction (docs/budgets.md): its
+    # recorded outcome consumes or releases them.
+    budgeted: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,6 +124,7 @@ class _Pending:
     request: EffectRequest
     external: ExternalEffect
     fence: int
+    budgeted: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -156,6 +163,7 @@ class CommandExecutor:
         self._retry_attempts = retry_attempts
         self._crash_points = crash_points
         self._ledger = CommandLedger()
+        self._budgets = BudgetBook()
 
     # -- outcomes ---------------------------------------------------------------------------
 
@@ -324,7 +332,7 @@ class CommandExecutor:
             count_dedup("ledger", "claimed")
             ended, pending = await self._run(conn, command, claim.fence, trace_id)
             if pending is None:
-                await self._record(conn, command, ended.outcome)
+                await self._record(conn, command, ended)
             return ended, pending
 
     async def _answer_from_ledger(
@@ -387,9 +395,21 @@ class CommandExecutor:
                     return replace(first, pending_fence=None)
             await asyncio.sleep(0.2)
 
-    async def _record(self, conn: Connection, command: CommittedCommand, outcome: Outcome) -> None:
+    async def _record(self, conn: Connection, command: CommittedCommand, ended: Execution) -> None:
+        outcome = ended.outcome
         await self._ledger.record(conn, command, outcome)
+        if ended.budgeted:
+            await self._settle_budgets(conn, command, outcome)
         await self._audit_executed(conn, command, outcome)
+
+    async def _settle_budgets(
+        self, conn: Connection, command: CommittedCommand, outcome: Outcome
+    ) -> None:
+        """The reservations follow the recorded outcome: consumed, released, or kept while
+        it is unknown."""
+        await self._budgets.settle(
+            conn, tenant=command.tenant, operation_id=command.operation_id, status=outcome.status
+        )
 
     async def _audit_executed(
         self,
@@ -427,9 +447,28 @@ class CommandExecutor:
         if command_freeze(self._freezes.current, command, resource) is not None:  # kill switch
             return Execution(outcome=self._failed(command, ErrorCode.FROZEN, trace_id)), None
         loaded = Loaded(command=command, tool=tool, admitted=admitted, resource=resource)
-        (refusal,) = resource_refusals([loaded], self._policies.current)
+        policies = self._policies.current
+        (refusal,) = resource_refusals([loaded], policies)
         if refusal is not None:
             return Execution(outcome=self._failed(command, refusal, trace_id)), None
+        budgeted = bool(policies.budgets) and not plain_read(command, tool)
+        if budgeted:
+            # The authoritative budget check: the window locked, summed and the amount
+            # reserved in this transaction, the one that inserts the ledger entry.
+            exceeded = await self._budgets.reserve(
+                conn,
+                policies.budgets,
+                tenant=command.tenant,
+                operation_id=command.operation_id,
+                agent=actor.sub,
+                subject=resource_owner(resource),
+                tool=command.tool,
+                arguments=command.arguments,
+            )
+            if exceeded is not None:
+                return Execution(
+                    outcome=self._over_budget(command, exceeded, trace_id), budgeted=True
+                ), None
         context = ExecutionContext(
             conn=conn,
             operation_id=command.operation_id,
@@ -438,7 +477,29 @@ class CommandExecutor:
             arguments=arguments,
             resource=resource,
         )
-        return await self._handle(command, tool, context, fence, trace_id)
+        ended, pending = await self._handle(command, tool, context, fence, trace_id)
+        if not budgeted:
+            return ended, pending
+        return replace(ended, budgeted=True), (
+            replace(pending, budgeted=True) if pending is not None else None
+        )
+
+    def _over_budget(
+        self, command: CommittedCommand, exceeded: BudgetExceeded, trace_id: str | None
+    ) -> Outcome:
+        log.info(
+            "operation %s over budget %s (remaining %d, needs %d)",
+            command.operation_id,
+            exceeded.budget,
+            exceeded.remaining,
+            exceeded.requested,
+        )
+        return self._outcome(
+            command,
+            status=Status.DENIED,
+            trace_id=trace_id,
+            error=ErrorInfo.of(ErrorCode.BUDGET_EXCEEDED, exceeded.message()),
+        )
 
     async def _handle(
         self,
@@ -567,6 +628,8 @@ class CommandExecutor:
                 await external.settle(conn, request, done)
             elif finished:
                 await external.release(conn, request)
+            if finished and pending.budgeted:
+                await self._settle_budgets(conn, command, outcome)
         if not finished:
             # Someone else settled it meanwhile (reconciler, a later owner): the ledger's
             # record stands; this late result is only noted.
@@ -663,7 +726,7 @@ class CommandExecutor:
                 count_dedup("ledger", "claimed")
                 ended, pending = await self._run(conn, command, fence, member.trace_id)
                 if pending is None:
-                    await self._record(conn, command, ended.outcome)
+                    await self._record(conn, command, ended)
                 return ended, pending
         except _LOCK_CONFLICTS as exc:
             # A row lock held by another transaction (lock timeout, deadlock, serialization):

@@ -49,6 +49,7 @@ from pydantic import ValidationError
 
 from commands.catalog import Catalog, Connection, EffectRequest, HandlerResult
 from commands.sql import named_query
+from executors.budgets import BudgetBook
 from executors.crash_points import NO_CRASH_POINTS, CrashPoint, CrashPoints
 from executors.ledger import CommandLedger
 from runtime.clients import (
@@ -222,6 +223,7 @@ class Reconciler:
         self._backoff = backoff_base
         self._backoff_cap = backoff_cap
         self._ledger = CommandLedger()
+        self._budgets = BudgetBook()
 
     async def _owe(
         self, conn: Connection, row: dict[str, Any], outcome: Outcome, *, settled: bool
@@ -269,6 +271,10 @@ class Reconciler:
             settled = await cur.fetchone() is not None
         if not settled:
             return Verdict(outcome=None)
+        # The reservations held while it was unknown follow the settled result.
+        await self._budgets.settle(
+            conn, tenant=row["tenant"], operation_id=row["operation_id"], status=outcome.status
+        )
         owed = await self._owe(conn, row, outcome, settled=True)
         await self._ledger.audit(
             conn,

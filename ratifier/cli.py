@@ -337,6 +337,13 @@ def cmd_ops(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_budgets(settings: Settings, args: argparse.Namespace) -> int:
+    from ratifier.budgets import report
+
+    print("\n".join(asyncio.run(report(settings, tenant=args.tenant, local=args.local))))
+    return 0
+
+
 def cmd_audit(settings: Settings, args: argparse.Namespace) -> int:
     from commands.catalog import load_catalog
 
@@ -522,6 +529,14 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--since", help="ISO time, e.g. 2026-11-29T12:00:00Z")
     start.add_argument("--from-offset", type=int, help="offset in every partition")
     replay.set_defaults(func=cmd_policy_replay)
+    budgets = sub.add_parser(
+        "budgets", help="spending budgets in force with each window's usage and reset time"
+    )
+    budgets.add_argument("--tenant", required=True)
+    budgets.add_argument(
+        "--local", action="store_true", help="the local policy folder's budgets, not the topic's"
+    )
+    budgets.set_defaults(func=cmd_budgets)
     approvals = sub.add_parser("approvals", help="the approval inbox (needs an approver token)")
     approvals.add_argument("--token", help="approver token (default: $RATIFIER_APPROVER_TOKEN)")
     approvals_sub = approvals.add_subparsers(dest="approvals_command", required=True)

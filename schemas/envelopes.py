@@ -505,6 +505,16 @@ class PolicySetRecord(Record):
     cedar_schema: JsonObject
     version: str
     published_at: datetime
+    # v1.5: the spending budgets declared beside the policies (docs/budgets.md), each as
+    # its declaration; part of the set's version. Absent: the set has none.
+    budgets: tuple[JsonObject, ...] | None = None
+
+    def to_bytes(self) -> bytes:
+        # A set without budgets is the v1.4 record exactly: workers not yet upgraded (which
+        # refuse unknown fields) keep reading it during a rolling upgrade.
+        if self.budgets is None:
+            return self.model_dump_json(exclude={"budgets"}).encode()
+        return super().to_bytes()
 
 
 # A freeze's scope (the `controls` key): `tenant:T`, `agent:T:sub`, `subject:T:sub`,

@@ -30,6 +30,8 @@ class ErrorCode(StrEnum):
     INVALID_REPLY_ADDRESS = "invalid_reply_address"
     # v1.5: an operator froze a scope the call falls in (the kill switch, docs/kill-switch.md).
     FROZEN = "frozen"
+    # v1.5: the call would take a spending budget's window over its cap (status `denied`).
+    BUDGET_EXCEEDED = "budget_exceeded"
 
 
 class RefusalReason(StrEnum):
@@ -76,6 +78,7 @@ SAFE_MESSAGES: dict[ErrorCode, str] = {
     ErrorCode.CANCELLED: "The call was cancelled before its effect.",
     ErrorCode.INVALID_REPLY_ADDRESS: "The reply address is not a reply topic of this deployment.",
     ErrorCode.FROZEN: "Operators have paused this kind of action for now; try again later.",
+    ErrorCode.BUDGET_EXCEEDED: "A spending budget does not allow this call now.",
 }
 
 

@@ -1,0 +1,229 @@
+"""Spending budgets: caps on the sum of a numeric argument (``sum:amount_minor``) or on the
+count of calls, per tenant and optionally per agent, subject and tool, per window (a calendar
+day or week in a named time zone, or the last N hours).
+
+Declared beside the policies (``budgets.toml`` or ``budgets.json`` in the policy directory)
+and distributed with the policy set, so they change at run time like policies. Everything
+here is pure: the executor's commit transaction locks the window, sums its reservations and
+asks :func:`budget_decision` (docs/budgets.md).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, time, timedelta
+from pathlib import Path
+from typing import Any, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from schemas.errors import ConfigurationError
+
+BUDGET_FILES = ("budgets.toml", "budgets.json")
+# The key both file forms list their budgets under.
+BUDGETS_KEY = "budgets"
+# A rolling window's key: its reservations are summed by time, not by key.
+ROLLING_KEY = "rolling"
+_MEASURE = re.compile(r"^(count|sum:[A-Za-z_][A-Za-z0-9_]*)$")
+
+ScopeKey = Literal["tenant", "agent", "subject", "tool"]
+WindowKind = Literal["day", "week", "rolling"]
+
+
+class Budget(BaseModel):
+    """One budget as declared. The tenant is always part of its scope: every tenant has its
+    own windows."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    # The tools whose calls count; empty: every write tool.
+    tools: tuple[str, ...] = ()
+    # Scope beyond the tenant: the agent (the actor's sub), the subject (the owner of the
+    # resource the call acts on) and/or the tool.
+    per: tuple[ScopeKey, ...] = ()
+    measure: str = Field(pattern=_MEASURE.pattern)
+    cap: int = Field(ge=0)
+    window: WindowKind
+    time_zone: str = "UTC"
+    rolling_hours: int | None = Field(default=None, ge=1, le=24 * 366)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Budget:
+        if (self.window == "rolling") != (self.rolling_hours is not None):
+            raise ValueError("rolling_hours is required with window 'rolling' and only there")
+        try:
+            ZoneInfo(self.time_zone)
+        except (ZoneInfoNotFoundError, ValueError) as exc:
+            raise ValueError(f"unknown time zone {self.time_zone!r}") from exc
+        return self
+
+    @property
+    def argument(self) -> str | None:
+        """The argument whose value is summed (None: a count of calls)."""
+        return self.measure.partition(":")[2] or None
+
+    def amount_of(self, tool: str, arguments: Mapping[str, Any]) -> int | None:
+        """What one call of ``tool`` with ``arguments`` takes from this budget; None when the
+        budget does not apply to it (another tool, or a sum whose argument is missing or not
+        an integer)."""
+        if self.tools and tool not in self.tools:
+            return None
+        if self.argument is None:
+            return 1
+        value = arguments.get(self.argument)
+        if isinstance(value, bool) or not isinstance(value, int):
+            return None
+        return max(value, 0)  # a negative amount never credits a budget
+
+    def scope_key(self, *, agent: str, subject: str | None, tool: str) -> str:
+        """The window's scope beyond the tenant, as one stable string."""
+        parts = {"agent": agent, "subject": subject or "-", "tool": tool}
+        return "|".join(f"{k}={parts[k]}" for k in sorted(set(self.per) - {"tenant"})) or "*"
+
+    def document(self) -> dict[str, Any]:
+        """The declaration as it travels on the `policies` topic."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WindowSpan:
+    """The window a moment falls in: its key, where its sum starts and when it resets."""
+
+    key: str
+    # Reservations made at or after this moment count (rolling windows; else the start).
+    since: datetime
+    # The end of a calendar window; None for a rolling one (it depends on what is in it).
+    resets_at: datetime | None
+
+
+def window_of(budget: Budget, now: datetime) -> WindowSpan:
+    """The window of ``budget`` that ``now`` (aware) falls in. Calendar windows are
+    wall-clock days or ISO weeks (Monday first) in the budget's time zone, so a day across a
+    DST change has 23 or 25 hours."""
+    if budget.window == "rolling":
+        assert budget.rolling_hours is not None
+        return WindowSpan(
+            key=ROLLING_KEY, since=now - timedelta(hours=budget.rolling_hours), resets_at=None
+        )
+    zone = ZoneInfo(budget.time_zone)
+    local = now.astimezone(zone).date()
+    if budget.window == "day":
+        start, end = local, local + timedelta(days=1)
+        key = f"day:{local.isoformat()}"
+    else:
+        start = local - timedelta(days=local.weekday())
+        end = start + timedelta(days=7)
+        year, week, _ = local.isocalendar()
+        key = f"week:{year}-W{week:02d}"
+    return WindowSpan(
+        key=f"{key}@{budget.time_zone}",
+        since=_midnight(start, zone),
+        resets_at=_midnight(end, zone),
+    )
+
+
+def _midnight(day: date, zone: ZoneInfo) -> datetime:
+    return datetime.combine(day, time(0), tzinfo=zone).astimezone(UTC)
+
+
+def resets_at(budget: Budget, span: WindowSpan, oldest: datetime | None) -> datetime | None:
+    """When the window frees something: a calendar window's end; for a rolling window, when
+    its oldest counted reservation leaves it (None: nothing is counted)."""
+    if span.resets_at is not None:
+        return span.resets_at
+    if oldest is None or budget.rolling_hours is None:
+        return None
+    return oldest + timedelta(hours=budget.rolling_hours)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BudgetExceeded:
+    """A call that does not fit: which budget, what is left, when it resets."""
+
+    budget: str
+    measure: str
+    cap: int
+    remaining: int
+    requested: int
+    resets_at: datetime | None
+    time_zone: str
+
+    def message(self) -> str:
+        """Safe for the model: its own budget's name, cap, remainder and reset time only."""
+        unit = "calls" if self.measure == "count" else self.measure.partition(":")[2]
+        reset = (
+            self.resets_at.astimezone(ZoneInfo(self.time_zone)).isoformat(timespec="seconds")
+            if self.resets_at is not None
+            else "when earlier calls leave the window"
+        )
+        return (
+            f"Budget {self.budget} exceeded: this call needs {self.requested} {unit}, "
+            f"{self.remaining} of {self.cap} remain in this window; it resets at {reset}."
+        )
+
+
+def budget_decision(
+    budget: Budget, *, used: int, amount: int, resets: datetime | None
+) -> BudgetExceeded | None:
+    """None when ``amount`` fits beside ``used`` under the cap; else why not."""
+    if used + amount <= budget.cap:
+        return None
+    return BudgetExceeded(
+        budget=budget.name,
+        measure=budget.measure,
+        cap=budget.cap,
+        remaining=max(budget.cap - used, 0),
+        requested=amount,
+        resets_at=resets,
+        time_zone=budget.time_zone,
+    )
+
+
+def parse_budgets(documents: Sequence[Mapping[str, Any]], *, source: str) -> tuple[Budget, ...]:
+    """Budgets from their declarations; a bad one raises `ConfigurationError` naming it."""
+    budgets = []
+    for i, document in enumerate(documents):
+        try:
+            budgets.append(Budget.model_validate(dict(document)))
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or '-'}: {e['msg']}" for e in exc.errors()
+            )
+            raise ConfigurationError(f"{source}: budget #{i + 1}: {problems}") from exc
+    names = [b.name for b in budgets]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ConfigurationError(f"{source}: budget names used twice: {', '.join(duplicates)}")
+    return tuple(sorted(budgets, key=lambda b: b.name))
+
+
+def load_budget_file(directory: Path) -> tuple[Budget, ...]:
+    """The budgets of a policy directory (none without a budgets file)."""
+    found = [directory / name for name in BUDGET_FILES if (directory / name).is_file()]
+    if not found:
+        return ()
+    if len(found) > 1:
+        raise ConfigurationError(f"{directory} has both budgets.toml and budgets.json")
+    path = found[0]
+    try:
+        text = path.read_text(encoding="utf-8")
+        content = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    except (ValueError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigurationError(f"{path} does not parse: {exc}") from exc
+    if not isinstance(content, dict) or set(content) - {BUDGETS_KEY}:
+        raise ConfigurationError(f"{path}: only a list under {BUDGETS_KEY!r} is allowed")
+    listed = content.get(BUDGETS_KEY, [])
+    if not isinstance(listed, list) or not all(isinstance(b, dict) for b in listed):
+        raise ConfigurationError(f"{path}: {BUDGETS_KEY!r} must be a list of tables")
+    return parse_budgets(listed, source=str(path))
+
+
+def canonical_budgets(budgets: Sequence[Budget]) -> str:
+    """The budgets as canonical JSON (part of the policy set's content hash)."""
+    return json.dumps([b.document() for b in budgets], sort_keys=True, separators=(",", ":"))
