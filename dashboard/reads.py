@@ -110,6 +110,11 @@ class DashboardReads:
         )
         return shaping.request_to_decide(rows, call_id=call_id, tenant=tenant, now=now)
 
+    async def call_outcome(self, tenant: str, call_id: str) -> str | None:
+        """The call's terminal outcome status, once the audit sink recorded one."""
+        rows = await self._rows("call_outcome", {"tenant": tenant, "call_id": call_id})
+        return str(rows[0]["status"]) if rows else None
+
     async def operations(
         self, tenant: str | None, now: datetime, *, with_history: bool = True
     ) -> list[dict[str, Any]]:
