@@ -203,14 +203,15 @@ def create_app(
     pool = pg_pool(
         database_conninfo(settings), max_size=4, dict_rows=True, autocommit=True, read_only=True
     )
-    app[_READS] = DashboardReads(pool, prefix=settings.topic_prefix)
+    catalog = catalog or load_catalog(settings.catalog)
+    app[_READS] = DashboardReads(pool, prefix=settings.topic_prefix, catalog=catalog)
     app[_SETTINGS] = settings
     app[_KEYS] = keys or context_keys(settings)
     app[_DESK] = DecisionDesk(
         settings=settings,
         signing=approval_keys(settings),
         rights=PolicyRights.for_settings(settings),
-        catalog=catalog or load_catalog(settings.catalog),
+        catalog=catalog,
         audit=JoinAudit(pool),
     )
 

@@ -350,10 +350,12 @@ def answers(settings: Settings) -> Iterator[tuple[Settings, dict[str, Any]]]:
     now = datetime.now(UTC)
     tag = uuid.uuid4().hex[:8]
     tenant = f"tv-{tag}"
-    ids = {name: f"{name}-{tag}" for name in ("one", "four", "done")}
+    ids = {name: f"{name}-{tag}" for name in ("one", "four", "done", "eur")}
     later = now + timedelta(minutes=5)
     with psycopg.connect(own.storage.database_url, autocommit=True) as conn:
         rows = Rows(conn, own.topic_prefix)
+        # A refund of tenant-a's seeded EUR payment pay_A1002, 10 minor units.
+        rows.add("approvals.requested", request_record(ids["eur"], "tenant-a", later), now)
         rows.add("approvals.requested", request_record(ids["one"], tenant, later), now)
         four = {
             **request_record(ids["four"], tenant, later),
@@ -490,3 +492,16 @@ async def test_decisions_are_checked_before_publishing_and_their_verdict_followe
         # Another tenant's approver sees nothing of it.
         elsewhere = await verdict(ids["done"], f"d-done-{tag}", approver(own, "tenant-x", "boss"))
         assert (elsewhere["status"], elsewhere["outcome"]) == ("published", None)
+
+
+async def test_inbox_shows_amounts_like_the_feed(answers: tuple[Settings, dict[str, Any]]) -> None:
+    own, world = answers
+    async with TestClient(TestServer(create_app(own))) as client:
+        response = await client.get("/api/approvals", headers=approver(own, "tenant-a", "boss"))
+        assert response.status == 200
+        (item,) = [
+            p for p in (await response.json())["pending"] if p["call_id"] == world["ids"]["eur"]
+        ]
+    # The payment's currency (its loader's fact), by the feed's formatter: not "amount_minor: 10".
+    assert "amount: 0.10 EUR" in item["preview"]
+    assert not any(line.startswith("amount_minor") for line in item["preview"])
