@@ -740,10 +740,11 @@ async function decide(card, verdict, reason, args) {
     }[err.code] || err.message;
     // A typed refusal (self-approval, the same approver twice, …) says why in its message.
     showCardError(card, err.refusal ? refusalText(err) : `${text} (${err.code})`);
-    if (err.refusal) {
+    // Nothing was published; a decision sent earlier from this tab keeps its own verdict.
+    if (err.refusal && !card.item.decision) {
       card.verdict = { status: "refused", error: { code: err.code, message: err.message, refusal: err.refusal } };
     }
-    toast(text, "bad");
+    toast(err.refusal ? refusalText(err) : text, "bad");
     if (err.code === "unauthenticated") signOut();
   } finally {
     buttons.forEach((b) => (b.disabled = false));

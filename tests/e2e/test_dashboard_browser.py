@@ -114,7 +114,7 @@ def test_approver_approves_a_refund_and_sees_it_succeed(dashboard: tuple[Pipelin
             theirs.locator("button[data-action='approve']").click()
             own.locator(
                 f"article.req[data-call-id='{second['call_id']}'][data-verdict='refused']"
-            ).wait_for(timeout=15_000)
+            ).wait_for(timeout=30_000)
             assert "self_approval" in theirs.locator(".error").inner_text()
             own.close()
 
