@@ -5,14 +5,20 @@ status map (`approvals.inbox`).
     GET  /approvals                      pending requests of the approver's tenant
     GET  /approvals/{call_id}            one pending request
     POST /approvals/{call_id}/decision   {"decision": "approve"|"reject"|"edit",
-                                          "reason": "...", "arguments": {...}}
+                                          "reason": "...", "arguments": {...} (edit only)}
+    GET  /approvals/{call_id}/decisions/{decision_id}
+                                         what the approval-join made of that decision
     GET  /confirmations/{call_id}        the request, for the subject it acts for only
     POST /confirmations/{call_id}        {"decision": "approve"|"reject", "reason": "..."}
 
 Every call needs ``Authorization: Bearer <approver token>``. The endpoint verifies the token,
-then publishes the decision as a statement signed with the approval service's key, bound to
-the call, tenant and fingerprint of the request shown; the token never leaves the request.
-The endpoint writes no state itself.
+checks the decision with the join's own rule (`approvals.verdicts`: rights, self-approval,
+the same approver twice, arguments on anything but an edit) and refuses it with a typed error
+(nothing published), or publishes it as a statement signed with the approval service's key,
+bound to the call, tenant and fingerprint of the request shown, and answers 202 with its
+``decision_id`` and the URL to follow the join's verdict (``applied``, ``refused`` with the
+reason, ``waiting_for_another_approver``). The token never leaves the request. The endpoint
+writes no state itself.
 """
 
 from __future__ import annotations
@@ -21,21 +27,26 @@ from typing import Any
 
 import faust
 from faust.web import Request, Response, View
-from pydantic import ValidationError
 
 from approvals.inbox import (
     HTTP_STATUS,
     ApprovalInbox,
     approver_from,
-    decision_for,
-    publish_decision,
+    decision_body,
     subject_from,
 )
-from approvals.signing import ApprovalKeys, approval_keys
+from approvals.policy import PolicyRights
+from approvals.refusals import error_json
+from approvals.signing import approval_keys
+from approvals.verdicts import DecisionDesk, JoinAudit, published
+from commands.catalog import Catalog
+from runtime.clients import database_conninfo, pg_pool
 from schemas.envelopes import ApprovalVerdict, DecisionKind
-from schemas.errors import RatifierError
+from schemas.errors import InvalidArguments, RatifierError
 from schemas.identity import ContextKeys
 from schemas.settings import Settings
+
+CONFIRMATION_VERDICTS = frozenset({ApprovalVerdict.APPROVE, ApprovalVerdict.REJECT})
 
 
 def _token(request: Request) -> str | None:
@@ -44,19 +55,36 @@ def _token(request: Request) -> str | None:
 
 
 def install_approval_api(
-    app: faust.App, settings: Settings, *, inbox: ApprovalInbox, keys: ContextKeys
-) -> None:
-    signing: ApprovalKeys = approval_keys(settings)
+    app: faust.App,
+    settings: Settings,
+    *,
+    inbox: ApprovalInbox,
+    keys: ContextKeys,
+    catalog: Catalog,
+) -> JoinAudit:
+    """Register the views; the returned audit reader is the caller's to close."""
+    audit = JoinAudit(
+        pg_pool(
+            database_conninfo(settings), max_size=2, dict_rows=True, autocommit=True, read_only=True
+        ),
+        owned=True,
+    )
+    desk = DecisionDesk(
+        settings=settings,
+        signing=approval_keys(settings),
+        rights=PolicyRights.for_settings(settings, catalog),
+        catalog=catalog,
+        audit=audit,
+    )
 
     def failure(view: View, exc: RatifierError) -> Response:
-        status = HTTP_STATUS.get(exc.code, 400)
-        return view.json(
-            {"error": {"code": exc.code.value, "message": exc.safe_message}}, status=status
-        )
+        return view.json(error_json(exc), status=HTTP_STATUS.get(exc.code, 400))
 
-    def unknown_verdict(view: View, allowed: str) -> Response:
-        message = f"decision must be {allowed}"
-        return view.json({"error": {"code": "invalid_arguments", "message": message}}, status=400)
+    async def body_of(request: Request) -> Any:
+        try:
+            return await request.json()
+        except ValueError as exc:
+            raise InvalidArguments("The body must be JSON.") from exc
 
     @app.page("/approvals")
     class Pending(View):
@@ -85,27 +113,31 @@ def install_approval_api(
         async def post(self, request: Request, call_id: str) -> Response:
             try:
                 approver = approver_from(_token(request), keys)
-                body: dict[str, Any] = await request.json()
-                verdict = ApprovalVerdict(str(body.get("decision")))
+                verdict, reason, arguments = decision_body(await body_of(request))
                 await inbox.catch_up()
                 found = inbox.get(approver.tenant, call_id)
-                decision = decision_for(
-                    found,
-                    approver=approver,
-                    keys=signing,
-                    verdict=verdict,
-                    reason=body.get("reason"),
-                    arguments=body.get("arguments"),
+                decision = await desk.decide(
+                    found, approver=approver, verdict=verdict, reason=reason, arguments=arguments
                 )
             except RatifierError as exc:
                 return failure(self, exc)
-            except (ValueError, ValidationError):
-                return unknown_verdict(self, "approve, reject or edit")
-            await publish_decision(settings, decision)
-            return self.json(
-                {"published": True, "call_id": call_id, "fingerprint": found.fingerprint},
-                status=202,
-            )
+            follow = f"/approvals/{call_id}/decisions/{decision.decision_id}"
+            return self.json(published(decision, found, follow), status=202)
+
+    @app.page("/approvals/{call_id}/decisions/{decision_id}")
+    class Verdict(View):
+        """The approval-join's verdict on one decision (of the approver's tenant)."""
+
+        async def get(self, request: Request, call_id: str, decision_id: str) -> Response:
+            try:
+                approver = approver_from(_token(request), keys)
+                await inbox.catch_up()
+                answer = await desk.verdict(
+                    approver.tenant, call_id, decision_id, outcome=inbox.outcome(call_id)
+                )
+            except RatifierError as exc:
+                return failure(self, exc)
+            return self.json(answer.to_json())
 
     @app.page("/confirmations/{call_id}")
     class Confirmation(View):
@@ -125,33 +157,22 @@ def install_approval_api(
         async def post(self, request: Request, call_id: str) -> Response:
             try:
                 subject = subject_from(_token(request), keys)
-                body: dict[str, Any] = await request.json()
-                verdict = ApprovalVerdict(str(body.get("decision")))
-                if verdict is ApprovalVerdict.EDIT:
-                    raise ValueError("a confirmation approves or rejects")
+                verdict, reason, _ = decision_body(
+                    await body_of(request), allowed=CONFIRMATION_VERDICTS
+                )
                 await inbox.catch_up()
                 found = inbox.for_subject(subject, call_id)
-                decision = decision_for(
+                decision = await desk.decide(
                     found,
                     approver=subject,
-                    keys=signing,
                     verdict=verdict,
-                    reason=body.get("reason"),
+                    reason=reason,
                     kind=DecisionKind.CONFIRMATION,
                 )
             except RatifierError as exc:
                 return failure(self, exc)
-            except (ValueError, ValidationError):
-                return unknown_verdict(self, "approve or reject")
-            await publish_decision(settings, decision)
-            return self.json(
-                {
-                    "published": True,
-                    "call_id": call_id,
-                    "fingerprint": found.fingerprint,
-                    "decision_id": decision.decision_id,
-                },
-                status=202,
-            )
+            follow = f"/approvals/{call_id}/decisions/{decision.decision_id}"
+            return self.json(published(decision, found, follow), status=202)
 
-    del Pending, One, Decide, Confirmation  # registered with the app
+    del Pending, One, Decide, Verdict, Confirmation  # registered with the app
+    return audit

@@ -13,8 +13,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from approvals.pending import is_pending, pending_order
+from approvals.refusals import refusal_error
 from approvals.rights import APPROVER_ROLE
-from approvals.signing import ApprovalKeys, sign_decision, statement_for
+from approvals.signing import ApprovalKeys, DecisionRefusal, sign_decision, statement_for
 from runtime.clients import kafka_producer
 from runtime.reader import TopicReader
 from schemas.envelopes import (
@@ -24,8 +25,15 @@ from schemas.envelopes import (
     ApprovalRequest,
     ApprovalVerdict,
     DecisionKind,
+    DecisionStatement,
 )
-from schemas.errors import ErrorCode, PolicyDenied, ResourceNotFound, Unauthenticated
+from schemas.errors import (
+    ErrorCode,
+    InvalidArguments,
+    PolicyDenied,
+    ResourceNotFound,
+    Unauthenticated,
+)
 from schemas.identity import ContextKeys, verify_context_token
 from schemas.names import Topic
 from schemas.settings import Settings
@@ -39,6 +47,7 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.NOT_FOUND: 404,
     ErrorCode.APPROVAL_EXPIRED: 410,
     ErrorCode.INVALID_ARGUMENTS: 400,
+    ErrorCode.CONFLICT: 409,
     ErrorCode.RETRYABLE_ERROR: 503,
 }
 
@@ -66,7 +75,8 @@ class ApprovalInbox:
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
         self._pending: dict[str, ApprovalRequest] = {}
-        self._ended: set[str] = set()
+        # The terminal outcome status of every call that ended (the inbox drops its request).
+        self._ended: dict[str, str] = {}
         self._reader = TopicReader(
             settings, [Topic.APPROVALS_REQUESTED, Topic.OUTCOMES], self.apply
         )
@@ -86,7 +96,7 @@ class ApprovalInbox:
             if request.call_id not in self._ended:
                 self._pending[request.call_id] = request
         elif body.get("status") in _TERMINAL and isinstance(body.get("call_id"), str):
-            self._ended.add(body["call_id"])
+            self._ended[body["call_id"]] = body["status"]
             self._pending.pop(body["call_id"], None)
 
     def pending(self, tenant: str, now: datetime | None = None) -> list[ApprovalRequest]:
@@ -95,6 +105,10 @@ class ApprovalInbox:
             (r for r in self._pending.values() if is_pending(r, now=now, tenant=tenant)),
             key=pending_order,
         )
+
+    def outcome(self, call_id: str) -> str | None:
+        """The terminal outcome status of ``call_id``, once it has one."""
+        return self._ended.get(call_id)
 
     def get(self, tenant: str, call_id: str) -> ApprovalRequest:
         """The pending request; absent and other tenants' look the same."""
@@ -119,6 +133,63 @@ class ApprovalInbox:
         await self._reader.close()
 
 
+def decision_body(
+    body: Any, *, allowed: frozenset[ApprovalVerdict] = frozenset(ApprovalVerdict)
+) -> tuple[ApprovalVerdict, str | None, dict[str, Any] | None]:
+    """The verdict, reason and (for an edit only) arguments of a decision's JSON body, the
+    same on every approver surface. Arguments on an approve or a reject are refused, never
+    ignored: the approver would believe they counted."""
+    if not isinstance(body, dict):
+        raise InvalidArguments("The body must be a JSON object.")
+    names = " or ".join(v.value for v in ApprovalVerdict if v in allowed)
+    try:
+        verdict = ApprovalVerdict(str(body.get("decision")))
+    except ValueError as exc:
+        raise InvalidArguments(f"decision must be {names}.") from exc
+    if verdict not in allowed:
+        raise InvalidArguments(f"decision must be {names}.")
+    reason = body.get("reason")
+    if reason is not None and not isinstance(reason, str):
+        raise InvalidArguments("reason must be text.")
+    arguments = body.get("arguments")
+    if verdict is ApprovalVerdict.EDIT:
+        if not isinstance(arguments, dict) or not arguments:
+            raise InvalidArguments("An edit needs the new arguments as a JSON object.")
+    elif arguments is not None:
+        raise refusal_error(DecisionRefusal.ARGUMENTS_WITHOUT_EDIT)
+    return verdict, (reason or None), arguments
+
+
+def statement_of(
+    request: ApprovalRequest,
+    *,
+    approver: Actor,
+    keys: ApprovalKeys,
+    verdict: ApprovalVerdict,
+    reason: str | None = None,
+    arguments: dict[str, Any] | None = None,
+    fingerprint: str | None = None,
+    kind: DecisionKind = DecisionKind.APPROVER,
+    now: datetime | None = None,
+) -> DecisionStatement:
+    """A decision about the request the human saw (its call, tenant and fingerprint), by the
+    approver the caller authenticated, ready to check and sign. The approver's token stays
+    with the caller: it is never part of the decision."""
+    return statement_for(
+        call_id=request.call_id,
+        tenant=request.tenant,
+        fingerprint=fingerprint or request.fingerprint,
+        approver=approver,
+        verdict=verdict,
+        now=now or datetime.now(UTC),
+        validity=keys.decision_validity,
+        not_after=request.expires_at,
+        reason=reason,
+        arguments=arguments,
+        kind=kind,
+    )
+
+
 def decision_for(
     request: ApprovalRequest,
     *,
@@ -131,21 +202,17 @@ def decision_for(
     kind: DecisionKind = DecisionKind.APPROVER,
     now: datetime | None = None,
 ) -> ApprovalDecision:
-    """A decision about the request the human saw (its call, tenant and fingerprint), by the
-    approver the caller authenticated, signed with the approval service's key. The approver's
-    token stays with the caller: it is never part of the decision."""
-    statement = statement_for(
-        call_id=request.call_id,
-        tenant=request.tenant,
-        fingerprint=fingerprint or request.fingerprint,
+    """`statement_of`, signed with the approval service's key."""
+    statement = statement_of(
+        request,
         approver=approver,
+        keys=keys,
         verdict=verdict,
-        now=now or datetime.now(UTC),
-        validity=keys.decision_validity,
-        not_after=request.expires_at,
         reason=reason,
         arguments=arguments,
+        fingerprint=fingerprint,
         kind=kind,
+        now=now,
     )
     return sign_decision(statement, keys)
 

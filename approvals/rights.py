@@ -14,7 +14,16 @@ from typing import Protocol
 
 from approvals.signing import DecisionRefusal
 from commands.catalog import Tool
-from schemas.envelopes import AuthorizedCall, DecisionKind, DecisionStatement, Effect
+from schemas.envelopes import (
+    ActorRef,
+    ApprovalRequest,
+    ApprovalVerdict,
+    AuthorizedCall,
+    DecisionKind,
+    DecisionStatement,
+    Effect,
+    Route,
+)
 
 APPROVER_ROLE = "approver"
 
@@ -80,3 +89,52 @@ class RoleRights:
 
     def ttl(self, pending: PendingCall) -> timedelta | None:
         return pending.tool.approval_ttl if pending.tool is not None else None
+
+
+def approver_refusal(
+    statement: DecisionStatement,
+    pending: PendingCall,
+    *,
+    rights: ApproverRights,
+    approved_by: tuple[str, ...],
+    required_approvals: int,
+) -> DecisionRefusal | None:
+    """Why this approver may not take this decision on a call still pending, given who
+    approved it so far; None when they may. The approval-join decides with it, and the
+    approver surfaces (HTTP API, dashboard) check it before publishing a decision."""
+    refused = rights.refusal(statement, pending)
+    if refused is not None:
+        return refused
+    if statement.decision is not ApprovalVerdict.EDIT and statement.arguments is not None:
+        return DecisionRefusal.ARGUMENTS_WITHOUT_EDIT
+    if statement.decision is ApprovalVerdict.APPROVE and statement.approver.sub in approved_by:
+        return DecisionRefusal.SAME_APPROVER
+    if statement.decision is ApprovalVerdict.EDIT and (
+        not statement.arguments or required_approvals > 1
+    ):
+        # An edit replaces the arguments others approved: only where one approver suffices.
+        return DecisionRefusal.EDIT_WITHOUT_ARGUMENTS
+    return None
+
+
+def pending_from_request(request: ApprovalRequest, tool: Tool | None) -> PendingCall:
+    """The pending call as its approval request shows it (what approver rights read: tool,
+    effect, tenant, requester, owner, arguments), for checks before a decision is published.
+    The request's arguments are masked: no approver rule reads a secret field."""
+    call = AuthorizedCall(
+        call_id=request.call_id,
+        operation_id=request.operation_id,
+        idempotency_key=request.call_id,
+        tenant=request.tenant,
+        actor=ActorRef(sub=request.requested_by),
+        tool=request.tool,
+        arguments=request.arguments,
+        fingerprint=request.fingerprint,
+        effect=request.effect,
+        policy_version=request.policy_version,
+        route=Route.APPROVAL,
+        proposed_at=request.expires_at,
+        authorized_at=request.expires_at,
+        resource_owner=request.subject,
+    )
+    return PendingCall(call=call, tool=tool, owner=request.subject)

@@ -67,6 +67,7 @@ class DecisionRefusal(StrEnum):
     SELF_APPROVAL = "self_approval"
     SAME_APPROVER = "same_approver"  # four-eyes: this approver already counted
     EDIT_WITHOUT_ARGUMENTS = "edit_without_arguments"
+    ARGUMENTS_WITHOUT_EDIT = "arguments_without_edit"  # only an edit carries arguments
     NOT_APPROVED = "not_approved"  # a receipt that approves nothing
 
 

@@ -12,11 +12,13 @@ from typing import Any
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg_pool import AsyncConnectionPool
+from pydantic import ValidationError
 
+from commands.catalog import Catalog
 from commands.sql import named_query
 from dashboard import shaping
 from dashboard.shaping import Filters, PendingApproval
-from schemas.envelopes import ApprovalRequest
+from schemas.envelopes import Actor, ApprovalRequest
 from schemas.errors import StorageUnavailable
 
 _PKG = "dashboard"
@@ -24,12 +26,18 @@ FEED_LIMIT = 200
 OPERATIONS_LIMIT = 50
 # Settled operations stay in the operations panel this long after their last change.
 SETTLED_VISIBLE = timedelta(days=1)
+# Currencies of pending requests remembered (a request's resource does not change currency).
+CURRENCIES_KEPT = 10_000
 
 
 class DashboardReads:
-    def __init__(self, pool: AsyncConnectionPool[Any], *, prefix: str) -> None:
+    def __init__(
+        self, pool: AsyncConnectionPool[Any], *, prefix: str, catalog: Catalog | None = None
+    ) -> None:
         self._pool = pool
         self._prefix = prefix
+        self._catalog = catalog
+        self._currencies: dict[str, str | None] = {}
 
     async def _rows(self, name: str, params: Mapping[str, Any]) -> list[dict[str, Any]]:
         try:
@@ -102,13 +110,48 @@ class DashboardReads:
         rows = await self._rows(
             "approval_requests", {"tenant": tenant, "since": now - shaping.INBOX_HORIZON}
         )
-        return shaping.pending_requests(rows, now=now, tenant=tenant)
+        pending = shaping.pending_requests(rows, now=now, tenant=tenant)
+        if tenant is None:
+            return pending  # counted, not shown
+        return [p.with_currency(await self._currency(p.request)) for p in pending]
+
+    async def _currency(self, request: ApprovalRequest) -> str | None:
+        """The currency of the request's amounts (shown like the feed's): its argument, or
+        the resource's fact, loaded by the tool's own loader with the tenant in its WHERE."""
+        if request.call_id in self._currencies:
+            return self._currencies[request.call_id]
+        found = shaping.currency_of(request.arguments, None)
+        tool = self._catalog.get(request.tool) if self._catalog is not None else None
+        if found is None and tool is not None and tool.load is not None:
+            try:
+                arguments = tool.arguments.model_validate(request.arguments)
+            except ValidationError:
+                arguments = None  # masked arguments that no longer validate: no lookup
+            if arguments is not None:
+                actor = Actor(sub=request.requested_by, tenant=request.tenant)
+                try:
+                    async with self._pool.connection(timeout=5) as conn:
+                        resource = await tool.load(conn, actor, arguments, False)
+                except (psycopg.Error, TimeoutError):
+                    return None  # shown in minor units this time; asked again next time
+                found = shaping.currency_of(
+                    request.arguments, resource.attributes if resource else None
+                )
+        if len(self._currencies) >= CURRENCIES_KEPT:
+            self._currencies.clear()
+        self._currencies[request.call_id] = found
+        return found
 
     async def request_to_decide(self, tenant: str, call_id: str, now: datetime) -> ApprovalRequest:
         rows = await self._rows(
             "approval_requests", {"tenant": tenant, "since": now - shaping.INBOX_HORIZON}
         )
         return shaping.request_to_decide(rows, call_id=call_id, tenant=tenant, now=now)
+
+    async def call_outcome(self, tenant: str, call_id: str) -> str | None:
+        """The call's terminal outcome status, once the audit sink recorded one."""
+        rows = await self._rows("call_outcome", {"tenant": tenant, "call_id": call_id})
+        return str(rows[0]["status"]) if rows else None
 
     async def operations(
         self, tenant: str | None, now: datetime, *, with_history: bool = True

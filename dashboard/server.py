@@ -8,7 +8,10 @@
     GET  /api/session                        who the approver token names      (Bearer token)
     GET  /api/approvals                      the approver tenant's pending requests (Bearer)
     POST /api/approvals/{call_id}/decision   {"decision": "approve"|"reject"|"edit",
-                                              "reason": "...", "arguments": {...}}   (Bearer)
+                                              "reason": "...", "arguments": {...} (edit only)}
+                                                                                  (Bearer)
+    GET  /api/approvals/{call_id}/decisions/{decision_id}
+                                             what the approval-join made of it   (Bearer)
     GET  /api/freezes                        the frozen scopes of the token's tenant and the
                                              fleet-wide ones (Bearer, any verified token)
     POST /api/freezes                        {"scope": "...", "frozen": true|false,
@@ -16,11 +19,13 @@
                                               operator rights by Cedar policy)
 
 Besides freezes (`controls` records, docs/kill-switch.md), the only thing it writes is a
-signed `approvals.decided` record, published exactly as the
-approver CLI and HTTP endpoint do (`approvals.inbox`): the approver's token is verified here,
-then the decision, bound to the call, tenant and fingerprint of the request shown, is signed
-with the approval service's key; the token is never published. Everything else is read
-through read-only sessions.
+signed `approvals.decided` record, published exactly as the approver CLI and HTTP endpoint
+do (`approvals.inbox`, `approvals.verdicts`): the approver's token is verified here, the
+decision is checked with the join's own rule (a refusal is a typed error and nothing is
+published), then, bound to the call, tenant and fingerprint of the request shown, it is
+signed with the approval service's key; the token is never published. The answer names the
+decision id to follow the join's verdict with. Everything else is read through read-only
+sessions.
 """
 
 from __future__ import annotations
@@ -34,17 +39,20 @@ import psycopg
 from aiohttp import web
 from aiokafka.errors import KafkaError
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
-from pydantic import ValidationError
 
-from approvals.inbox import HTTP_STATUS, approver_from, decision_for, publish_decision
+from approvals.inbox import HTTP_STATUS, approver_from, decision_body
 from approvals.operators import OperatorRights, operator_from, throw_switch, visible_to
-from approvals.signing import ApprovalKeys, approval_keys
+from approvals.policy import PolicyRights
+from approvals.refusals import error_json
+from approvals.signing import approval_keys
+from approvals.verdicts import DecisionDesk, JoinAudit, published
+from commands.catalog import Catalog, load_catalog
 from commands.freezes import FleetFreezes
 from dashboard import shaping
 from dashboard.reads import DashboardReads
 from runtime.clients import database_conninfo, pg_pool
 from runtime.health import health_response
-from schemas.envelopes import Actor, ApprovalVerdict, FreezeRecord
+from schemas.envelopes import Actor, FreezeRecord
 from schemas.errors import (
     InvalidArguments,
     RatifierError,
@@ -70,7 +78,7 @@ SECURITY_HEADERS = {
 _READS = web.AppKey("reads", DashboardReads)
 _SETTINGS = web.AppKey("settings", Settings)
 _KEYS = web.AppKey("keys", ContextKeys)
-_SIGNING = web.AppKey("signing", ApprovalKeys)
+_DESK = web.AppKey("desk", DecisionDesk)
 
 
 def _static(name: str) -> bytes:
@@ -78,10 +86,7 @@ def _static(name: str) -> bytes:
 
 
 def _failure(exc: RatifierError) -> web.Response:
-    return web.json_response(
-        {"error": {"code": exc.code.value, "message": exc.safe_message}},
-        status=HTTP_STATUS.get(exc.code, 400),
-    )
+    return web.json_response(error_json(exc), status=HTTP_STATUS.get(exc.code, 400))
 
 
 @web.middleware
@@ -153,25 +158,6 @@ async def approvals(request: web.Request) -> web.Response:
     )
 
 
-def _decision_body(body: Any) -> tuple[ApprovalVerdict, str | None, dict[str, Any] | None]:
-    if not isinstance(body, dict):
-        raise InvalidArguments("The body must be a JSON object.")
-    try:
-        verdict = ApprovalVerdict(str(body.get("decision")))
-    except ValueError as exc:
-        raise InvalidArguments("decision must be approve, reject or edit.") from exc
-    reason = body.get("reason")
-    if reason is not None and not isinstance(reason, str):
-        raise InvalidArguments("reason must be text.")
-    arguments = body.get("arguments")
-    if verdict is ApprovalVerdict.EDIT:
-        if not isinstance(arguments, dict):
-            raise InvalidArguments("An edit needs the new arguments as a JSON object.")
-    else:
-        arguments = None
-    return verdict, (reason or None), arguments
-
-
 async def decide(request: web.Request) -> web.Response:
     _, approver = _approver(request)
     call_id = request.match_info["call_id"]
@@ -181,21 +167,12 @@ async def decide(request: web.Request) -> web.Response:
         body = await request.json()
     except ValueError as exc:
         raise InvalidArguments("The body must be JSON.") from exc
-    verdict, reason, arguments = _decision_body(body)
+    verdict, reason, arguments = decision_body(body)
     found = await request.app[_READS].request_to_decide(approver.tenant, call_id, _now())
     try:
-        decision = decision_for(
-            found,
-            approver=approver,
-            keys=request.app[_SIGNING],
-            verdict=verdict,
-            reason=reason,
-            arguments=arguments,
+        decision = await request.app[_DESK].decide(
+            found, approver=approver, verdict=verdict, reason=reason, arguments=arguments
         )
-    except ValidationError as exc:
-        raise InvalidArguments("The decision is not valid (reason too long?).") from exc
-    try:
-        await publish_decision(request.app[_SETTINGS], decision)
     except KafkaError as exc:
         raise StorageUnavailable("Kafka is not reachable; nothing was published.") from exc
     count_records("dashboard", f"decision_{verdict.value}")
@@ -206,16 +183,22 @@ async def decide(request: web.Request) -> web.Response:
         approver.sub,
         approver.tenant,
     )
-    return web.json_response(
-        {
-            "published": True,
-            "call_id": call_id,
-            "decision": verdict.value,
-            "fingerprint": found.fingerprint,
-            "decision_id": decision.decision_id,
-        },
-        status=202,
+    follow = f"/api/approvals/{call_id}/decisions/{decision.decision_id}"
+    return web.json_response(published(decision, found, follow), status=202)
+
+
+async def decision_verdict(request: web.Request) -> web.Response:
+    """What the approval-join made of one of the tenant's decisions (the page polls it after
+    the approver clicked)."""
+    _, approver = _approver(request)
+    call_id, decision_id = request.match_info["call_id"], request.match_info["decision_id"]
+    if not (shaping.valid_call_id(call_id) and shaping.valid_call_id(decision_id)):
+        raise ResourceNotFound()
+    outcome = await request.app[_READS].call_outcome(approver.tenant, call_id)
+    verdict = await request.app[_DESK].verdict(
+        approver.tenant, call_id, decision_id, outcome=outcome
     )
+    return web.json_response(verdict.to_json())
 
 
 # -- the kill switch (docs/kill-switch.md) -----------------------------------------------
@@ -280,17 +263,26 @@ async def throw(request: web.Request) -> web.Response:
 READY_TIMEOUT_SECONDS = 2.0
 
 
-def create_app(settings: Settings, *, keys: ContextKeys | None = None) -> web.Application:
+def create_app(
+    settings: Settings, *, keys: ContextKeys | None = None, catalog: Catalog | None = None
+) -> web.Application:
     app = web.Application(middlewares=[_errors_and_headers], client_max_size=256 * 1024)
     pool = pg_pool(
         database_conninfo(settings), max_size=4, dict_rows=True, autocommit=True, read_only=True
     )
-    app[_READS] = DashboardReads(pool, prefix=settings.topic_prefix)
+    catalog = catalog or load_catalog(settings.catalog)
+    app[_READS] = DashboardReads(pool, prefix=settings.topic_prefix, catalog=catalog)
     app[_SETTINGS] = settings
     app[_KEYS] = keys or context_keys(settings)
-    app[_SIGNING] = approval_keys(settings)
     app[_FREEZES] = FleetFreezes(settings)
     app[_OPERATORS] = OperatorRights.from_directory()
+    app[_DESK] = DecisionDesk(
+        settings=settings,
+        signing=approval_keys(settings),
+        rights=PolicyRights.for_settings(settings, catalog),
+        catalog=catalog,
+        audit=JoinAudit(pool),
+    )
 
     async def lifecycle(_app: web.Application) -> Any:
         await pool.open(wait=False)
@@ -327,6 +319,7 @@ def create_app(settings: Settings, *, keys: ContextKeys | None = None) -> web.Ap
     app.router.add_post("/api/approvals/{call_id}/decision", decide)
     app.router.add_get("/api/freezes", freezes)
     app.router.add_post("/api/freezes", throw)
+    app.router.add_get("/api/approvals/{call_id}/decisions/{decision_id}", decision_verdict)
     app.router.add_get("/metrics", metrics_handler)
     return app
 

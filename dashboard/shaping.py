@@ -228,6 +228,16 @@ class PendingApproval:
     requested_at: datetime
     decision: str | None  # the latest decision published for it, while no outcome followed
     decision_at: datetime | None
+    currency: str | None = None  # of the amounts in its arguments, when known
+
+    def with_currency(self, currency: str | None) -> PendingApproval:
+        return PendingApproval(
+            request=self.request,
+            requested_at=self.requested_at,
+            decision=self.decision,
+            decision_at=self.decision_at,
+            currency=currency,
+        )
 
     def seconds_left(self, now: datetime) -> float:
         return max((self.request.expires_at - now).total_seconds(), 0.0)
@@ -235,6 +245,7 @@ class PendingApproval:
     def to_json(self, now: datetime) -> dict[str, Any]:
         return {
             **self.request.model_dump(mode="json"),
+            "preview": list(preview_with_money(self.request, self.currency)),
             "requested_at": iso(self.requested_at),
             "seconds_left": round(self.seconds_left(now), 1),
             "decision": self.decision,
@@ -373,6 +384,30 @@ def money(amount_minor: int, currency: str | None) -> str:
     units, minor = divmod(abs(amount_minor), 10**exponent)
     shown = f"{units:,}" + (f".{minor:0{exponent}d}" if exponent else "")
     return f"{sign}{shown} {currency}"
+
+
+def currency_of(arguments: Mapping[str, Any], facts: Mapping[str, Any] | None) -> str | None:
+    """The currency of a call's amounts: its own ``currency`` argument, else the ``currency``
+    fact of the resource it acts on (a refund's payment)."""
+    for source in (arguments, facts or {}):
+        value = source.get("currency")
+        if isinstance(value, str) and 0 < len(value) <= 8:
+            return value
+    return None
+
+
+def preview_with_money(request: ApprovalRequest, currency: str | None) -> tuple[str, ...]:
+    """The request's preview lines with amounts in minor units (``<name>_minor``) shown as
+    the feed shows them, by the same formatter: ``amount_minor: 5`` → ``amount: 0.05 EUR``."""
+    lines = []
+    for line in request.preview:
+        key, _, _ = line.partition(": ")
+        value = request.arguments.get(key)
+        if key.endswith("_minor") and isinstance(value, int) and not isinstance(value, bool):
+            lines.append(f"{key.removesuffix('_minor')}: {money(value, currency)}")
+        else:
+            lines.append(line)
+    return tuple(lines)
 
 
 def _text(value: Any, limit: int = 300) -> str | None:

@@ -197,7 +197,9 @@ def create_app(
 
     if settings.streams.http_port > 0:
         inbox = ApprovalInbox(settings)
-        install_approval_api(app, settings, inbox=inbox, keys=keys)
+        approval_audit = install_approval_api(
+            app, settings, inbox=inbox, keys=keys, catalog=catalog
+        )
 
         @app.page("/healthz")
         async def healthz(view: Any, _request: Any) -> Any:
@@ -220,6 +222,7 @@ def create_app(
 
         async def _close_inbox(_app: Any, /, *_args: Any, signal: Any, **_kwargs: Any) -> None:
             await inbox.close()
+            await approval_audit.close()
 
         app.on_before_shutdown.connect(_close_inbox)
     if StreamStage.APPROVAL_JOIN in stages:

@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from approvals.rights import ApproverRights, PendingCall, RoleRights
+from approvals.rights import ApproverRights, PendingCall, RoleRights, approver_refusal
 from approvals.signing import (
     ApprovalKeys,
     DecisionRefusal,
@@ -339,19 +339,14 @@ def decision_refusal(
         now >= state.expires_at or statement.issued_at >= state.expires_at
     ):
         return DecisionRefusal.REQUEST_EXPIRED
-    refused = rights.refusal(
-        statement, PendingCall(call=call, tool=tool, owner=call.resource_owner)
+    # The approver surfaces check the same rule before they publish (approvals.rights).
+    return approver_refusal(
+        statement,
+        PendingCall(call=call, tool=tool, owner=call.resource_owner),
+        rights=rights,
+        approved_by=state.approvals,
+        required_approvals=state.required_approvals,
     )
-    if refused is not None:
-        return refused
-    if statement.decision is ApprovalVerdict.APPROVE and statement.approver.sub in state.approvals:
-        return DecisionRefusal.SAME_APPROVER
-    if statement.decision is ApprovalVerdict.EDIT and (
-        not statement.arguments or state.required_approvals > 1
-    ):
-        # An edit replaces the arguments others approved: only where one approver suffices.
-        return DecisionRefusal.EDIT_WITHOUT_ARGUMENTS
-    return None
 
 
 def on_decided(

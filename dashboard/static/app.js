@@ -112,10 +112,11 @@ function toast(text, tone) {
 }
 
 class ApiError extends Error {
-  constructor(status, code, message) {
+  constructor(status, code, message, refusal) {
     super(message);
     this.status = status;
     this.code = code;
+    this.refusal = refusal || null; // why the approval service refused a decision
   }
 }
 
@@ -141,7 +142,7 @@ async function api(path, options = {}) {
   }
   if (!response.ok) {
     const error = (body && body.error) || {};
-    throw new ApiError(response.status, error.code || `http_${response.status}`, error.message || response.statusText);
+    throw new ApiError(response.status, error.code || `http_${response.status}`, error.message || response.statusText, error.refusal);
   }
   return body;
 }
@@ -557,12 +558,64 @@ function updateCard(card) {
   card.refs.left.className = `req-left ${left < 30 ? "late" : left < 120 ? "soon" : ""}`;
   card.refs.timebar.className = `timebar ${left < 120 ? "soon" : ""}`;
   card.refs.bar.style.width = `${Math.max(0, Math.min(100, (100 * left) / card.total))}%`;
-  const sent = card.item.decision;
+  const verdict = card.verdict;
+  const refused = Boolean(verdict && verdict.status === "refused");
+  const sent = refused ? null : card.item.decision;
   card.el.classList.toggle("sent", Boolean(sent));
+  card.el.dataset.verdict = verdict ? verdict.status : "";
   card.refs.note.hidden = !sent;
-  if (sent) card.refs.note.lastChild.textContent = `${sent} decision published — waiting for the outcome…`;
+  if (sent) card.refs.note.lastChild.textContent = verdictText(sent, verdict);
   if (left <= 0) {
     for (const button of card.refs.actions.querySelectorAll("button")) button.disabled = true;
+  }
+}
+
+// What the approval service made of this tab's decision (GET …/decisions/{id}).
+function verdictText(decision, verdict) {
+  const status = verdict ? verdict.status : "published";
+  if (status === "waiting_for_another_approver") {
+    const counted = verdict.approvals && verdict.required_approvals ? ` (${verdict.approvals} of ${verdict.required_approvals})` : "";
+    return `Your approval counts${counted} — waiting for another approver…`;
+  }
+  if (status === "applied") return `${decision} applied — ${verdict.outcome ? `outcome: ${humanStatus(verdict.outcome)}` : "waiting for the outcome…"}`;
+  if (status === "held") return `${decision} decision held until its request arrives…`;
+  return `${decision} decision published — waiting for the approval service…`;
+}
+
+function refusalText(error) {
+  return `Refused: ${error.message}${error.refusal ? ` (${error.refusal})` : ""}`;
+}
+
+// Poll the decision's status until the approval-join answered; show it on the card (and in a
+// toast). The card leaves the inbox once the call's outcome arrives.
+async function followVerdict(card, url, verdict) {
+  const deadline = Date.now() + 120_000;
+  let last = null;
+  while (Date.now() < deadline) {
+    let answer;
+    try {
+      answer = await api(url, { auth: true });
+    } catch (err) {
+      if (err.code === "unauthenticated") return;
+      answer = null;
+    }
+    if (answer && (!last || answer.status !== last.status || answer.outcome !== last.outcome)) {
+      last = answer;
+      card.verdict = answer;
+      if (answer.status === "refused") {
+        card.item = { ...card.item, decision: null };
+        showCardError(card, refusalText(answer.error || {}));
+        toast(`${refusalText(answer.error || {})} — ${card.item.tool}`, "bad");
+      } else if (answer.status === "waiting_for_another_approver") {
+        toast(`Your ${verdict} counts; ${card.item.tool} waits for another approver.`, "good");
+      } else if (answer.status === "applied") {
+        toast(`${verdict} applied for ${card.item.tool}${answer.outcome ? `: ${humanStatus(answer.outcome)}` : ""}.`, "good");
+      }
+      updateCard(card);
+    }
+    if (last && (last.status === "refused" || (last.status === "applied" && last.outcome))) return;
+    if (!state.cards.has(card.item.call_id) && last && last.status === "applied") return;
+    await new Promise((resolve) => setTimeout(resolve, 1000));
   }
 }
 
@@ -583,7 +636,9 @@ function renderInbox(payload) {
       card = buildCard(item);
       state.cards.set(item.call_id, card);
     }
-    card.item = { ...item, decision: item.decision || card.item.decision };
+    // After a refusal the latest published decision is not one that counts.
+    const refused = card.verdict && card.verdict.status === "refused";
+    card.item = { ...item, decision: refused ? null : item.decision || card.item.decision };
     box.append(card.el); // keeps the server's order (soonest to expire first)
     updateCard(card);
   }
@@ -663,27 +718,33 @@ async function decide(card, verdict, reason, args) {
   buttons.forEach((b) => (b.disabled = true));
   card.refs.error.hidden = true;
   try {
-    await api(`/api/approvals/${encodeURIComponent(card.item.call_id)}/decision`, {
+    const answer = await api(`/api/approvals/${encodeURIComponent(card.item.call_id)}/decision`, {
       method: "POST",
       auth: true,
       body: { decision: verdict, reason, arguments: args },
     });
     state.mine.add(card.item.call_id);
     card.item = { ...card.item, decision: verdict };
+    card.verdict = { status: answer.status || "published" };
     card.refs.editor.hidden = true;
     card.mode = null;
     updateCard(card);
-    toast(`${verdict === "reject" ? "Rejection" : verdict === "edit" ? "Edited approval" : "Approval"} published for ${card.item.tool}; the outcome will appear in the feed.`, "good");
+    toast(`${verdict === "reject" ? "Rejection" : verdict === "edit" ? "Edited approval" : "Approval"} published for ${card.item.tool}; the approval service's answer follows.`, "good");
     refresh();
+    if (answer.follow) followVerdict(card, answer.follow, verdict);
   } catch (err) {
     const text = {
       approval_expired: "Too late: this request expired and can no longer be decided.",
       not_found: "This request is no longer pending (it was decided or ended).",
       unauthenticated: "Your sign-in is no longer valid; sign in again.",
-      policy_denied: "Your token does not carry the approver role.",
     }[err.code] || err.message;
-    showCardError(card, `${text} (${err.code})`);
-    toast(text, "bad");
+    // A typed refusal (self-approval, the same approver twice, …) says why in its message.
+    showCardError(card, err.refusal ? refusalText(err) : `${text} (${err.code})`);
+    // Nothing was published; a decision sent earlier from this tab keeps its own verdict.
+    if (err.refusal && !card.item.decision) {
+      card.verdict = { status: "refused", error: { code: err.code, message: err.message, refusal: err.refusal } };
+    }
+    toast(err.refusal ? refusalText(err) : text, "bad");
     if (err.code === "unauthenticated") signOut();
   } finally {
     buttons.forEach((b) => (b.disabled = false));

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -169,3 +171,35 @@ def audit(pipeline: Pipeline, call_id: str) -> list[tuple[str, dict[str, Any]]]:
             "SELECT kind, detail FROM audit_log WHERE call_id = %s ORDER BY id", (call_id,)
         ).fetchall()
     return [(kind, detail) for kind, detail in rows]
+
+
+def http(
+    pipeline: Pipeline, path: str, auth: str, body: dict[str, Any] | None = None
+) -> tuple[int, Any]:
+    """One call to the streams worker's approval API: (HTTP status, JSON body)."""
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{pipeline.http_port}{path}",
+        method="POST" if body is not None else "GET",
+        data=json.dumps(body).encode() if body is not None else None,
+        headers={"Authorization": f"Bearer {auth}", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        with exc:  # an HTTPError holds its response open
+            return exc.code, json.loads(exc.read())
+
+
+def follow(pipeline: Pipeline, path: str, auth: str, until: set[str]) -> dict[str, Any]:
+    """Poll a decision's status URL until its status is one of ``until``."""
+    seen: list[dict[str, Any]] = []
+
+    def reached() -> bool:
+        status, body = http(pipeline, path, auth)
+        assert status == 200, body
+        seen.append(body)
+        return body["status"] in until
+
+    wait_for(reached, timeout=45)
+    return seen[-1]

@@ -31,6 +31,8 @@ from schemas.names import Topic
 from tests.e2e.approvals_kit import (
     committed,
     decide,
+    follow,
+    http,
     propose,
     propose_only,
     publish_decision,
@@ -416,3 +418,53 @@ def test_with_binding_required_a_copied_context_token_is_unauthenticated(
     for call_id in forged:
         (o,) = outcomes[call_id]
         assert (o["status"], o["error"]["code"]) == ("denied", "unauthenticated"), o
+
+
+def test_four_eyes_through_the_http_api_refuses_the_same_approver_twice(
+    secured: Pipeline,
+) -> None:
+    method = f"pm_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(secured.settings.storage.database_url) as conn:
+        conn.execute(
+            "INSERT INTO payment_methods (tenant, payment_method_id, customer_email, brand, last4)"
+            " VALUES ('tenant-a', %s, 'alice@example.com', 'visa', '4242')",
+            (method,),
+        )
+    call_id = f"fh-{uuid.uuid4().hex[:12]}"
+    body = {
+        "v": 1,
+        "call_id": call_id,
+        "tool": "delete_payment_method",
+        "arguments": {"payment_method_id": method},
+        "context": token(secured.settings, "operator-1", roles=("destructive_operator",)),
+        "proposed_at": datetime.now(UTC).isoformat(),
+    }
+    run(publish(secured.settings, [(call_id, json.dumps(body).encode())]))
+    boss, boss_2 = token(secured.settings, "boss"), token(secured.settings, "boss-2")
+    path = f"/approvals/{call_id}/decision"
+
+    def listed() -> bool:
+        status, found = http(secured, f"/approvals/{call_id}", boss)
+        return status == 200 and found["required_approvals"] == 2
+
+    wait_for(listed, timeout=45)
+    status, first = http(secured, path, boss, {"decision": "approve"})
+    assert status == 202, first
+    waiting = follow(secured, first["follow"], boss, {"waiting_for_another_approver", "refused"})
+    assert waiting["status"] == "waiting_for_another_approver", waiting
+    assert (waiting["approvals"], waiting["required_approvals"]) == (1, 2)
+    # The same person again: refused with a typed conflict, nothing published.
+    status, again = http(secured, path, boss, {"decision": "approve"})
+    assert status == 409, again
+    assert again["error"]["code"] == "conflict"
+    assert again["error"]["refusal"] == "same_approver"
+    assert refusals(secured, call_id) == []
+    status, second = http(secured, path, boss_2, {"decision": "approve"})
+    assert status == 202, second
+    applied = follow(secured, second["follow"], boss_2, {"applied", "refused"})
+    assert applied["status"] == "applied", applied
+    (done,) = terminal_outcomes(secured, {call_id})[call_id]
+    assert done["status"] == "succeeded", done
+    assert done["approval"]["approvers"] == ["boss", "boss-2"]
+    # The first approval, followed again, now shows the call applied.
+    assert follow(secured, first["follow"], boss, {"applied"})["outcome"] == "succeeded"

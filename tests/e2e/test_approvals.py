@@ -17,6 +17,8 @@ from tests.e2e.approvals_kit import (
     audit,
     committed,
     decide,
+    follow,
+    http,
     propose,
     publish_decision,
     refusals,
@@ -269,3 +271,40 @@ def test_http_inbox_and_cli(pipeline: Pipeline) -> None:
     outcomes = terminal_outcomes(pipeline, {first["call_id"], second["call_id"]})
     assert outcomes[first["call_id"]][0]["status"] == "succeeded"
     assert outcomes[second["call_id"]][0]["error"]["code"] == "approval_rejected"
+
+
+def test_http_decisions_are_answered_with_what_became_of_them(pipeline: Pipeline) -> None:
+    (request,) = propose(pipeline)
+    call_id = request["call_id"]
+    path = f"/approvals/{call_id}/decision"
+    # The requester approving their own call: refused before anything is published.
+    own = token(pipeline.settings, "agent-1", roles=("approver",))
+    status, body = http(pipeline, path, own, {"decision": "approve"})
+    assert status == 403, body
+    assert body["error"]["code"] == "policy_denied"
+    assert body["error"]["refusal"] == "self_approval"
+    # Arguments on an approve are refused, not ignored.
+    boss = token(pipeline.settings, "boss")
+    status, body = http(pipeline, path, boss, {"decision": "approve", "arguments": {"x": 1}})
+    assert status == 400, body
+    assert body["error"]["code"] == "invalid_arguments"
+    assert body["error"]["refusal"] == "arguments_without_edit"
+    # A valid approval: 202 with the decision id, followed to the join's verdict.
+    status, body = http(pipeline, path, boss, {"decision": "approve"})
+    assert status == 202, body
+    assert body["status"] == "published"
+    assert body["follow"] == f"/approvals/{call_id}/decisions/{body['decision_id']}"
+    answer = follow(pipeline, body["follow"], boss, {"applied", "refused"})
+    assert answer["status"] == "applied", answer
+    assert answer["decision_id"] == body["decision_id"]
+    (outcome,) = terminal_outcomes(pipeline, {call_id})[call_id]
+    assert outcome["status"] == "succeeded", outcome
+    assert follow(pipeline, body["follow"], boss, {"applied"})["outcome"] == "succeeded"
+    # Neither refused decision reached the join: only the valid one was ever audited.
+    decided = [
+        d["decision_id"] for k, d in audit(pipeline, call_id) if k.startswith("approval_decision")
+    ]
+    assert decided == [body["decision_id"]]
+    # A decision id nobody published stays "published" (never someone else's verdict).
+    unknown = http(pipeline, f"/approvals/{call_id}/decisions/d-unknown", boss)
+    assert unknown == (200, {**unknown[1], "status": "published"})

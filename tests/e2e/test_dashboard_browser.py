@@ -17,7 +17,7 @@ import pytest
 from playwright.sync_api import ConsoleMessage, sync_playwright
 
 from ratifier.topics import delete_topics
-from tests.e2e.approvals_kit import REFUND, propose, terminal_outcomes, token
+from tests.e2e.approvals_kit import REFUND, audit, propose, terminal_outcomes, token
 from tests.e2e.conftest import (
     ARTIFACTS,
     Pipeline,
@@ -93,10 +93,36 @@ def test_approver_approves_a_refund_and_sees_it_succeed(dashboard: tuple[Pipelin
             page.locator(f"article.req[data-call-id='{second['call_id']}']").wait_for()
             assert card.locator(".req-tool").inner_text() == "propose_refund"
             preview = card.locator(".preview").inner_text()
-            assert all(line in preview for line in first["preview"]), preview
+            # Amounts as the feed shows them (the payment's currency), not in minor units.
+            shown = [
+                "amount: 0.10 EUR" if line.startswith("amount_minor: ") else line
+                for line in first["preview"]
+            ]
+            assert all(line in preview for line in shown), preview
+            assert "amount_minor" not in preview
             assert "left" in card.locator(".req-left").inner_text()
 
+            # The requester, signed in as an approver in another tab, approves their own
+            # refund: the card says why it was refused, and nothing was published.
+            own = browser.new_page(viewport={"width": 1440, "height": 1250})
+            own.on("pageerror", lambda exc: problems.append(str(exc)))
+            own.goto(url)
+            own.fill("#token", token(pipeline.settings, "agent-1"))
+            own.click("#signin button[type=submit]")
+            theirs = own.locator(f"article.req[data-call-id='{second['call_id']}']")
+            theirs.wait_for(timeout=30_000)
+            theirs.locator("button[data-action='approve']").click()
+            own.locator(
+                f"article.req[data-call-id='{second['call_id']}'][data-verdict='refused']"
+            ).wait_for(timeout=30_000)
+            assert "self_approval" in theirs.locator(".error").inner_text()
+            own.close()
+
             card.locator("button[data-action='approve']").click()
+            # The page follows the decision to the approval-join's verdict.
+            page.locator(".toast", has_text="approve applied for propose_refund").wait_for(
+                timeout=60_000
+            )
             done = page.locator(
                 f"#feed tr[data-call-id='{first['call_id']}'][data-status='succeeded']"
             )
@@ -122,6 +148,8 @@ def test_approver_approves_a_refund_and_sees_it_succeed(dashboard: tuple[Pipelin
     with urllib.request.urlopen(url + "metrics", timeout=10) as response:
         metrics = response.read().decode()
     assert 'ratifier_records_total{stage="dashboard",status="decision_approve"} 1.0' in metrics
+    # The refused self-approval was never published: the second refund is still undecided.
+    assert not any(k.startswith("approval_decision") for k, _ in audit(pipeline, second["call_id"]))
 
 
 def test_operator_freezes_and_unfreezes_a_scope_from_the_page(

@@ -339,3 +339,169 @@ async def test_reads_cannot_write(settings: Settings) -> None:
                 )
     finally:
         await pool.close()
+
+
+@pytest.fixture(scope="module")
+def answers(settings: Settings) -> Iterator[tuple[Settings, dict[str, Any]]]:
+    """A deployment of its own (prefix) with pending requests and the approval-join's audit
+    of decisions about them, as the join writes it."""
+    own = settings.model_copy(update={"topic_prefix": f"v{uuid.uuid4().hex[:10]}."})
+    run(ensure_topics(own))
+    now = datetime.now(UTC)
+    tag = uuid.uuid4().hex[:8]
+    tenant = f"tv-{tag}"
+    ids = {name: f"{name}-{tag}" for name in ("one", "four", "done", "eur")}
+    later = now + timedelta(minutes=5)
+    with psycopg.connect(own.storage.database_url, autocommit=True) as conn:
+        rows = Rows(conn, own.topic_prefix)
+        # A refund of tenant-a's seeded EUR payment pay_A1002, 10 minor units.
+        rows.add("approvals.requested", request_record(ids["eur"], "tenant-a", later), now)
+        rows.add("approvals.requested", request_record(ids["one"], tenant, later), now)
+        four = {
+            **request_record(ids["four"], tenant, later),
+            "tool": "delete_payment_method",
+            "arguments": {"payment_method_id": "pm_1"},
+            "effect": "destructive",
+            "required_approvals": 2,
+        }
+        rows.add("approvals.requested", four, now)
+        rows.add("approvals.requested", request_record(ids["done"], tenant, later), now)
+        rows.add("outcomes", outcome(ids["done"], tenant, "succeeded", now), now)
+
+        def audited(call_id: str, kind: str, **detail: Any) -> None:
+            conn.execute(
+                "INSERT INTO audit_log (tenant, call_id, kind, detail) VALUES (%s, %s, %s, %s)",
+                (tenant, call_id, kind, Jsonb(detail)),
+            )
+
+        # boss's approval of the four-eyes call counted, one of two; an approval refused for
+        # self-approval; a decision that decided a call which then succeeded.
+        audited(
+            ids["four"],
+            "approval_decision",
+            decision_id=f"d-four-{tag}",
+            decision="approve",
+            approver="boss",
+            approvals=1,
+            required_approvals=2,
+        )
+        audited(
+            ids["one"],
+            "approval_decision_refused",
+            decision_id=f"d-self-{tag}",
+            decision="approve",
+            approver="agent-1",
+            refusal="self_approval",
+        )
+        audited(
+            ids["done"],
+            "approval_decision",
+            decision_id=f"d-done-{tag}",
+            decision="approve",
+            approver="boss",
+        )
+    yield own, {"tenant": tenant, "ids": ids, "tag": tag}
+    run(delete_topics(own))
+
+
+def approver(settings: Settings, tenant: str, sub: str) -> dict[str, str]:
+    token = issue_context_token(context_keys(settings), sub=sub, tenant=tenant, roles=("approver",))
+    return {"Authorization": f"Bearer {token}"}
+
+
+async def test_decisions_are_checked_before_publishing_and_their_verdict_followed(
+    answers: tuple[Settings, dict[str, Any]],
+) -> None:
+    own, world = answers
+    ids, tenant, tag = world["ids"], world["tenant"], world["tag"]
+    boss = approver(own, tenant, "boss")
+    async with TestClient(TestServer(create_app(own))) as client:
+
+        async def decide(call_id: str, body: Any, headers: dict[str, str]) -> tuple[int, Any]:
+            response = await client.post(
+                f"/api/approvals/{call_id}/decision", json=body, headers=headers
+            )
+            return response.status, await response.json()
+
+        async def verdict(call_id: str, decision_id: str, headers: dict[str, str]) -> Any:
+            response = await client.get(
+                f"/api/approvals/{call_id}/decisions/{decision_id}", headers=headers
+            )
+            assert response.status == 200
+            return await response.json()
+
+        # The requester approving their own call: a typed refusal, not "published".
+        status, body = await decide(
+            ids["one"], {"decision": "approve"}, approver(own, tenant, "agent-1")
+        )
+        assert (status, body["error"]["code"], body["error"]["refusal"]) == (
+            403,
+            "policy_denied",
+            "self_approval",
+        )
+        # Arguments on an approve (or a reject) are refused, not ignored.
+        for verdict_name in ("approve", "reject"):
+            status, body = await decide(
+                ids["one"], {"decision": verdict_name, "arguments": {"amount_minor": 1}}, boss
+            )
+            assert (status, body["error"]["code"]) == (400, "invalid_arguments"), body
+            assert body["error"]["refusal"] == "arguments_without_edit"
+        # Four-eyes: boss's approval already counts (the join's audit says so).
+        status, body = await decide(ids["four"], {"decision": "approve"}, boss)
+        assert (status, body["error"]["code"], body["error"]["refusal"]) == (
+            409,
+            "conflict",
+            "same_approver",
+        )
+        # An edit on a four-eyes call is refused before publishing too.
+        status, body = await decide(
+            ids["four"], {"decision": "edit", "arguments": {"payment_method_id": "pm_2"}}, boss
+        )
+        assert (status, body["error"]["refusal"]) == (403, "edit_without_arguments")
+        # Another approver may; the answer names the decision and where to follow it.
+        status, body = await decide(
+            ids["four"], {"decision": "approve"}, approver(own, tenant, "boss-2")
+        )
+        assert status == 202, body
+        assert body["follow"] == f"/api/approvals/{ids['four']}/decisions/{body['decision_id']}"
+        assert (await verdict(ids["four"], body["decision_id"], boss))["status"] == "published"
+
+        def published_for(records: list[Any]) -> list[Any]:
+            return [json.loads(r.value) for r in records]
+
+        records = await read_until(
+            own, [Topic.APPROVALS_DECIDED], lambda recs: len(recs) >= 1, timeout=20
+        )
+        # Only the one allowed decision was ever published.
+        assert [(d["call_id"], d["decided_by"]) for d in published_for(records)] == [
+            (ids["four"], "boss-2")
+        ]
+        # The join's verdicts, as its audit tells them.
+        waiting = await verdict(ids["four"], f"d-four-{tag}", boss)
+        assert (waiting["status"], waiting["approvals"], waiting["required_approvals"]) == (
+            "waiting_for_another_approver",
+            1,
+            2,
+        )
+        refused = await verdict(ids["one"], f"d-self-{tag}", boss)
+        assert refused["status"] == "refused"
+        assert refused["error"]["refusal"] == "self_approval"
+        assert refused["error"]["code"] == "policy_denied"
+        applied = await verdict(ids["done"], f"d-done-{tag}", boss)
+        assert (applied["status"], applied["outcome"]) == ("applied", "succeeded")
+        # Another tenant's approver sees nothing of it.
+        elsewhere = await verdict(ids["done"], f"d-done-{tag}", approver(own, "tenant-x", "boss"))
+        assert (elsewhere["status"], elsewhere["outcome"]) == ("published", None)
+
+
+async def test_inbox_shows_amounts_like_the_feed(answers: tuple[Settings, dict[str, Any]]) -> None:
+    own, world = answers
+    async with TestClient(TestServer(create_app(own))) as client:
+        response = await client.get("/api/approvals", headers=approver(own, "tenant-a", "boss"))
+        assert response.status == 200
+        (item,) = [
+            p for p in (await response.json())["pending"] if p["call_id"] == world["ids"]["eur"]
+        ]
+    # The payment's currency (its loader's fact), by the feed's formatter: not "amount_minor: 10".
+    assert "amount: 0.10 EUR" in item["preview"]
+    assert not any(line.startswith("amount_minor") for line in item["preview"])

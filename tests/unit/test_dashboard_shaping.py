@@ -147,7 +147,8 @@ def test_inbox_keeps_pending_of_the_tenant_soonest_first() -> None:
     shown = pending[0].to_json(NOW)
     assert shown["seconds_left"] == 60.0
     assert shown["decision"] == "approve"
-    assert shown["preview"] == ["propose_refund requested by agent-1", "amount_minor: 10"]
+    # Amounts in the feed's format (the currency is looked up by dashboard.reads).
+    assert shown["preview"] == ["propose_refund requested by agent-1", "amount: 10 (minor units)"]
     every = shaping.pending_requests(rows, now=NOW, tenant=None)
     assert {p.request.call_id for p in every} == {"ap-soon", "ap-late", "ap-other"}
 
@@ -274,3 +275,18 @@ def test_the_page_loads_nothing_from_elsewhere() -> None:
         found = text.replace("http://www.w3.org/2000/svg", "")
         assert "http://" not in found and "https://" not in found and "//cdn" not in found, name
         assert "innerHTML" not in found, name  # data goes through textContent only
+
+
+def test_inbox_amounts_are_shown_like_the_feed() -> None:
+    (item,) = shaping.pending_requests([request_row("c-1")], now=NOW, tenant="tenant-a")
+    assert item.to_json(NOW)["preview"] == [
+        "propose_refund requested by agent-1",
+        "amount: 10 (minor units)",
+    ]
+    shown = item.with_currency("EUR").to_json(NOW)
+    assert shown["preview"] == ["propose_refund requested by agent-1", "amount: 0.10 EUR"]
+    # The same formatter as the feed's result detail.
+    assert shaping.money(5, "EUR") == "0.05 EUR"
+    assert shaping.currency_of({"currency": "JPY"}, {"currency": "EUR"}) == "JPY"
+    assert shaping.currency_of({"amount_minor": 5}, {"currency": "EUR"}) == "EUR"
+    assert shaping.currency_of({}, None) is None
