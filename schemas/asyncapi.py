@@ -19,7 +19,7 @@ from schemas.names import REPLY_NAMESPACE, REPLY_OF_HEADER, TRACEPARENT_HEADER
 
 ASYNCAPI_VERSION = "3.0.0"
 # The contract's version: major = the records' "v", minor = additive changes since.
-CONTRACT_VERSION = "1.4.0"
+CONTRACT_VERSION = "1.5.0"
 KAFKA_BINDING_VERSION = "0.5.0"
 
 # What each topic's Kafka key is (the partition key): a field of the record.
@@ -41,7 +41,12 @@ TOPIC_KEYS: dict[str, str] = {
 WRITTEN_BY: dict[str, str] = {
     "calls.proposed": "agents (the client library, adapters, the MCP gateway)",
     "calls.validated": "the validator",
-    "calls.authorized": "the authorizer, for every permitted call",
+    "calls.authorized": (
+        "the authorizer, for every permitted call (keyed by the call id, or since v1.5 by the "
+        "`joins` call id: a repeat of an operation whose approval request is pending); the "
+        "approval-join re-publishes a joining call under its own call id when the request it "
+        "joins is gone"
+    ),
     "calls.deadletter": "any stage, for a record it could not handle or publish",
     "calls.cancelled": "agents and operators (cancel requests)",
     "approvals.requested": "the approval-join",
@@ -53,7 +58,10 @@ WRITTEN_BY: dict[str, str] = {
         "older authorizer's record)"
     ),
     "commands.unknown": "the executor",
-    "outcomes": "every stage, for a call that ends or waits there",
+    "outcomes": (
+        "every stage, for a call that ends or waits there; the authorizer also answers a "
+        "repeat of an operation that already ended (v1.5, `repeats`)"
+    ),
     "policies": "operators (`ratifier policy publish`)",
 }
 

@@ -26,6 +26,7 @@ class AuditKind(StrEnum):
     APPROVAL_EDIT_COMMITTED = "approval_edit_committed"
     APPROVAL_EDIT_REFUSED = "approval_edit_refused"
     APPROVAL_EXPIRED = "approval_expired"
+    APPROVAL_JOINED = "approval_joined"  # v1.5: a repeat of an operation joined its request
     # the executor
     EXECUTED = "executed"
     READ = "read"  # a read, run without a ledger entry (docs/execution.md, "Reads")

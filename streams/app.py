@@ -152,6 +152,7 @@ def create_app(
         limits=limits,
         fetch_many=storage.fetch_many,
         tracer=observer.tracer,
+        operations=storage.operations_seen,
     )
 
     async def run_stateless_stages() -> None:

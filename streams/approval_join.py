@@ -273,6 +273,13 @@ def install_approval_join(
                 retry_on=(StorageUnavailable,),
                 what="audit storage",
             )
+            released = [c for s in steps for c in s.released]
+            if released:  # before the outcome: a later call of the operation asks again
+                await retrying(
+                    partial(storage.release_requests, released),
+                    retry_on=(StorageUnavailable,),
+                    what="approval requests",
+                )
             call = state.authorized if state is not None else None
             trace_id = call.trace_id if call is not None else None
             stored = state.traceparent if state is not None else None

@@ -41,6 +41,7 @@ from schemas.names import AUTHORIZER_GROUP, STREAMS_APP_ID, VALIDATOR_GROUP, Top
 from schemas.settings import Settings
 from schemas.vocabulary import StreamStage
 from streams.authorizer import ResourcesFetch, on_validated_batch
+from streams.repeats import OperationsSeen
 from streams.validator import on_proposed
 from telemetry.tracing import Tracer, trace_id_of
 
@@ -92,7 +93,12 @@ def validator_handler(
 
 
 def authorizer_handler(
-    *, catalog: Catalog, keys: ContextKeys, feed: PolicyFeed, fetch_many: ResourcesFetch
+    *,
+    catalog: Catalog,
+    keys: ContextKeys,
+    feed: PolicyFeed,
+    fetch_many: ResourcesFetch,
+    operations: OperationsSeen | None = None,
 ) -> Callable[[Sequence[Consumed]], Awaitable[list[Handled]]]:
     async def handle(records: Sequence[Consumed]) -> list[Handled]:
         parsed: list[ValidatedCall | None] = []
@@ -109,6 +115,7 @@ def authorizer_handler(
                 policies=feed.current,
                 fetch_many=fetch_many,
                 now=datetime.now(UTC),
+                operations=operations,
             )
         )
         return [
@@ -163,6 +170,7 @@ class StatelessStages:
         limits: Limits,
         fetch_many: ResourcesFetch,
         tracer: Tracer,
+        operations: OperationsSeen | None = None,
     ) -> None:
         self._settings = settings
         self._tracer = tracer
@@ -170,7 +178,11 @@ class StatelessStages:
         self._handlers = {
             StreamStage.VALIDATOR: validator_handler(catalog=catalog, limits=limits, feed=feed),
             StreamStage.AUTHORIZER: authorizer_handler(
-                catalog=catalog, keys=keys, feed=feed, fetch_many=fetch_many
+                catalog=catalog,
+                keys=keys,
+                feed=feed,
+                fetch_many=fetch_many,
+                operations=operations,
             ),
         }
         self._loops: list[ConsumerLoop] = []
