@@ -37,6 +37,7 @@ from schemas.envelopes import (
     DeadLetter,
     DecisionStatement,
     ErrorInfo,
+    Outcome,
     Part,
     Route,
     SourcePosition,
@@ -112,6 +113,15 @@ class EditRequest:
 
 
 @dataclass(frozen=True, kw_only=True)
+class EndedRequest:
+    """The call that held an operation's approval request, and the outcome it ended with
+    (rejected, expired, a refused edit): the operation's final outcome."""
+
+    call: AuthorizedCall
+    outcome: Outcome
+
+
+@dataclass(frozen=True, kw_only=True)
 class Rules:
     """What the join decides with besides the state: keys to sign receipts, approver rights,
     default TTL, how long a decision waits for its request, how long terminal states stay."""
@@ -131,9 +141,9 @@ class Step:
     edit: EditRequest | None = None
     # Decisions to replay now that their request has arrived.
     replay: tuple[ApprovalDecision, ...] = field(default_factory=tuple)
-    # Calls whose operation's request ended without the command running: their row in
-    # `approval_requests` goes, so a later call of the operation asks a human again.
-    released: tuple[AuthorizedCall, ...] = ()
+    # Requests that ended without their command running: the operation's final outcome,
+    # kept with its row in `approval_requests` (a later call of the operation is told it).
+    ended: tuple[EndedRequest, ...] = ()
 
 
 def preview_lines(call: AuthorizedCall, tool: Tool | None) -> tuple[str, ...]:
@@ -205,14 +215,17 @@ def _ended_all(
     status: Status,
     error: ErrorInfo,
     now: datetime,
-) -> tuple[Emit, ...]:
+) -> tuple[tuple[Emit, ...], tuple[EndedRequest, ...]]:
     """The outcome of a request that ended without its command running, for its call and
-    every call that joined it."""
+    every call that joined it; and the operation's final outcome to keep."""
     code = error.code
-    return (
-        _ended(call, status, code, now, error=error),
+    own = _ended(call, status, code, now, error=error)
+    assert isinstance(own.value, Outcome)
+    emits = (
+        own,
         *(_ended(f, status, code, now, error=error, repeats=call.call_id) for f in state.followers),
     )
+    return emits, (EndedRequest(call=call, outcome=own.value),)
 
 
 def _follower_commits(
@@ -526,6 +539,7 @@ def on_decided(
     used = (*state.decision_ids, statement.decision_id)
     if statement.decision is ApprovalVerdict.REJECT:
         error = ErrorInfo.approver_rejected(statement.reason)
+        emits, ended = _ended_all(state, call, Status.REJECTED, error, now)
         return Step(
             state=_terminal(
                 state,
@@ -537,9 +551,9 @@ def on_decided(
                 ended_status=Status.REJECTED,
                 ended_error=error,
             ),
-            emits=_ended_all(state, call, Status.REJECTED, error, now),
+            emits=emits,
             audits=(valid,),
-            released=(call,),
+            ended=ended,
         )
     if statement.decision is ApprovalVerdict.EDIT:
         marked = state.model_copy(update={"decision_ids": used})
@@ -639,6 +653,7 @@ def edited(
     if isinstance(reauthorized, tuple):
         code, status = reauthorized
         error = ErrorInfo.of(code)
+        emits, ended = _ended_all(state, call, status, error, now)
         return Step(
             state=_terminal(
                 state,
@@ -649,8 +664,8 @@ def edited(
                 ended_status=status,
                 ended_error=error,
             ),
-            emits=_ended_all(state, call, status, error, now),
-            released=(call,),
+            emits=emits,
+            ended=ended,
             audits=(
                 _audit(
                     AuditKind.APPROVAL_EDIT_REFUSED,
@@ -691,12 +706,13 @@ def on_tick(state: ApprovalState | None, *, now: datetime, rules: Rules) -> Step
         call = state.authorized
         assert call is not None
         error = ErrorInfo.of(ErrorCode.APPROVAL_EXPIRED)
+        emits, ended = _ended_all(state, call, Status.EXPIRED, error, now)
         return Step(
             state=_terminal(
                 state, Phase.EXPIRED, now, rules, ended_status=Status.EXPIRED, ended_error=error
             ),
-            emits=_ended_all(state, call, Status.EXPIRED, error, now),
-            released=(call,),
+            emits=emits,
+            ended=ended,
             audits=(
                 _audit(
                     AuditKind.APPROVAL_EXPIRED,

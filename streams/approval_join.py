@@ -273,10 +273,10 @@ def install_approval_join(
                 retry_on=(StorageUnavailable,),
                 what="audit storage",
             )
-            released = [c for s in steps for c in s.released]
-            if released:  # before the outcome: a later call of the operation asks again
+            ended = [e for s in steps for e in s.ended]
+            if ended:  # before the outcomes: a later call of the operation is told the same
                 await retrying(
-                    partial(storage.release_requests, released),
+                    partial(storage.end_requests, ended),
                     retry_on=(StorageUnavailable,),
                     what="approval requests",
                 )

@@ -3,20 +3,23 @@ whose operation (tenant + idempotency key) was proposed before. Pure.
 
 Two facts in PostgreSQL decide it, read after the call registered itself as the operation's
 approval request (insert-if-absent, `approval_requests`): the command ledger's entry (the
-executor's record of whether the operation ran, and its final outcome) and the call that
-holds the operation's request. In this order:
+executor's record of whether the operation ran, and its final outcome) and the request row
+(which call holds the operation's request, and its end when it ended without running). In
+this order:
 
 - the ledger has a final outcome: same fingerprint → that outcome, re-addressed to this call
   and naming the call it repeats (no approval request); another fingerprint → `conflict`;
+- the request ended without running (rejected, expired, a refused edit): the same, with that
+  end (the holder's own redelivery goes on to the join, which knows the end);
 - another call holds the operation's request with the same fingerprint → this call joins it:
   its `calls.authorized` record is keyed by that call id, so the approval-join answers both;
 - otherwise (the first call, its own redelivery, or another fingerprint whose command will
   meet the ledger's `conflict` as before) → its own request, as before.
 
-Exact under redelivery: a final ledger entry never changes, so a redelivered call is answered
-the same outcome again; the request row names one call until the join releases it, so a
-redelivered follower is keyed by the same call id again and the join, which keeps its
-followers, adds nothing twice (streams/approval.py).
+Exact under redelivery: both final records are written once and never change, so a
+redelivered call is answered the same outcome again; the request row names one call for good,
+so a redelivered follower is keyed by the same call id again (or told the end the join told
+it), and the join, which keeps its followers, adds nothing twice (streams/approval.py).
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ class OperationSeen:
 
     request_call_id: str | None = None
     request_fingerprint: str | None = None
+    # The request ended without its command running (rejected, expired, a refused edit).
+    request_outcome: dict[str, Any] | None = None
     ledger_call_id: str | None = None
     ledger_fingerprint: str | None = None
     ledger_status: str | None = None
@@ -68,6 +73,12 @@ def repeat_decision(call: AuthorizedCall, seen: OperationSeen) -> Repeat:
         if seen.ledger_fingerprint != call.fingerprint:
             return Repeat(kind=RepeatKind.CONFLICT)
         return Repeat(kind=RepeatKind.REPLAY, stored=Outcome.model_validate(seen.ledger_outcome))
+    if seen.request_outcome is not None:  # final too: the request's end
+        if seen.request_fingerprint != call.fingerprint:
+            return Repeat(kind=RepeatKind.CONFLICT)
+        if seen.request_call_id == call.call_id:
+            return Repeat(kind=RepeatKind.OWN_REQUEST)  # its own, redelivered: the join knows
+        return Repeat(kind=RepeatKind.REPLAY, stored=Outcome.model_validate(seen.request_outcome))
     if (
         seen.request_call_id is not None
         and seen.request_call_id != call.call_id

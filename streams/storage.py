@@ -17,7 +17,7 @@ from commands.sql import named_query
 from runtime.clients import pg_pool
 from schemas.envelopes import Actor, AuthorizedCall
 from schemas.errors import StorageUnavailable
-from streams.approval import AuditEntry
+from streams.approval import AuditEntry, EndedRequest
 from streams.repeats import OperationSeen
 
 _PKG = "streams"
@@ -102,26 +102,29 @@ class StreamStorage:
 
         return await self._with_connection(seen)
 
-    async def release_requests(self, calls: Sequence[AuthorizedCall]) -> None:
-        """Forget that these calls hold their operations' approval requests (each ended
-        without its command running): a later call of the operation asks a human again.
-        Idempotent: only the row naming that very call goes."""
-        if not calls:
+    async def end_requests(self, ended: Sequence[EndedRequest]) -> None:
+        """Keep the final outcome of operations whose approval request ended without the
+        command running (rejected, expired, a refused edit) with their row: a later call of
+        the operation is told the same. Idempotent: only a row naming that very call and
+        not ended yet is written."""
+        if not ended:
             return
 
-        async def release(conn: AsyncConnection[Any]) -> None:
+        async def end(conn: AsyncConnection[Any]) -> None:
             async with conn.cursor() as cur:
-                for call in calls:
+                for request in ended:
+                    call = request.call
                     await cur.execute(
-                        named_query(_PKG, "release_approval_request"),
+                        named_query(_PKG, "end_approval_request"),
                         {
                             "tenant": call.tenant,
                             "idempotency_key": call.idempotency_key,
                             "call_id": call.call_id,
+                            "outcome": Jsonb(request.outcome.model_dump(mode="json")),
                         },
                     )
 
-        await self._with_connection(release)
+        await self._with_connection(end)
 
     async def audit(self, entries: Sequence[AuditEntry], *, event_key: str) -> None:
         """Append audit rows, once per source record (``event_key`` + position in it);

@@ -132,6 +132,26 @@ def test_unknown_own_and_conflicting_pending_keys_open_their_own_request() -> No
     assert repeat_decision(other, own).kind is RepeatKind.OWN_REQUEST
 
 
+def test_a_request_that_ended_unrun_is_final_for_its_operation() -> None:
+    """Rejected (or expired): a later call of the step is told the same end, also when it is
+    a redelivery of a call that had joined the request (no second request, no contradiction);
+    the first call's own redelivery goes to the join, which knows it ended."""
+    first, again = call("c-1"), call("c-2")
+    rejected = Outcome.model_validate(stored_outcome(first)).model_copy(
+        update={"status": Status.REJECTED, "result": None, "stage": Stage.APPROVE}
+    )
+    seen = OperationSeen(
+        request_call_id="c-1",
+        request_fingerprint=first.fingerprint,
+        request_outcome=rejected.model_dump(mode="json"),
+    )
+    (answer,) = outcomes(repeat_routed(again, seen, now=NOW))
+    assert (answer.call_id, answer.status, answer.repeats) == ("c-2", Status.REJECTED, "c-1")
+    assert repeat_decision(first, seen).kind is RepeatKind.OWN_REQUEST
+    other = call("c-3", OTHER_ARGS)
+    assert repeat_decision(other, seen).kind is RepeatKind.CONFLICT
+
+
 # -- the approval-join ------------------------------------------------------------------------
 
 
@@ -178,7 +198,7 @@ def test_one_approval_commits_the_operation_then_each_follower(catalog: Catalog)
         now=NOW,
     )
     assert refusal is None
-    assert step.released == ()  # the operation runs: its row stays
+    assert step.ended == ()  # the operation runs: the ledger will hold its outcome
 
 
 def test_a_rejection_ends_every_joined_call_and_releases_the_operation(catalog: Catalog) -> None:
@@ -188,7 +208,8 @@ def test_a_rejection_ends_every_joined_call_and_releases_the_operation(catalog: 
     ended = {o.call_id: (o.status, o.repeats) for o in outcomes(step)}
     assert ended == {"c-1": (Status.REJECTED, None), "c-2": (Status.REJECTED, "c-1")}
     assert commands(step) == []
-    assert [c.call_id for c in step.released] == ["c-1"]
+    ((request_end),) = step.ended
+    assert request_end.call.call_id == "c-1" and request_end.outcome.status is Status.REJECTED
     # A call joining after the end is told the same end, and nothing is committed.
     late = on_authorized(step.state, joining("c-3"), tool=None, now=NOW, rules=RULES)
     (told,) = outcomes(late)
@@ -204,7 +225,7 @@ def test_expiry_ends_every_joined_call(catalog: Catalog) -> None:
         "c-1": Status.EXPIRED,
         "c-2": Status.EXPIRED,
     }
-    assert [c.call_id for c in step.released] == ["c-1"]
+    assert [(e.call.call_id, e.outcome.status) for e in step.ended] == [("c-1", Status.EXPIRED)]
 
 
 def test_a_call_joining_after_the_commit_is_committed_to_meet_the_ledger(
