@@ -22,6 +22,7 @@ from commands.export import export_catalog
 from ratifier.adapters.confirmation import ConfirmationApi
 from ratifier.adapters.openai_agents import RatifierAgentTools
 from ratifier.client import RatifierClient
+from schemas.envelopes import ApprovalVerdict
 from schemas.names import Topic
 from tests.e2e.approvals_kit import REFUND, decide, terminal_outcomes, token
 from tests.e2e.conftest import Pipeline
@@ -113,6 +114,22 @@ def test_a_refund_proposed_twice_while_pending_has_one_request(pipeline: Pipelin
     assert provider_stats(pipeline.provider_url)["by_key"][operation] == 1
 
 
+def test_a_rejected_refund_proposed_again_is_told_the_rejection(pipeline: Pipeline) -> None:
+    key = f"idem-{uuid.uuid4().hex[:12]}"
+    first = propose_with_key(pipeline, key)
+    request = request_of(pipeline, first)
+    decide(pipeline, request, token(pipeline.settings, "boss"), ApprovalVerdict.REJECT)
+    (rejected,) = terminal_outcomes(pipeline, {first})[first]
+    assert rejected["status"] == "rejected", rejected
+
+    again = propose_with_key(pipeline, key)
+    (answer,) = terminal_outcomes(pipeline, {again})[again]
+    assert (answer["status"], answer["repeats"]) == ("rejected", first), answer
+    assert answer["error"]["code"] == "approval_rejected"
+    assert [r["call_id"] for r in requests_of(pipeline, request["operation_id"])] == [first]
+    assert request["operation_id"] not in provider_stats(pipeline.provider_url)["by_key"]
+
+
 NO_TRACING = RunConfig(tracing_disabled=True)
 
 
@@ -130,7 +147,7 @@ def test_an_agents_sdk_run_resumed_in_a_new_process_ends_with_the_result(
     run_id = f"run-{uuid.uuid4().hex[:8]}"
     model = ScriptedModel([[function_call("propose_refund", REFUND, call_id="tc-refund")]])
 
-    async def until_the_restart() -> tuple[str, str]:
+    async def until_the_restart() -> tuple[str, str]:  # the first runtime
         async with RatifierClient.from_settings(settings) as client:
             tools = RatifierAgentTools(
                 client,
@@ -168,4 +185,70 @@ def test_an_agents_sdk_run_resumed_in_a_new_process_ends_with_the_result(
     assert json.loads(answer["tool_outputs"]["tc-refund"]) == done["result"]
     operation = done["operation_id"]
     assert len(requests_of(pipeline, operation)) == 1
+    assert provider_stats(pipeline.provider_url)["by_key"][operation] == 1
+
+
+def test_an_agents_sdk_run_resumed_while_pending_joins_the_request(
+    pipeline: Pipeline, tmp_path: Path
+) -> None:
+    """The runtime goes away while the refund waits for staff; the new process resumes the
+    run at once: its tool's call joins the pending request, and ends with the refund's result
+    once staff approve. One request, one effect."""
+    settings = pipeline.settings
+    definitions = export_catalog(load_catalog(settings.catalog), "openai")
+    assert isinstance(definitions, list)
+    agent_token = token(settings, "agent-1", roles=("support", "refund"))
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    model = ScriptedModel([[function_call("propose_refund", REFUND, call_id="tc-refund")]])
+
+    async def until_the_restart() -> tuple[str, str]:
+        async with RatifierClient.from_settings(settings) as client:
+            tools = RatifierAgentTools(client, definitions, context=agent_token, run=run_id)
+            agent = Agent(name="support", model=model, tools=list(tools.function_tools))
+            first = await Runner.run(agent, "Refund Bob's late delivery", run_config=NO_TRACING)
+            (item,) = first.interruptions
+            call_id = tools.call_id(item)
+            assert call_id is not None
+            state = first.to_state()
+            state.approve(item)  # staff will decide in ratifier: the tool awaits them
+            return state.to_string(), call_id
+
+    state_text, first_call = run(until_the_restart())
+    request = request_of(pipeline, first_call)
+    asked = tmp_path / "resume.json"
+    asked.write_text(json.dumps({"state": state_text, "run": run_id, "context": agent_token}))
+    with asked.open() as stdin:
+        resumed = subprocess.Popen(
+            [sys.executable, "-m", "tests.e2e.agent_resume"],
+            stdin=stdin,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, **pipeline.env},
+        )
+    try:
+        operation = request["operation_id"]
+
+        def joined(records: list[Any]) -> bool:
+            return any(
+                o["status"] == "awaiting_approval" and o.get("repeats") == first_call
+                for found in outcomes_by_call(records).values()
+                for o in found
+            )
+
+        run(read_until(settings, [Topic.OUTCOMES], joined, timeout=60))
+        decide(pipeline, request, token(settings, "boss"))
+        out, err = resumed.communicate(timeout=120)
+    finally:
+        if resumed.poll() is None:
+            resumed.kill()
+            resumed.wait()
+    assert resumed.returncode == 0, err[-4000:]
+    answer = json.loads(out)
+    (done,) = terminal_outcomes(pipeline, {first_call})[first_call]
+    assert done["status"] == "succeeded", done
+    assert answer["final_output"] == "Refund done."
+    assert json.loads(answer["tool_outputs"]["tc-refund"]) == done["result"]
+    assert [r["call_id"] for r in requests_of(pipeline, operation)] == [first_call]
     assert provider_stats(pipeline.provider_url)["by_key"][operation] == 1
