@@ -295,13 +295,22 @@ def on_joining(
             state, leader, now=now, rules=rules, followers=(call,), basis="approval"
         )
         return Step(state=with_it, emits=commits, audits=(joined,))
-    status = state.ended_status or Status.EXPIRED
-    error = state.ended_error or ErrorInfo.of(ErrorCode.APPROVAL_EXPIRED)
+    # A state ended before v1.5 kept no end: its phase says which.
+    status, code = _PHASE_ENDS.get(state.phase, (Status.EXPIRED, ErrorCode.APPROVAL_EXPIRED))
+    status = state.ended_status or status
+    error = state.ended_error or ErrorInfo.of(code)
     return Step(
         state=with_it,
         emits=(_ended(call, status, error.code, now, error=error, repeats=joins),),
         audits=(joined,),
     )
+
+
+_PHASE_ENDS = {
+    Phase.REJECTED: (Status.REJECTED, ErrorCode.APPROVAL_REJECTED),
+    Phase.EXPIRED: (Status.EXPIRED, ErrorCode.APPROVAL_EXPIRED),
+    Phase.DENIED: (Status.DENIED, ErrorCode.POLICY_DENIED),
+}
 
 
 def _on_its_own(call: AuthorizedCall) -> Emit:

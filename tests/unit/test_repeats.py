@@ -266,6 +266,16 @@ def test_a_call_whose_request_never_comes_opens_its_own(catalog: Catalog) -> Non
     assert [r.call_id for r in requests(reopened)] == ["c-2"]
 
 
+def test_a_call_joining_a_request_rejected_before_v1_5_is_told_rejected() -> None:
+    first = call("c-1")
+    old = ApprovalState(call_id="c-1", phase=Phase.REJECTED, authorized=first)
+    (told,) = outcomes(on_authorized(old, joining(), tool=None, now=NOW, rules=RULES))
+    assert (told.status, told.error and told.error.code) == (
+        Status.REJECTED,
+        ErrorCode.APPROVAL_REJECTED,
+    )
+
+
 def test_states_without_followers_still_read() -> None:
     """A state written before v1.5 (no followers, no end) reads with the defaults."""
     old = ApprovalState(call_id="c-1", phase=Phase.REJECTED).model_dump_json(
