@@ -392,6 +392,12 @@ _LOG_EVENTS: dict[AuditKind, tuple[str, str, tuple[str, ...], int]] = {
         ("frozen_by", "frozen_reason", "policy_version"),
         42,
     ),
+    AuditKind.APPROVAL_JOINED: (
+        "approval",
+        "joined the pending approval request of {joins} (same operation)",
+        ("joins", "fingerprint", "policy_version"),
+        40,
+    ),
     AuditKind.EXECUTED: (
         "executor",
         "executed, recorded in the ledger: {status}",

@@ -201,7 +201,15 @@ class CommandExecutor:
     @staticmethod
     def _readdressed(stored: Outcome, command: CommittedCommand) -> Outcome:
         """The stored outcome of this operation, answered to the call that asked again."""
-        return stored.model_copy(update={"call_id": command.call_id, "reply_to": command.reply_to})
+        repeats = stored.repeats or stored.call_id
+        return stored.model_copy(
+            update={
+                "call_id": command.call_id,
+                "reply_to": command.reply_to,
+                # v1.5: a repeat of the operation names the call it repeats.
+                "repeats": repeats if repeats != command.call_id else None,
+            }
+        )
 
     # -- the flow ---------------------------------------------------------------------------
 

@@ -43,7 +43,12 @@ TOPIC_KEYS: dict[str, str] = {
 WRITTEN_BY: dict[str, str] = {
     "calls.proposed": "agents (the client library, adapters, the MCP gateway)",
     "calls.validated": "the validator",
-    "calls.authorized": "the authorizer, for every permitted call",
+    "calls.authorized": (
+        "the authorizer, for every permitted call (keyed by the call id, or since v1.5 by the "
+        "`joins` call id: a repeat of an operation whose approval request is pending); the "
+        "approval-join re-publishes a joining call under its own call id when the request it "
+        "joins is gone"
+    ),
     "calls.deadletter": "any stage, for a record it could not handle or publish",
     "calls.cancelled": "agents and operators (cancel requests)",
     "approvals.requested": "the approval-join",
@@ -55,7 +60,10 @@ WRITTEN_BY: dict[str, str] = {
         "older authorizer's record)"
     ),
     "commands.unknown": "the executor",
-    "outcomes": "every stage, for a call that ends or waits there",
+    "outcomes": (
+        "every stage, for a call that ends or waits there; the authorizer also answers a "
+        "repeat of an operation that already ended (v1.5, `repeats`)"
+    ),
     "policies": "operators (`ratifier policy publish`)",
     "controls": "operators (`ratifier freeze` / `unfreeze`, the dashboard's freeze API; v1.5)",
     "notifications.deadletter": (

@@ -212,6 +212,14 @@ class AuthorizedCall(Record):
         description="v1.4: the authorizer published this call's commands.committed record "
         "itself; the approval-join leaves the record alone",
     )
+    # v1.5: the call id of the approval request this call joins (an earlier call with the same
+    # idempotency key and fingerprint, still waiting): the record is keyed by that call id, so
+    # it reaches that request's state in the approval-join, which answers both calls.
+    joins: CallId | None = Field(
+        default=None,
+        description="v1.5: the call id of the pending approval request of the same operation "
+        "that this call joins; the record is keyed by that call id",
+    )
 
 
 class ApprovalReceipt(Part):
@@ -336,6 +344,13 @@ class Outcome(Record):
     trace_id: str | None = None
     # v1.3: the call's reply address; the record is also published there (keyed by call id).
     reply_to: ReplyAddress | None = None
+    # v1.5: this call repeated an operation (same tenant and idempotency key): the call id of
+    # the call whose outcome (or approval request) it was given.
+    repeats: CallId | None = Field(
+        default=None,
+        description="v1.5: the call id of the earlier call of the same operation whose "
+        "outcome (or approval request) this call was given",
+    )
 
     @property
     def terminal(self) -> bool:

@@ -28,6 +28,7 @@ class AuditKind(StrEnum):
     APPROVAL_EXPIRED = "approval_expired"
     # v1.5: an approval (or the join's commit) of a call in a frozen scope, refused
     APPROVAL_FROZEN = "approval_frozen"
+    APPROVAL_JOINED = "approval_joined"  # v1.5: a repeat of an operation joined its request
     # the executor
     EXECUTED = "executed"
     READ = "read"  # a read, run without a ledger entry (docs/execution.md, "Reads")

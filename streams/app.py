@@ -161,6 +161,7 @@ def create_app(
         fetch_many=storage.fetch_many,
         tracer=observer.tracer,
         freezes=freezes,
+        operations=storage.operations_seen,
     )
 
     async def follow_freezes() -> None:

@@ -39,6 +39,7 @@ from schemas.envelopes import (
     DecisionStatement,
     ErrorInfo,
     FreezeRecord,
+    Outcome,
     Part,
     Route,
     SourcePosition,
@@ -55,6 +56,8 @@ DEFAULT_APPROVAL_TTL = timedelta(minutes=15)
 DEFAULT_RIGHTS = RoleRights()
 # Decisions held for a request not seen yet, per call: a flood of them cannot grow the state.
 MAX_HELD = 8
+# Repeats of one operation that join its request (v1.5); more open requests of their own.
+MAX_FOLLOWERS = 32
 
 
 class Phase(StrEnum):
@@ -85,6 +88,13 @@ class ApprovalState(Part):
     # The `traceparent` of the hop that asked for the approval: decisions and expiry ticks
     # arrive in traces of their own, the call's trace continues from here.
     traceparent: str | None = None
+    # v1.5: later calls of the same operation (tenant + idempotency key, same fingerprint)
+    # that joined this request (streams/repeats.py): each gets this request's final outcome.
+    followers: tuple[AuthorizedCall, ...] = ()
+    # How a request that ended without its command running ended (a follower arriving
+    # after that is told the same).
+    ended_status: Status | None = None
+    ended_error: ErrorInfo | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,6 +112,15 @@ class EditRequest:
 
     state: ApprovalState
     statement: DecisionStatement
+
+
+@dataclass(frozen=True, kw_only=True)
+class EndedRequest:
+    """The call that held an operation's approval request, and the outcome it ended with
+    (rejected, expired, a refused edit): the operation's final outcome."""
+
+    call: AuthorizedCall
+    outcome: Outcome
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -124,6 +143,9 @@ class Step:
     edit: EditRequest | None = None
     # Decisions to replay now that their request has arrived.
     replay: tuple[ApprovalDecision, ...] = field(default_factory=tuple)
+    # Requests that ended without their command running: the operation's final outcome,
+    # kept with its row in `approval_requests` (a later call of the operation is told it).
+    ended: tuple[EndedRequest, ...] = ()
 
 
 def preview_lines(call: AuthorizedCall, tool: Tool | None) -> tuple[str, ...]:
@@ -151,7 +173,9 @@ def _ended(
     status: Status,
     code: ErrorCode,
     now: datetime,
+    *,
     error: ErrorInfo | None = None,
+    repeats: str | None = None,
 ) -> Emit:
     return outcome(
         call_id=call.call_id,
@@ -166,6 +190,144 @@ def _ended(
         trace_id=call.trace_id,
         error=error,
         reply_to=call.reply_to,
+        repeats=repeats,
+    )
+
+
+def _awaiting(
+    call: AuthorizedCall, now: datetime, *, error: ErrorInfo, repeats: str | None = None
+) -> Emit:
+    return outcome(
+        call_id=call.call_id,
+        tool=call.tool,
+        tenant=call.tenant,
+        status=Status.AWAITING_APPROVAL,
+        stage=Stage.APPROVE,
+        code=ErrorCode.APPROVAL_REQUIRED,
+        at=now,
+        policy_version=call.policy_version,
+        operation_id=call.operation_id,
+        trace_id=call.trace_id,
+        error=error,
+        reply_to=call.reply_to,
+        repeats=repeats,
+    )
+
+
+def _ended_all(
+    state: ApprovalState,
+    call: AuthorizedCall,
+    status: Status,
+    error: ErrorInfo,
+    now: datetime,
+) -> tuple[tuple[Emit, ...], tuple[EndedRequest, ...]]:
+    """The outcome of a request that ended without its command running, for its call and
+    every call that joined it; and the operation's final outcome to keep."""
+    code = error.code
+    own = _ended(call, status, code, now, error=error)
+    assert isinstance(own.value, Outcome)
+    emits = (
+        own,
+        *(_ended(f, status, code, now, error=error, repeats=call.call_id) for f in state.followers),
+    )
+    return emits, (EndedRequest(call=call, outcome=own.value),)
+
+
+def _follower_commits(
+    state: ApprovalState,
+    call: AuthorizedCall,
+    *,
+    now: datetime,
+    rules: Rules,
+    followers: tuple[AuthorizedCall, ...],
+    basis: str,
+) -> tuple[Emit, ...]:
+    """The command of each follower: the committed operation (same operation id, fingerprint
+    and arguments) under the follower's call id, with a receipt signed for that call. The
+    executor answers it from its ledger, as any repeat of an operation: one effect."""
+    emits = []
+    for follower in followers:
+        as_follower = call.model_copy(
+            update={
+                "call_id": follower.call_id,
+                "reply_to": follower.reply_to,
+                "trace_id": follower.trace_id,
+            }
+        )
+        receipt = _receipt(
+            as_follower,
+            approvers=state.approvals or (state.decided_by or "-",),
+            decision_ids=state.decision_ids,
+            decided_at=now,
+            expires_at=state.expires_at or now,
+            basis=basis,
+            keys=rules.keys,
+        )
+        emits.append(commit(as_follower, now=now, receipt=receipt))
+    return tuple(emits)
+
+
+def on_joining(
+    state: ApprovalState | None, call: AuthorizedCall, *, now: datetime, rules: Rules
+) -> Step:
+    """A later call of an operation whose request is (or was) kept under this key
+    (``call.joins``, streams/repeats.py): it joins that request instead of opening one.
+    Pending → it waits with it; ended → it gets the same end; not seen (yet) → it is held
+    with the state until the request arrives, or opens its own when the hold ends."""
+    joins = call.joins or call.call_id
+    if state is not None and any(f.call_id == call.call_id for f in state.followers):
+        return Step(state=state)  # redelivery: already joined
+    if state is not None and len(state.followers) >= MAX_FOLLOWERS:
+        return Step(state=state, emits=(_on_its_own(call),))
+    joined = _audit(AuditKind.APPROVAL_JOINED, call, call.call_id, joins=joins)
+    if state is None or state.phase is Phase.HELD:
+        base = state or ApprovalState(call_id=joins, phase=Phase.HELD)
+        return Step(
+            state=base.model_copy(
+                update={
+                    "followers": (*base.followers, call),
+                    "held_until": base.held_until or now + rules.hold,
+                }
+            ),
+            audits=(joined,),
+        )
+    with_it = state.model_copy(update={"followers": (*state.followers, call)})
+    leader = state.authorized
+    if state.phase is Phase.PENDING:
+        # Waiting on the leader's request: the same words as the leader's own outcome.
+        asking = leader or call
+        error = awaiting_error(
+            rules.rights, PendingCall(call=asking, tool=None, owner=asking.resource_owner)
+        )
+        waits = _awaiting(call, now, error=error, repeats=joins)
+        return Step(state=with_it, emits=(waits,), audits=(joined,))
+    if state.phase is Phase.COMMITTED and leader is not None:
+        commits = _follower_commits(
+            state, leader, now=now, rules=rules, followers=(call,), basis="approval"
+        )
+        return Step(state=with_it, emits=commits, audits=(joined,))
+    # A state ended before v1.5 kept no end: its phase says which.
+    status, code = _PHASE_ENDS.get(state.phase, (Status.EXPIRED, ErrorCode.APPROVAL_EXPIRED))
+    status = state.ended_status or status
+    error = state.ended_error or ErrorInfo.of(code)
+    return Step(
+        state=with_it,
+        emits=(_ended(call, status, error.code, now, error=error, repeats=joins),),
+        audits=(joined,),
+    )
+
+
+_PHASE_ENDS = {
+    Phase.REJECTED: (Status.REJECTED, ErrorCode.APPROVAL_REJECTED),
+    Phase.EXPIRED: (Status.EXPIRED, ErrorCode.APPROVAL_EXPIRED),
+    Phase.DENIED: (Status.DENIED, ErrorCode.POLICY_DENIED),
+}
+
+
+def _on_its_own(call: AuthorizedCall) -> Emit:
+    """A joining call sent back to open its own request (keyed by its own call id)."""
+    return Emit(
+        topic=Topic.AUTHORIZED, key=call.call_id, value=call.model_copy(update={"joins": None})
     )
 
 
@@ -221,7 +383,10 @@ def on_authorized(
     rules: Rules,
 ) -> Step:
     """An authorized call arrives: commit it, or open an approval request. A call the
-    authorizer committed itself (streams/commit.py) is not the join's: nothing happens."""
+    authorizer committed itself (streams/commit.py) is not the join's: nothing happens. A
+    call that joins the request under this key is ``on_joining``'s."""
+    if call.joins is not None and call.joins != call.call_id and call.route is Route.APPROVAL:
+        return on_joining(state, call, now=now, rules=rules)
     if call.route is Route.AUTO:
         if committed_by_authorizer(call):
             return Step(state=state)
@@ -267,30 +432,25 @@ def on_authorized(
         required_approvals=required,
         reply_to=call.reply_to,
     )
+    followers = state.followers if state is not None else ()
     pending = ApprovalState(
         call_id=call.call_id,
         phase=Phase.PENDING,
         authorized=call,
         expires_at=request.expires_at,
         required_approvals=required,
+        followers=followers,
     )
     return Step(
         state=pending,
         emits=(
             Emit(topic=Topic.APPROVALS_REQUESTED, key=call.call_id, value=request),
-            outcome(
-                call_id=call.call_id,
-                tool=call.tool,
-                tenant=call.tenant,
-                status=Status.AWAITING_APPROVAL,
-                stage=Stage.APPROVE,
-                code=ErrorCode.APPROVAL_REQUIRED,
-                at=now,
-                policy_version=call.policy_version,
-                operation_id=call.operation_id,
-                trace_id=call.trace_id,
-                error=awaiting_error(rules.rights, pending_call),
-                reply_to=call.reply_to,
+            _awaiting(call, now, error=awaiting_error(rules.rights, pending_call)),
+            *(
+                _awaiting(
+                    f, now, error=awaiting_error(rules.rights, pending_call), repeats=call.call_id
+                )
+                for f in followers
             ),
         ),
         audits=(
@@ -376,6 +536,7 @@ def on_decided(
                 phase=Phase.HELD,
                 held=held,
                 held_until=state.held_until if state and state.held_until else now + rules.hold,
+                followers=state.followers if state else (),
             ),
             audits=(
                 AuditEntry(
@@ -405,21 +566,24 @@ def on_decided(
     sub = statement.approver.sub
     used = (*state.decision_ids, statement.decision_id)
     if statement.decision is ApprovalVerdict.REJECT:
+        error = ErrorInfo.approver_rejected(
+            statement.reason, by_customer=statement.kind is DecisionKind.CONFIRMATION
+        )
+        emits, ended = _ended_all(state, call, Status.REJECTED, error, now)
         return Step(
-            state=_terminal(state, Phase.REJECTED, now, rules, decided_by=sub, decision_ids=used),
-            emits=(
-                _ended(
-                    call,
-                    Status.REJECTED,
-                    ErrorCode.APPROVAL_REJECTED,
-                    now,
-                    error=ErrorInfo.approver_rejected(
-                        statement.reason,
-                        by_customer=statement.kind is DecisionKind.CONFIRMATION,
-                    ),
-                ),
+            state=_terminal(
+                state,
+                Phase.REJECTED,
+                now,
+                rules,
+                decided_by=sub,
+                decision_ids=used,
+                ended_status=Status.REJECTED,
+                ended_error=error,
             ),
+            emits=emits,
             audits=(valid,),
+            ended=ended,
         )
     if statement.decision is ApprovalVerdict.EDIT:
         marked = state.model_copy(update={"decision_ids": used})
@@ -483,18 +647,29 @@ def _approved(
         basis=statement.kind.value,
         keys=rules.keys,
     )
+    committed = _terminal(
+        state,
+        Phase.COMMITTED,
+        now,
+        rules,
+        decided_by=statement.approver.sub,
+        approvals=approvers,
+        decision_ids=decision_ids,
+        **update,
+    )
+    # The operation's command first: the followers' (same operation id, so the same
+    # partition, after it) are answered from the ledger.
+    followers = _follower_commits(
+        committed,
+        call,
+        now=now,
+        rules=rules,
+        followers=state.followers,
+        basis=statement.kind.value,
+    )
     return Step(
-        state=_terminal(
-            state,
-            Phase.COMMITTED,
-            now,
-            rules,
-            decided_by=statement.approver.sub,
-            approvals=approvers,
-            decision_ids=decision_ids,
-            **update,
-        ),
-        emits=(commit(call, now=now, receipt=receipt),),
+        state=committed,
+        emits=(commit(call, now=now, receipt=receipt), *followers),
         audits=audits,
     )
 
@@ -513,9 +688,20 @@ def edited(
     sub = statement.approver.sub
     if isinstance(reauthorized, tuple):
         code, status = reauthorized
+        error = ErrorInfo.of(code)
+        emits, ended = _ended_all(state, call, status, error, now)
         return Step(
-            state=_terminal(state, Phase.DENIED, now, rules, decided_by=sub),
-            emits=(_ended(call, status, code, now),),
+            state=_terminal(
+                state,
+                Phase.DENIED,
+                now,
+                rules,
+                decided_by=sub,
+                ended_status=status,
+                ended_error=error,
+            ),
+            emits=emits,
+            ended=ended,
             audits=(
                 _audit(
                     AuditKind.APPROVAL_EDIT_REFUSED,
@@ -555,9 +741,14 @@ def on_tick(state: ApprovalState | None, *, now: datetime, rules: Rules) -> Step
     if state.phase is Phase.PENDING and state.expires_at and now >= state.expires_at:
         call = state.authorized
         assert call is not None
+        error = ErrorInfo.of(ErrorCode.APPROVAL_EXPIRED)
+        emits, ended = _ended_all(state, call, Status.EXPIRED, error, now)
         return Step(
-            state=_terminal(state, Phase.EXPIRED, now, rules),
-            emits=(_ended(call, Status.EXPIRED, ErrorCode.APPROVAL_EXPIRED, now),),
+            state=_terminal(
+                state, Phase.EXPIRED, now, rules, ended_status=Status.EXPIRED, ended_error=error
+            ),
+            emits=emits,
+            ended=ended,
             audits=(
                 _audit(
                     AuditKind.APPROVAL_EXPIRED,
@@ -568,8 +759,11 @@ def on_tick(state: ApprovalState | None, *, now: datetime, rules: Rules) -> Step
             ),
         )
     if state.phase is Phase.HELD and state.held_until and now >= state.held_until:
+        # Calls that came to join a request that never arrived (or was forgotten) open
+        # their own.
         return Step(
             state=None,
+            emits=tuple(_on_its_own(f) for f in state.followers),
             audits=tuple(
                 AuditEntry(
                     kind=AuditKind.APPROVAL_DECISION_DROPPED,

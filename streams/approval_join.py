@@ -296,6 +296,13 @@ def install_approval_join(
                 retry_on=(StorageUnavailable,),
                 what="audit storage",
             )
+            ended = [e for s in steps for e in s.ended]
+            if ended:  # before the outcomes: a later call of the operation is told the same
+                await retrying(
+                    partial(storage.end_requests, ended),
+                    retry_on=(StorageUnavailable,),
+                    what="approval requests",
+                )
             call = state.authorized if state is not None else None
             trace_id = call.trace_id if call is not None else None
             stored = state.traceparent if state is not None else None

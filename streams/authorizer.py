@@ -19,13 +19,29 @@ from approvals.auto import auto_approving_policy, resource_owner
 from commands.catalog import Catalog, Resource, Tool, ToolArguments
 from commands.freezes import NO_FREEZES, CallFacts, Freezes, frozen_scope
 from commands.policy import AuthorizationRequest, Decision, PolicySet, authorize_batch
-from schemas.envelopes import Actor, ActorRef, AuthorizedCall, Stage, Status, ValidatedCall
+from schemas.envelopes import (
+    Actor,
+    ActorRef,
+    AuthorizedCall,
+    Route,
+    Stage,
+    Status,
+    ValidatedCall,
+)
 from schemas.errors import ErrorCode, Unauthenticated
 from schemas.fingerprint import fingerprint, operation_id
 from schemas.identity import ContextKeys, call_binding_problem, verify_context_token
 from schemas.names import Topic
 from streams.commit import commit, committed_at_authorization
 from streams.emit import Emit, outcome
+from streams.repeats import (
+    OperationSeen,
+    OperationsSeen,
+    RepeatKind,
+    conflicted,
+    repeat_decision,
+    replayed,
+)
 
 ResourceFetch = Callable[[Tool, Actor, ToolArguments], Awaitable[Resource | None]]
 ResourceAsk = tuple[Tool, Actor, ToolArguments]
@@ -215,6 +231,38 @@ def _routed(
     )
 
 
+def needs_a_human(emits: tuple[Emit, ...]) -> AuthorizedCall | None:
+    """The `calls.authorized` record of a call routed to a human approval, if ``emits`` is
+    one (the only calls whose repeats the authorizer answers: the executor answers the
+    others' from its ledger, with no approver asked)."""
+    first = emits[0] if emits else None
+    if (
+        first is not None
+        and isinstance(first.value, AuthorizedCall)
+        and first.value.route is Route.APPROVAL
+    ):
+        return first.value
+    return None
+
+
+def repeat_routed(
+    authorized: AuthorizedCall, seen: OperationSeen, *, now: datetime
+) -> tuple[Emit, ...]:
+    """A call routed to a human, given what is known of its operation (streams/repeats.py):
+    its own request, the stored outcome, `conflict`, or its record keyed by the request it
+    joins."""
+    repeat = repeat_decision(authorized, seen)
+    call_id = authorized.call_id
+    if repeat.kind is RepeatKind.REPLAY and repeat.stored is not None:
+        return (Emit(topic=Topic.OUTCOMES, key=call_id, value=replayed(repeat.stored, authorized)),)
+    if repeat.kind is RepeatKind.CONFLICT:
+        return (Emit(topic=Topic.OUTCOMES, key=call_id, value=conflicted(authorized, now=now)),)
+    if repeat.kind is RepeatKind.JOIN and repeat.joins is not None:
+        joining = authorized.model_copy(update={"joins": repeat.joins})
+        return (Emit(topic=Topic.AUTHORIZED, key=repeat.joins, value=joining),)
+    return (Emit(topic=Topic.AUTHORIZED, key=call_id, value=authorized),)
+
+
 async def on_validated_batch(
     calls: Sequence[ValidatedCall],
     *,
@@ -224,9 +272,11 @@ async def on_validated_batch(
     fetch_many: ResourcesFetch,
     now: datetime,
     freezes: Freezes = NO_FREEZES,
+    operations: OperationsSeen | None = None,
 ) -> list[tuple[Emit, ...]]:
     """What the authorizer publishes for each call of a batch, in order; the resources of
-    all its calls are loaded at once."""
+    all its calls are loaded at once, and so are the operations of its calls that need a
+    human (``operations``; None: every such call opens its own request)."""
     checked = [_check(c, catalog=catalog, keys=keys, policies=policies, now=now) for c in calls]
     loading = [c for c in checked if isinstance(c, _Checked) and c.tool.load is not None]
     found = await fetch_many([(c.tool, c.actor, c.arguments) for c in loading]) if loading else ()
@@ -239,10 +289,18 @@ async def on_validated_batch(
     ]
     pending = [p for p in prepared if isinstance(p, _Pending)]
     decisions = iter(authorize_batch([p.request for p in pending], policies))
-    return [
+    routed = [
         _routed(p, next(decisions), now, policies, freezes) if isinstance(p, _Pending) else (p,)
         for p in prepared
     ]
+    if operations is None:
+        return routed
+    asking = [(i, call) for i, emits in enumerate(routed) if (call := needs_a_human(emits))]
+    if asking:
+        seen = await operations([call for _, call in asking])
+        for (i, call), known in zip(asking, seen, strict=True):
+            routed[i] = repeat_routed(call, known, now=now)
+    return routed
 
 
 async def on_validated(

@@ -27,6 +27,7 @@ def outcome(
     trace_id: str | None = None,
     error: ErrorInfo | None = None,
     reply_to: ReplyAddress | None = None,
+    repeats: str | None = None,
 ) -> Emit:
     """An `outcomes` record for a call that ends (or waits) in a stream stage; ``error``,
     when given, replaces the generic one of ``code`` (reasons, policies, a safe message)."""
@@ -45,5 +46,6 @@ def outcome(
             at=at,
             trace_id=trace_id,
             reply_to=reply_to,
+            repeats=repeats,
         ),
     )

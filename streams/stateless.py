@@ -42,6 +42,7 @@ from schemas.names import AUTHORIZER_GROUP, STREAMS_APP_ID, VALIDATOR_GROUP, Top
 from schemas.settings import Settings
 from schemas.vocabulary import StreamStage
 from streams.authorizer import ResourcesFetch, on_validated_batch
+from streams.repeats import OperationsSeen
 from streams.validator import on_proposed
 from telemetry.tracing import Tracer, trace_id_of
 
@@ -99,6 +100,7 @@ def authorizer_handler(
     feed: PolicyFeed,
     fetch_many: ResourcesFetch,
     freezes: FreezeSource | None = None,
+    operations: OperationsSeen | None = None,
 ) -> Callable[[Sequence[Consumed]], Awaitable[list[Handled]]]:
     frozen = freezes or FixedFreezes()
 
@@ -118,6 +120,7 @@ def authorizer_handler(
                 fetch_many=fetch_many,
                 now=datetime.now(UTC),
                 freezes=frozen.current,
+                operations=operations,
             )
         )
         return [
@@ -173,6 +176,7 @@ class StatelessStages:
         fetch_many: ResourcesFetch,
         tracer: Tracer,
         freezes: FreezeSource | None = None,
+        operations: OperationsSeen | None = None,
     ) -> None:
         self._settings = settings
         self._tracer = tracer
@@ -180,7 +184,12 @@ class StatelessStages:
         self._handlers = {
             StreamStage.VALIDATOR: validator_handler(catalog=catalog, limits=limits, feed=feed),
             StreamStage.AUTHORIZER: authorizer_handler(
-                catalog=catalog, keys=keys, feed=feed, fetch_many=fetch_many, freezes=freezes
+                catalog=catalog,
+                keys=keys,
+                feed=feed,
+                fetch_many=fetch_many,
+                operations=operations,
+                freezes=freezes,
             ),
         }
         self._loops: list[ConsumerLoop] = []

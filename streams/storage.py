@@ -15,9 +15,10 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from commands.catalog import Resource, Tool, ToolArguments, load_resources
 from commands.sql import named_query
 from runtime.clients import pg_pool
-from schemas.envelopes import Actor
+from schemas.envelopes import Actor, AuthorizedCall
 from schemas.errors import StorageUnavailable
-from streams.approval import AuditEntry
+from streams.approval import AuditEntry, EndedRequest
+from streams.repeats import OperationSeen
 
 _PKG = "streams"
 T = TypeVar("T")
@@ -78,6 +79,52 @@ class StreamStorage:
         if not any(tool.load is not None for tool, _, _ in asks):
             return [None] * len(asks)
         return await self._with_connection(lambda conn: load_resources(conn, asks))
+
+    async def operations_seen(self, calls: Sequence[AuthorizedCall]) -> list[OperationSeen]:
+        """Register each call as its operation's approval request unless a call already is
+        (insert-if-absent), then read the operation's request and ledger entry, tenant in
+        every WHERE (streams/repeats.py). Each statement commits on its own (autocommit):
+        the read after the insert sees a concurrent call's committed row."""
+
+        async def seen(conn: AsyncConnection[Any]) -> list[OperationSeen]:
+            found: list[OperationSeen] = []
+            async with conn.cursor() as cur:
+                for call in calls:
+                    key = {"tenant": call.tenant, "idempotency_key": call.idempotency_key}
+                    await cur.execute(
+                        named_query(_PKG, "register_approval_request"),
+                        {**key, "call_id": call.call_id, "fingerprint": call.fingerprint},
+                    )
+                    await cur.execute(named_query(_PKG, "operation_seen"), key)
+                    row = await cur.fetchone()
+                    found.append(OperationSeen(**row) if row is not None else OperationSeen())
+            return found
+
+        return await self._with_connection(seen)
+
+    async def end_requests(self, ended: Sequence[EndedRequest]) -> None:
+        """Keep the final outcome of operations whose approval request ended without the
+        command running (rejected, expired, a refused edit) with their row: a later call of
+        the operation is told the same. Idempotent: only a row naming that very call and
+        not ended yet is written."""
+        if not ended:
+            return
+
+        async def end(conn: AsyncConnection[Any]) -> None:
+            async with conn.cursor() as cur:
+                for request in ended:
+                    call = request.call
+                    await cur.execute(
+                        named_query(_PKG, "end_approval_request"),
+                        {
+                            "tenant": call.tenant,
+                            "idempotency_key": call.idempotency_key,
+                            "call_id": call.call_id,
+                            "outcome": Jsonb(request.outcome.model_dump(mode="json")),
+                        },
+                    )
+
+        await self._with_connection(end)
 
     async def audit(self, entries: Sequence[AuditEntry], *, event_key: str) -> None:
         """Append audit rows, once per source record (``event_key`` + position in it);
