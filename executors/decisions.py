@@ -172,6 +172,8 @@ STATUS_BY_CODE: dict[ErrorCode, Status] = {
     ErrorCode.CANCELLED: Status.CANCELLED,
     ErrorCode.TIMEOUT: Status.UNKNOWN,
     ErrorCode.FROZEN: Status.DENIED,
+    # Not attempted: the downstream's breaker is open (retryable, with retry_after).
+    ErrorCode.UNAVAILABLE: Status.REJECTED,
 }
 
 
