@@ -60,7 +60,8 @@ def fleet(
 
 
 async def test_two_executors_share_one_breaker(redis: Redis) -> None:
-    prefix, clock, published = f"t{uuid.uuid4().hex[:8]}.", Clock(), []
+    prefix, clock = f"t{uuid.uuid4().hex[:8]}.", Clock()
+    published: list[BreakerTransition] = []
     one = fleet(redis, prefix, clock, published, "executor-1")
     two = fleet(redis, prefix, clock, published, "executor-2")
     for breakers in (one, two, one):
@@ -94,7 +95,8 @@ async def test_two_executors_share_one_breaker(redis: Redis) -> None:
 
 
 async def test_a_failed_probe_reopens_for_every_executor(redis: Redis) -> None:
-    prefix, clock, published = f"t{uuid.uuid4().hex[:8]}.", Clock(), []
+    prefix, clock = f"t{uuid.uuid4().hex[:8]}.", Clock()
+    published: list[BreakerTransition] = []
     one = fleet(redis, prefix, clock, published, "executor-1")
     two = fleet(redis, prefix, clock, published, "executor-2")
     for _ in range(4):
