@@ -35,6 +35,7 @@ from aiohttp import web
 from aiokafka.errors import KafkaError
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from pydantic import ValidationError
+from redis.exceptions import RedisError
 
 from approvals.inbox import HTTP_STATUS, approver_from, decision_for, publish_decision
 from approvals.operators import OperatorRights, operator_from, throw_switch, visible_to
@@ -42,7 +43,8 @@ from approvals.signing import ApprovalKeys, approval_keys
 from commands.freezes import FleetFreezes
 from dashboard import shaping
 from dashboard.reads import DashboardReads
-from runtime.clients import database_conninfo, pg_pool
+from runtime.breakers import BreakerStatus, FleetBreakers
+from runtime.clients import database_conninfo, pg_pool, redis_client
 from runtime.health import health_response
 from schemas.envelopes import Actor, ApprovalVerdict, FreezeRecord
 from schemas.errors import (
@@ -277,6 +279,32 @@ async def throw(request: web.Request) -> web.Response:
     return web.json_response({"published": True, "freeze": _freeze_json(record)}, status=202)
 
 
+# -- circuit breakers (docs/execution.md, "Circuit breakers") ------------------------------
+
+_BREAKERS = web.AppKey("breakers", FleetBreakers)
+
+
+def _breaker_json(status: BreakerStatus) -> dict[str, Any]:
+    return {
+        "breaker": status.breaker,
+        "state": status.state.value,
+        "since": shaping.iso(status.since) if status.since else None,
+        "calls": status.calls,
+        "failures": status.failures,
+        "slow": status.slow,
+    }
+
+
+async def breakers(request: web.Request) -> web.Response:
+    """Every downstream's breaker (shared by all executors) and its window now: operational
+    state of the deployment, no tenant's data."""
+    try:
+        found = await request.app[_BREAKERS].statuses()
+    except RedisError as exc:
+        raise StorageUnavailable("Redis is not reachable.") from exc
+    return web.json_response({"breakers": [_breaker_json(s) for s in found]})
+
+
 READY_TIMEOUT_SECONDS = 2.0
 
 
@@ -291,12 +319,17 @@ def create_app(settings: Settings, *, keys: ContextKeys | None = None) -> web.Ap
     app[_SIGNING] = approval_keys(settings)
     app[_FREEZES] = FleetFreezes(settings)
     app[_OPERATORS] = OperatorRights.from_directory()
+    redis = redis_client(settings)
+    app[_BREAKERS] = FleetBreakers(
+        redis, prefix=settings.topic_prefix, defaults=settings.breakers, by="dashboard"
+    )
 
     async def lifecycle(_app: web.Application) -> Any:
         await pool.open(wait=False)
         yield
         await pool.close()
         await app[_FREEZES].close()
+        await redis.aclose()
 
     app.cleanup_ctx.append(lifecycle)
 
@@ -327,6 +360,7 @@ def create_app(settings: Settings, *, keys: ContextKeys | None = None) -> web.Ap
     app.router.add_post("/api/approvals/{call_id}/decision", decide)
     app.router.add_get("/api/freezes", freezes)
     app.router.add_post("/api/freezes", throw)
+    app.router.add_get("/api/breakers", breakers)
     app.router.add_get("/metrics", metrics_handler)
     return app
 

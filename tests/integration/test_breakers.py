@@ -9,10 +9,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 from psycopg_pool import AsyncConnectionPool
 from redis.asyncio import Redis
 
 from commands.reference import catalog
+from dashboard.server import create_app
 from executors.claims import ClaimStore
 from executors.executor import CommandExecutor
 from runtime.breaker_machine import BreakerState
@@ -170,3 +172,21 @@ async def test_an_open_breaker_refuses_before_the_effect_and_leaves_no_trace(
     assert (await provider_stats(provider_url))["posts"] == posts + 1
     statuses = {s.breaker: s for s in await breakers.statuses()}
     assert statuses["payments:write"].state is BreakerState.HALF_OPEN  # one of two probes
+
+
+async def test_the_dashboard_shows_every_breaker(redis: Redis, settings: Settings) -> None:
+    own = settings.model_copy(update={"topic_prefix": f"t{uuid.uuid4().hex[:8]}."})
+    breakers = FleetBreakers(redis, prefix=own.topic_prefix, defaults=LIMITS, by="test")
+    for _ in range(4):
+        await breakers.record(await breakers.admit("payments:write"), ok=False, seconds=0.01)
+    await breakers.record(await breakers.admit("payments:read"), ok=True, seconds=0.01)
+    async with TestClient(TestServer(create_app(own))) as client:
+        response = await client.get("/api/breakers")
+        assert response.status == 200
+        body = await response.json()
+        page = await (await client.get("/")).text()
+    shown = {b["breaker"]: b for b in body["breakers"]}
+    assert shown["payments:write"]["state"] == "open" and shown["payments:write"]["since"]
+    assert (shown["payments:write"]["calls"], shown["payments:write"]["failures"]) == (4, 4)
+    assert shown["payments:read"]["state"] == "closed" and shown["payments:read"]["calls"] == 1
+    assert 'id="breakers"' in page
