@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -13,15 +14,19 @@ from aiohttp.test_utils import TestClient, TestServer
 from psycopg_pool import AsyncConnectionPool
 from redis.asyncio import Redis
 
+from approvals.signing import approval_keys
+from commands.catalog import Catalog, ExecutionContext, HandlerResult
 from commands.reference import catalog
 from dashboard.server import create_app
 from executors.claims import ClaimStore
 from executors.executor import CommandExecutor
+from executors.reads import BatchedReads, Read
 from runtime.breaker_machine import BreakerState
 from runtime.breakers import FleetBreakers
 from schemas.envelopes import BreakerTransition, Status
-from schemas.errors import ErrorCode
+from schemas.errors import ErrorCode, TransientFailure
 from schemas.settings import BreakerThresholds, Settings
+from tests.integration.test_batched_reads import read as a_read
 from tests.integration.test_executor import (
     POLICIES,
     REFUND,
@@ -190,3 +195,42 @@ async def test_the_dashboard_shows_every_breaker(redis: Redis, settings: Setting
     assert (shown["payments:write"]["calls"], shown["payments:write"]["failures"]) == (4, 4)
     assert shown["payments:read"]["state"] == "closed" and shown["payments:read"]["calls"] == 1
     assert 'id="breakers"' in page
+
+
+async def test_a_read_tool_naming_a_downstream_has_its_own_read_breaker(
+    pool: AsyncConnectionPool[Any], redis: Redis
+) -> None:
+    """Reads are judged by their downstream's read breaker, apart from its writes: failing
+    reads open it, and later reads end `unavailable` without their handler running."""
+    handled: list[str] = []
+
+    async def failing(context: ExecutionContext) -> HandlerResult:
+        handled.append(context.operation_id)
+        raise TransientFailure()
+
+    reference = catalog.get("get_payment")
+    assert reference is not None
+    flaky = Catalog([replace(reference, handler=failing, downstream="warehouse")])
+    clock = Clock()
+    breakers = fleet(redis, f"t{uuid.uuid4().hex[:8]}.", clock, [], "test-executor")
+    reads = BatchedReads(
+        pool=pool,
+        catalog=flaky,
+        policies=POLICIES,
+        receipt_keys=approval_keys(Settings()),
+        breakers=breakers,
+    )
+    first = await reads.execute(
+        [Read(command=a_read("pay_A1001"), trace_id=None) for _ in range(4)]
+    )
+    codes = [e.outcome.error.code for e in first if e.outcome.error is not None]
+    assert codes == [ErrorCode.RETRYABLE_ERROR] * 4 and len(handled) == 4
+    later = await reads.execute(
+        [Read(command=a_read("pay_A1001"), trace_id=None) for _ in range(3)]
+    )
+    for execution in later:
+        error = execution.outcome.error
+        assert error is not None and error.code is ErrorCode.UNAVAILABLE, execution.outcome
+        assert error.retry_after == 5.0
+    assert len(handled) == 4  # not attempted
+    assert (await breakers.admit("warehouse:write")).allowed  # writes are judged apart
