@@ -18,8 +18,8 @@ from approvals.signing import approval_keys
 from commands.catalog import Catalog, ExecutionContext, HandlerResult
 from commands.reference import catalog
 from dashboard.server import create_app
-from executors.claims import ClaimStore
-from executors.executor import CommandExecutor
+from executors.claims import ClaimKind, ClaimStore
+from executors.executor import CommandExecutor, GroupMember
 from executors.reads import BatchedReads, Read
 from runtime.breaker_machine import BreakerState
 from runtime.breakers import FleetBreakers
@@ -234,3 +234,52 @@ async def test_a_read_tool_naming_a_downstream_has_its_own_read_breaker(
         assert error.retry_after == 5.0
     assert len(handled) == 4  # not attempted
     assert (await breakers.admit("warehouse:write")).allowed  # writes are judged apart
+
+
+async def test_a_group_member_refused_by_an_open_breaker_leaves_no_trace(
+    guarded: tuple[CommandExecutor, FleetBreakers, Clock],
+    pool: AsyncConnectionPool[Any],
+    provider_url: str,
+) -> None:
+    """In a group commit, the members refused by the open breaker roll back alone (their
+    savepoint): no ledger entry, their claims given back and not finished; the others of the
+    group are unaffected (here an internal write, with no downstream)."""
+    executor, breakers, _ = guarded
+    for _ in range(4):
+        await breakers.record(await breakers.admit("payments:write"), ok=False, seconds=0.01)
+    refunds = [command("propose_refund", REFUND, roles=("refund",), approved=True)]
+    refunds.append(command("propose_refund", REFUND, roles=("refund",), approved=True))
+    payout = command(
+        "add_payout_account",
+        {
+            "payment_id": "pay_A1001",
+            "account_holder": "Breaker Test",
+            "account_number": "DE44500105175407324931",
+        },
+        approved=True,
+        roles=("refund",),
+    )
+    group = [*refunds, payout]
+    claims = await executor.claim_many(group)
+    posts = (await provider_stats(provider_url))["posts"]
+    done = await executor.execute_group(
+        [GroupMember(command=c, trace_id=None, claim=k) for c, k in zip(group, claims, strict=True)]
+    )
+    assert all(d is not None for d in done)
+    codes = [d.outcome.error.code if d and d.outcome.error else None for d in done]
+    assert codes == [ErrorCode.UNAVAILABLE, ErrorCode.UNAVAILABLE, None]
+    assert [d.released for d in done if d is not None] == [True, True, False]
+    assert (await provider_stats(provider_url))["posts"] == posts
+    rows = await scalar(
+        pool,
+        "SELECT count(*) FROM command_ledger WHERE tenant = 'tenant-a' AND operation_id = ANY(%s)",
+        [c.operation_id for c in group],
+    )
+    assert rows == 1  # the payout only
+    finishes = [
+        executor.finish_of(c, k, d) for c, k, d in zip(group, claims, done, strict=True) if d
+    ]
+    assert [f is None for f in finishes] == [True, True, False]
+    # Their claims were given back: claimed afresh (not busy, not done) by a retry.
+    again = await executor.claim_many(refunds)
+    assert {k.kind for k in again} == {ClaimKind.CLAIMED}
