@@ -166,7 +166,8 @@ class FleetBreakers:
             for _ in range(5):  # a lost race for a probe: decide again on the new state
                 view = await self._load(breaker)
                 answer = admit(view, self._now_ms(), limits)
-                if answer.next is None or await self._store(breaker, view, answer.next, ""):
+                why = "cool-down over: probing" if answer.probe else ""
+                if answer.next is None or await self._store(breaker, view, answer.next, why):
                     return self._ticket(breaker, view, answer)
         except RedisError as exc:
             log.warning("breaker %s: Redis unavailable (%s); call let through", breaker, exc)
