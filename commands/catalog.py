@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from schemas.envelopes import Actor, Effect
 from schemas.errors import ConfigurationError
-from schemas.settings import Settings
+from schemas.settings import BreakerThresholds, Settings
 
 Connection = AsyncConnection[DictRow]
 
@@ -170,6 +170,12 @@ class Tool:
     # and whether the requester may approve their own call.
     approval_ttl: timedelta | None = None
     allow_self_approval: bool = False
+    # The downstream system its effect (or read) depends on, judged by that downstream's
+    # circuit breaker (docs/execution.md, "Circuit breakers"); None: the catalog's
+    # ``provider`` for a tool with an external effect, no breaker otherwise. A tool may name
+    # its own (e.g. ``"payments.refunds"``) and declare its own ``breaker`` thresholds.
+    downstream: str | None = None
+    breaker: BreakerThresholds | None = None
 
     def __post_init__(self) -> None:
         marked = {
@@ -250,8 +256,12 @@ class Catalog:
         migrations: Path | None = None,
         approver_policies: Path | None = None,
         reference_approver_policies: bool = True,
+        provider: str | None = None,
     ) -> None:
         self._start = start
+        # The downstream its tools' external effects go to, unless a tool names another:
+        # the name of their shared circuit breaker (`downstream_of`).
+        self.provider = provider
         self._stop = stop
         # The catalog's own tables: plain-SQL files applied by `ratifier migrate` after ours,
         # in file-name order, recorded as ``<name>/<file stem>``.
@@ -299,6 +309,14 @@ class Catalog:
     async def stop(self) -> None:
         if self._stop is not None:
             await self._stop()
+
+
+def downstream_of(catalog: Catalog, tool: Tool) -> str | None:
+    """The downstream whose circuit breaker judges ``tool``'s calls: its own, else the
+    catalog's provider for an external effect; None: no breaker."""
+    if tool.downstream is not None:
+        return tool.downstream
+    return catalog.provider if tool.external is not None else None
 
 
 def load_catalog(spec: str) -> Catalog:

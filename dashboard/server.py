@@ -39,6 +39,7 @@ import psycopg
 from aiohttp import web
 from aiokafka.errors import KafkaError
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from redis.exceptions import RedisError
 
 from approvals.inbox import HTTP_STATUS, approver_from, decision_body
 from approvals.operators import OperatorRights, operator_from, throw_switch, visible_to
@@ -50,7 +51,8 @@ from commands.catalog import Catalog, load_catalog
 from commands.freezes import FleetFreezes
 from dashboard import shaping
 from dashboard.reads import DashboardReads
-from runtime.clients import database_conninfo, pg_pool
+from runtime.breakers import BreakerStatus, FleetBreakers
+from runtime.clients import database_conninfo, pg_pool, redis_client
 from runtime.health import health_response
 from schemas.envelopes import Actor, FreezeRecord
 from schemas.errors import (
@@ -260,6 +262,32 @@ async def throw(request: web.Request) -> web.Response:
     return web.json_response({"published": True, "freeze": _freeze_json(record)}, status=202)
 
 
+# -- circuit breakers (docs/execution.md, "Circuit breakers") ------------------------------
+
+_BREAKERS = web.AppKey("breakers", FleetBreakers)
+
+
+def _breaker_json(status: BreakerStatus) -> dict[str, Any]:
+    return {
+        "breaker": status.breaker,
+        "state": status.state.value,
+        "since": shaping.iso(status.since) if status.since else None,
+        "calls": status.calls,
+        "failures": status.failures,
+        "slow": status.slow,
+    }
+
+
+async def breakers(request: web.Request) -> web.Response:
+    """Every downstream's breaker (shared by all executors) and its window now: operational
+    state of the deployment, no tenant's data."""
+    try:
+        found = await request.app[_BREAKERS].statuses()
+    except RedisError as exc:
+        raise StorageUnavailable("Redis is not reachable.") from exc
+    return web.json_response({"breakers": [_breaker_json(s) for s in found]})
+
+
 READY_TIMEOUT_SECONDS = 2.0
 
 
@@ -283,12 +311,17 @@ def create_app(
         catalog=catalog,
         audit=JoinAudit(pool),
     )
+    redis = redis_client(settings)
+    app[_BREAKERS] = FleetBreakers(
+        redis, prefix=settings.topic_prefix, defaults=settings.breakers, by="dashboard"
+    )
 
     async def lifecycle(_app: web.Application) -> Any:
         await pool.open(wait=False)
         yield
         await pool.close()
         await app[_FREEZES].close()
+        await redis.aclose()
 
     app.cleanup_ctx.append(lifecycle)
 
@@ -320,6 +353,7 @@ def create_app(
     app.router.add_get("/api/freezes", freezes)
     app.router.add_post("/api/freezes", throw)
     app.router.add_get("/api/approvals/{call_id}/decisions/{decision_id}", decision_verdict)
+    app.router.add_get("/api/breakers", breakers)
     app.router.add_get("/metrics", metrics_handler)
     return app
 

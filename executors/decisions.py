@@ -173,6 +173,8 @@ STATUS_BY_CODE: dict[ErrorCode, Status] = {
     ErrorCode.TIMEOUT: Status.UNKNOWN,
     ErrorCode.FROZEN: Status.DENIED,
     ErrorCode.BUDGET_EXCEEDED: Status.DENIED,
+    # Not attempted: the downstream's breaker is open (retryable, with retry_after).
+    ErrorCode.UNAVAILABLE: Status.REJECTED,
 }
 
 

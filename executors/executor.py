@@ -32,6 +32,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from tenacity import (
     AsyncRetrying,
+    RetryCallState,
     RetryError,
     retry_if_exception_type,
     stop_after_attempt,
@@ -49,6 +50,7 @@ from commands.catalog import (
     ExternalEffect,
     HandlerResult,
     Tool,
+    downstream_of,
 )
 from commands.freezes import FixedFreezes, FreezeSource
 from commands.policy import PolicySource
@@ -65,9 +67,17 @@ from executors.decisions import (
     resource_refusals,
 )
 from executors.ledger import CommandLedger
-from executors.outcomes import executed_detail, failed_outcome, outcome_of, refused_outcome
-from schemas.envelopes import CommittedCommand, ErrorInfo, Outcome, Stage, Status
+from executors.outcomes import (
+    executed_detail,
+    failed_outcome,
+    outcome_of,
+    refused_outcome,
+    unavailable_outcome,
+)
+from runtime.breakers import FleetBreakers, Ticket, breaker_name
+from schemas.envelopes import CommittedCommand, Effect, ErrorInfo, Outcome, Stage, Status
 from schemas.errors import (
+    DownstreamUnavailable,
     ErrorCode,
     OutcomeUnknown,
     PermanentFailure,
@@ -105,6 +115,9 @@ class Execution:
     # The command reserved budget amounts in this transaction (docs/budgets.md): its
     # recorded outcome consumes or releases them.
     budgeted: bool = False
+    # Refused before its effect by the downstream's open breaker: nothing of it is recorded
+    # and its claim was given back, so the same call can run later.
+    released: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,6 +138,8 @@ class _Pending:
     external: ExternalEffect
     fence: int
     budgeted: bool = False
+    # The downstream's breaker let it through: each attempt's result is counted there.
+    ticket: Ticket | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -134,6 +149,10 @@ class _Invoked:
     outcome: Outcome
     done: HandlerResult | None
     code: ErrorCode | None
+
+
+class _RetriesCut(Exception):
+    """The breaker opened between two attempts of an effect: stop retrying."""
 
 
 class CommandExecutor:
@@ -150,8 +169,11 @@ class CommandExecutor:
         wait_for_owner_seconds: float = 30.0,
         receipt_keys: ApprovalKeys | None = None,
         freezes: FreezeSource | None = None,
+        breakers: FleetBreakers | None = None,
     ) -> None:
         self._freezes = freezes or FixedFreezes()
+        # The downstreams' circuit breakers, shared by every executor (None: none consulted).
+        self._breakers = breakers
         # The keys receipts are verified with; by default this deployment's (settings).
         self._receipt_keys = receipt_keys or approval_keys(Settings())
         self._wait_for_owner = wait_for_owner_seconds
@@ -267,6 +289,10 @@ class CommandExecutor:
             if pending is not None:
                 self._crash_points.reached(CrashPoint.BEFORE_EFFECT)
                 first = await self._perform(command, pending, trace_id)
+        except DownstreamUnavailable as exc:
+            # Refused before the effect was prepared: the ledger transaction rolled back.
+            await self._release(command, claim)
+            return self._unavailable(command, exc, trace_id)
         except (psycopg.OperationalError, PoolTimeout) as exc:
             # The connection was lost: the open transaction rolled back; nothing is recorded
             # that did not happen. The command is retried by the caller.
@@ -285,7 +311,7 @@ class CommandExecutor:
     ) -> ClaimFinish | None:
         """The claim to finish with ``execution``'s outcome (None: no fast path, or the
         outcome is not final yet)."""
-        if self._claims is None or execution.outcome.status is Status.UNKNOWN:
+        if self._claims is None or execution.outcome.status is Status.UNKNOWN or execution.released:
             return None
         return ClaimFinish(
             tenant=command.tenant,
@@ -293,6 +319,39 @@ class CommandExecutor:
             fence=claim.fence,
             outcome=execution.outcome,
         )
+
+    async def _release(self, command: CommittedCommand, claim: Claim) -> None:
+        """Give back a claim under which nothing was recorded, so a retry runs at once."""
+        if self._claims is not None and claim.kind in (ClaimKind.CLAIMED, ClaimKind.EXPIRED):
+            await self._claims.release(command.tenant, command.idempotency_key, claim.fence)
+
+    @staticmethod
+    def _unavailable(
+        command: CommittedCommand, exc: DownstreamUnavailable, trace_id: str | None
+    ) -> Execution:
+        return Execution(
+            outcome=unavailable_outcome(command, exc.retry_after, trace_id), released=True
+        )
+
+    def _breaker_of(self, tool: Tool) -> str | None:
+        """The breaker judging ``tool``'s calls (reads and writes apart), or None."""
+        if self._breakers is None:
+            return None
+        downstream = downstream_of(self._catalog, tool)
+        if downstream is None:
+            return None
+        return breaker_name(downstream, read=tool.effect is Effect.READ)
+
+    async def _through_breaker(self, tool: Tool) -> Ticket | None:
+        """The breaker's ticket for a call of ``tool`` about to start its effect; raises
+        `DownstreamUnavailable` while it is open (nothing started yet)."""
+        name = self._breaker_of(tool)
+        if name is None or self._breakers is None:
+            return None
+        ticket = await self._breakers.admit(name)
+        if not ticket.allowed:
+            raise DownstreamUnavailable(ticket.retry_after or 0.0)
+        return ticket
 
     async def _read(self, command: CommittedCommand, trace_id: str | None) -> Execution:
         """A read has no effect to deduplicate: no claim, no ledger row. It runs the same
@@ -303,6 +362,8 @@ class CommandExecutor:
             async with self._pool.connection() as conn, conn.transaction():
                 ended, _ = await self._run(conn, command, 0, trace_id)  # no external effect
                 await self._audit_executed(conn, command, ended.outcome, kind=AuditKind.READ)
+        except DownstreamUnavailable as exc:
+            return self._unavailable(command, exc, trace_id)
         except (psycopg.OperationalError, PoolTimeout) as exc:
             raise StorageUnavailable() from exc
         count_dedup("ledger", "skipped_read")
@@ -518,11 +579,18 @@ class CommandExecutor:
         trace_id: str | None,
     ) -> tuple[Execution, _Pending | None]:
         conn = context.conn
+        # The downstream's breaker, before anything of the effect starts: open, it raises
+        # and the caller's transaction (the ledger entry with it) rolls back.
+        ticket = await self._through_breaker(tool)
+        started = time.monotonic()
         try:
             # A savepoint: a failing handler's domain writes roll back, the ledger row stays.
             async with conn.transaction():
                 handled = await tool.handler(context)
         except RatifierError as exc:
+            if ticket is not None and tool.external is None:
+                failed = isinstance(exc, (TransientFailure, OutcomeUnknown))
+                await self._count(ticket, ok=not failed, started=started)
             return Execution(outcome=self._refused(command, exc, trace_id)), None
         except psycopg.OperationalError:
             raise
@@ -532,6 +600,8 @@ class CommandExecutor:
                 outcome=self._failed(command, ErrorCode.PERMANENT_ERROR, trace_id)
             ), None
         if tool.external is None:
+            if ticket is not None:  # a read (or internal write) that depends on a downstream
+                await self._count(ticket, ok=True, started=started)
             return Execution(
                 outcome=self._outcome(
                     command,
@@ -548,7 +618,12 @@ class CommandExecutor:
         placeholder = Execution(
             outcome=self._failed(command, ErrorCode.TIMEOUT, trace_id), unknown=True
         )
-        return placeholder, _Pending(request=request, external=tool.external, fence=fence)
+        pending = _Pending(request=request, external=tool.external, fence=fence, ticket=ticket)
+        return placeholder, pending
+
+    async def _count(self, ticket: Ticket, *, ok: bool, started: float) -> None:
+        if self._breakers is not None:
+            await self._breakers.record(ticket, ok=ok, seconds=time.monotonic() - started)
 
     async def _perform(
         self, command: CommittedCommand, pending: _Pending, trace_id: str | None
@@ -575,6 +650,7 @@ class CommandExecutor:
         done: HandlerResult | None = None
         code: ErrorCode | None = None
         refusal: PermanentFailure | None = None
+        ticket = pending.ticket
         try:
             async for attempt in AsyncRetrying(
                 stop=stop_after_attempt(self._retry_attempts),
@@ -583,8 +659,12 @@ class CommandExecutor:
                 reraise=False,
             ):
                 with attempt:
-                    done = await external.invoke(request)
+                    done = await self._attempt(external, request, ticket, attempt.retry_state)
         except RetryError:
+            code = ErrorCode.RETRY_EXHAUSTED
+        except _RetriesCut:
+            # The breaker opened while this call waited to retry a failure known to precede
+            # its effect: no further attempt while it is open; its retries end here.
             code = ErrorCode.RETRY_EXHAUSTED
         except PermanentFailure as exc:
             code, refusal = ErrorCode.PERMANENT_ERROR, exc
@@ -605,6 +685,32 @@ class CommandExecutor:
             assert code is not None
             outcome = self._failed(command, code, trace_id)
         return _Invoked(outcome=outcome, done=done, code=code)
+
+    async def _attempt(
+        self,
+        external: ExternalEffect,
+        request: EffectRequest,
+        ticket: Ticket | None,
+        state: RetryCallState,
+    ) -> HandlerResult:
+        """One attempt of the effect, its result counted by the downstream's breaker (a
+        failure: known not applied, or its outcome unknown). A retry is attempted only while
+        the breaker is not open."""
+        if ticket is None or self._breakers is None:
+            return await external.invoke(request)
+        if state.attempt_number > 1 and not await self._breakers.still_closed_enough(ticket):
+            raise _RetriesCut()
+        started = time.monotonic()
+        try:
+            done = await external.invoke(request)
+        except (TransientFailure, OutcomeUnknown):
+            await self._count(ticket, ok=False, started=started)
+            raise
+        except PermanentFailure:
+            await self._count(ticket, ok=True, started=started)  # it answered: a refusal
+            raise
+        await self._count(ticket, ok=True, started=started)
+        return done
 
     async def _settle(
         self,
@@ -692,6 +798,9 @@ class CommandExecutor:
                             pending[i] = found
                 self._crash_points.reached(CrashPoint.GROUP_PREPARED)
             self._crash_points.reached(CrashPoint.GROUP_COMMITTED)
+            for member, result in zip(members, results, strict=True):
+                if result is not None and result.released:  # refused by an open breaker
+                    await self._release(member.command, member.claim)
             if not pending:
                 return results
             at = list(pending)
@@ -736,6 +845,9 @@ class CommandExecutor:
                 if pending is None:
                     await self._record(conn, command, ended)
                 return ended, pending
+        except DownstreamUnavailable as exc:
+            # The breaker is open: the savepoint took this member's ledger entry back.
+            return self._unavailable(command, exc, member.trace_id), None
         except _LOCK_CONFLICTS as exc:
             # A row lock held by another transaction (lock timeout, deadlock, serialization):
             # the savepoint released this member's locks; it runs alone after the group.

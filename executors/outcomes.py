@@ -44,6 +44,17 @@ def failed_outcome(command: CommittedCommand, code: ErrorCode, trace_id: str | N
     return outcome_of(command, status=status_for(code), code=code, trace_id=trace_id)
 
 
+def unavailable_outcome(
+    command: CommittedCommand, retry_after: float | None, trace_id: str | None
+) -> Outcome:
+    """Refused before any effect: the downstream's circuit breaker is open. Nothing of the
+    call is recorded as executed; the same call may be retried after ``retry_after``."""
+    code = ErrorCode.UNAVAILABLE
+    wait = round(retry_after, 3) if retry_after is not None else None
+    error = ErrorInfo.of(code, retry_after=wait)
+    return outcome_of(command, status=status_for(code), code=code, trace_id=trace_id, error=error)
+
+
 def refused_outcome(command: CommittedCommand, exc: RatifierError, trace_id: str | None) -> Outcome:
     """A handler's or effect's failure: only a message it marked safe for the model
     (``for_model``) reaches the outcome, never the exception's own text."""

@@ -17,6 +17,7 @@ batch), any other error reaches the caller, which runs these reads one by one in
 
 from __future__ import annotations
 
+import time
 from collections.abc import Container, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -26,7 +27,14 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from approvals.signing import ApprovalKeys
-from commands.catalog import Catalog, Connection, ExecutionContext, Tool, load_resources
+from commands.catalog import (
+    Catalog,
+    Connection,
+    ExecutionContext,
+    Tool,
+    downstream_of,
+    load_resources,
+)
 from commands.freezes import FixedFreezes, FreezeSource
 from commands.policy import PolicySet, PolicySource
 from executors.decisions import (
@@ -39,9 +47,22 @@ from executors.decisions import (
 )
 from executors.executor import Execution
 from executors.ledger import CommandLedger
-from executors.outcomes import executed_detail, failed_outcome, outcome_of, refused_outcome
+from executors.outcomes import (
+    executed_detail,
+    failed_outcome,
+    outcome_of,
+    refused_outcome,
+    unavailable_outcome,
+)
+from runtime.breakers import FleetBreakers, breaker_name
 from schemas.envelopes import CommittedCommand, Outcome, Status
-from schemas.errors import ErrorCode, RatifierError, StorageUnavailable
+from schemas.errors import (
+    ErrorCode,
+    OutcomeUnknown,
+    RatifierError,
+    StorageUnavailable,
+    TransientFailure,
+)
 from schemas.vocabulary import AuditKind
 from telemetry.metrics import count_dedup
 
@@ -87,8 +108,11 @@ class BatchedReads:
         receipt_keys: ApprovalKeys,
         cancelled: Container[str] = frozenset(),
         freezes: FreezeSource | None = None,
+        breakers: FleetBreakers | None = None,
     ) -> None:
         self._freezes = freezes or FixedFreezes()
+        # A read tool that names a downstream is judged by its read breaker (writes apart).
+        self._breakers = breakers
         self._pool = pool
         self._catalog = catalog
         self._policies = policies
@@ -173,12 +197,26 @@ class BatchedReads:
             arguments=loaded.admitted.arguments,
             resource=loaded.resource,
         )
+        downstream = downstream_of(self._catalog, loaded.tool)
+        ticket = None
+        if downstream is not None and self._breakers is not None:
+            ticket = await self._breakers.admit(breaker_name(downstream, read=True))
+            if not ticket.allowed:  # open: the read is not attempted
+                return unavailable_outcome(command, ticket.retry_after, read.trace_id)
+        started = time.monotonic()
         # No savepoint per read: a read handler has no writes to roll back, and a database
         # error aborts the whole transaction anyway (the caller then runs the reads alone).
         try:
             handled = await loaded.tool.handler(context)
         except RatifierError as exc:
+            if ticket is not None and self._breakers is not None:
+                failed = isinstance(exc, (TransientFailure, OutcomeUnknown))
+                await self._breakers.record(
+                    ticket, ok=not failed, seconds=time.monotonic() - started
+                )
             return refused_outcome(command, exc, read.trace_id)
+        if ticket is not None and self._breakers is not None:
+            await self._breakers.record(ticket, ok=True, seconds=time.monotonic() - started)
         return outcome_of(
             command,
             status=Status.SUCCEEDED,

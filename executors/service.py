@@ -32,6 +32,7 @@ from approvals.signing import approval_keys
 from commands.catalog import Catalog
 from commands.freezes import FleetFreezes
 from commands.policy_feed import PolicyFeed
+from executors.breakers import fleet_breakers
 from executors.cancellations import CancelledCalls
 from executors.claims import Claim, ClaimFinish, ClaimKind, ClaimStore
 from executors.crash_points import NO_CRASH_POINTS, CrashPoint, CrashPoints
@@ -413,7 +414,9 @@ class ExecutorService:
         cancelled = CancelledCalls(settings)
         freezes = FleetFreezes(settings)  # the kill switch, checked at commit time
         receipt_keys = approval_keys(settings)
+        breakers = fleet_breakers(settings, self._catalog, redis, producer, by=owner)
         executor = CommandExecutor(
+            breakers=breakers,
             pool=pool,
             claims=claims if settings.executor.redis_fast_path else None,
             catalog=self._catalog,
@@ -432,6 +435,7 @@ class ExecutorService:
             receipt_keys=receipt_keys,
             cancelled=cancelled,
             freezes=freezes,
+            breakers=breakers,
         )
         handle = partial(self._handle_batch, executor=executor, reads=reads, pool=pool)
 

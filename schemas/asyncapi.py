@@ -37,6 +37,7 @@ TOPIC_KEYS: dict[str, str] = {
     "policies": "name",
     "controls": "scope",
     "notifications.deadletter": "call_id",
+    "breakers": "breaker",
 }
 
 # Who writes each topic (the channel's description).
@@ -69,6 +70,7 @@ WRITTEN_BY: dict[str, str] = {
     "notifications.deadletter": (
         "the notifier, for an approval notification it gave up on after its bound (v1.5)"
     ),
+    "breakers": "the executor that moved a downstream's circuit breaker (v1.5)",
 }
 
 # Who writes a topic from outside the pipeline (agents, approvers, operators): the operations

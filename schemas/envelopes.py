@@ -293,6 +293,8 @@ class ErrorInfo(Part):
     fields: tuple[FieldProblem, ...] = ()
     reason: RefusalReason | None = None
     policies: tuple[PolicyId, ...] = Field(default=(), max_length=16)
+    # v1.5, additive: when a retryable refusal (`unavailable`) may be retried, in seconds.
+    retry_after: float | None = Field(default=None, ge=0)
 
     @classmethod
     def of(
@@ -303,6 +305,7 @@ class ErrorInfo(Part):
         *,
         reason: RefusalReason | None = None,
         policies: tuple[str, ...] = (),
+        retry_after: float | None = None,
     ) -> ErrorInfo:
         specific = " ".join((message or "").split())[:MAX_REASON_MESSAGE]
         return cls(
@@ -312,6 +315,7 @@ class ErrorInfo(Part):
             fields=fields,
             reason=reason,
             policies=tuple(p[:128] for p in policies[:16]),
+            retry_after=retry_after,
         )
 
     @classmethod
@@ -553,6 +557,28 @@ class FreezeRecord(Record):
     at: datetime
 
 
+# A circuit breaker's name (the `breakers` key): `<downstream>:<read|write>`.
+BREAKER_NAME_PATTERN = r"^[a-z][a-z0-9_.-]{0,63}:(?:read|write)$"
+
+
+class BreakerTransition(Record):
+    """`breakers`, key `breaker` (v1.5, additive): a circuit breaker of a downstream changed
+    state (``closed``, ``open``, ``half_open``), published by the executor that moved it.
+    ``calls``, ``failures`` and ``slow`` are the window it judged (zero when a cool-down or a
+    probe moved it); ``retry_after`` is the cool-down an open breaker answers with."""
+
+    breaker: Annotated[str, StringConstraints(pattern=BREAKER_NAME_PATTERN)]
+    from_state: Literal["closed", "open", "half_open"]
+    to_state: Literal["closed", "open", "half_open"]
+    reason: ShortText = ""
+    calls: int = Field(default=0, ge=0)
+    failures: int = Field(default=0, ge=0)
+    slow: int = Field(default=0, ge=0)
+    retry_after: float | None = Field(default=None, ge=0)
+    by: str = Field(min_length=1, max_length=256)
+    at: datetime
+
+
 CONTRACT_RECORDS: dict[str, type[Record]] = {
     "calls.proposed": ProposedCall,
     "calls.validated": ValidatedCall,
@@ -569,4 +595,6 @@ CONTRACT_RECORDS: dict[str, type[Record]] = {
     "controls": FreezeRecord,
     # v1.5: approval notifications the notifier gave up on (docs/notifications.md).
     "notifications.deadletter": NotificationDeadLetter,
+    # v1.5: circuit breaker state changes (docs/execution.md, "Circuit breakers").
+    "breakers": BreakerTransition,
 }

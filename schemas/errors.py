@@ -32,6 +32,9 @@ class ErrorCode(StrEnum):
     FROZEN = "frozen"
     # v1.5: the call would take a spending budget's window over its cap (status `denied`).
     BUDGET_EXCEEDED = "budget_exceeded"
+    # v1.5: the downstream's circuit breaker is open; nothing was attempted (docs/execution.md,
+    # "Circuit breakers"). Retryable, after `ErrorInfo.retry_after` seconds.
+    UNAVAILABLE = "unavailable"
 
 
 class RefusalReason(StrEnum):
@@ -56,7 +59,9 @@ AWAITING_CONFIRMATION_MESSAGE = "This action waits for the customer's confirmati
 CUSTOMER_DECLINED_MESSAGE = "The customer declined this action."
 
 # Whether an agent may retry the same proposal unchanged.
-RETRYABLE_CODES: frozenset[ErrorCode] = frozenset({ErrorCode.TIMEOUT, ErrorCode.RETRYABLE_ERROR})
+RETRYABLE_CODES: frozenset[ErrorCode] = frozenset(
+    {ErrorCode.TIMEOUT, ErrorCode.RETRYABLE_ERROR, ErrorCode.UNAVAILABLE}
+)
 
 # Short messages that are safe to show a model: no SQL, paths, tokens or tenant data.
 SAFE_MESSAGES: dict[ErrorCode, str] = {
@@ -79,6 +84,10 @@ SAFE_MESSAGES: dict[ErrorCode, str] = {
     ErrorCode.INVALID_REPLY_ADDRESS: "The reply address is not a reply topic of this deployment.",
     ErrorCode.FROZEN: "Operators have paused this kind of action for now; try again later.",
     ErrorCode.BUDGET_EXCEEDED: "A spending budget does not allow this call now.",
+    ErrorCode.UNAVAILABLE: (
+        "The system this action needs is failing; nothing was attempted. Retry the same call "
+        "after retry_after seconds."
+    ),
 }
 
 
@@ -119,6 +128,17 @@ class Frozen(RatifierError):
     """An operator froze a scope the call falls in (the kill switch)."""
 
     code = ErrorCode.FROZEN
+
+
+class DownstreamUnavailable(RatifierError):
+    """The downstream's circuit breaker is open: the effect was not attempted; the call may
+    be retried after ``retry_after`` seconds."""
+
+    code = ErrorCode.UNAVAILABLE
+
+    def __init__(self, retry_after: float, message: str | None = None) -> None:
+        self.retry_after = retry_after
+        super().__init__(message)
 
 
 class PreconditionFailed(RatifierError):

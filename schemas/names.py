@@ -25,6 +25,9 @@ class Topic(StrEnum):
     CONTROLS = "controls"
     # Approval notifications the notifier gave up on (docs/notifications.md), keyed by call id.
     NOTIFICATIONS_DEADLETTER = "notifications.deadletter"
+    # v1.5: circuit breaker state changes (docs/execution.md, "Circuit breakers"), keyed by
+    # breaker; the audit sink stores them like every record.
+    BREAKERS = "breakers"
 
 
 # Topics whose records are keyed by call id and co-partitioned with calls.proposed.
@@ -45,6 +48,10 @@ REDIS_CLAIM_PREFIX = "ratifier:claim:"
 # An executor's liveness mark (refreshed while it runs), so that a claim held by a dead owner
 # is taken over at once instead of after its lease.
 REDIS_OWNER_PREFIX = "ratifier:owner:"
+
+# Circuit breakers shared by every executor: `<prefix><topic prefix><breaker>` holds its state,
+# `...:window` its per-second call counts (executors/breakers.py).
+REDIS_BREAKER_PREFIX = "ratifier:breaker:"
 
 TRACEPARENT_HEADER = "traceparent"
 

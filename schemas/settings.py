@@ -202,6 +202,33 @@ class Executor(BaseModel):
     group_commit: bool = True
 
 
+class BreakerThresholds(BaseModel):
+    """When a downstream's circuit breaker opens and how it closes again (docs/execution.md,
+    "Circuit breakers"): over the last ``window_seconds``, with at least ``min_calls``
+    effects attempted, it opens when the share of failures reaches ``failure_rate`` or the
+    share slower than ``slow_call_ms`` passes ``slow_call_rate`` (0.1: the p90 latency is
+    above ``slow_call_ms``). Open, it refuses for ``cooldown_seconds``, then lets
+    ``half_open_probes`` calls through: all succeed, it closes; one fails, it opens again.
+    A catalog's tool may declare its own (`commands.catalog.Tool.breaker`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    window_seconds: int = Field(default=10, ge=1, le=300)
+    min_calls: int = Field(default=10, ge=1)
+    failure_rate: float = Field(default=0.5, gt=0, le=1)
+    slow_call_ms: int = Field(default=5000, ge=1)
+    slow_call_rate: float = Field(default=0.1, gt=0, le=1)
+    cooldown_seconds: float = Field(default=5.0, gt=0, le=3600)
+    half_open_probes: int = Field(default=3, ge=1, le=100)
+
+
+class Breakers(BreakerThresholds):
+    """Circuit breakers of the executor: the defaults of every downstream, and the switch
+    (off: no breaker is consulted or fed)."""
+
+    enabled: bool = True
+
+
 class Reconciler(BaseModel):
     """The reconciler: checks per unknown operation before escalating to humans, the first
     backoff (doubling) and its cap (docs/execution.md: the bound)."""
@@ -346,6 +373,7 @@ class Settings(BaseSettings):
     policies: Policies = Policies()
     limits: RecordLimits = RecordLimits()
     executor: Executor = Executor()
+    breakers: Breakers = Breakers()
     reconciler: Reconciler = Reconciler()
     approvals: Approvals = Approvals()
     streams: Streams = Streams()

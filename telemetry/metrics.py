@@ -96,6 +96,17 @@ NOTIFICATIONS_PENDING = Gauge(
     "ratifier_notifications_pending",
     "Webhook deliveries still owed (queued or waiting for a retry), all tenants.",
 )
+BREAKER_STATE = Gauge(
+    "ratifier_breaker_state",
+    "A downstream's circuit breaker as this executor last saw it (shared through Redis): "
+    "0 closed, 1 half-open, 2 open; per breaker (`<downstream>:<read|write>`).",
+    ["breaker"],
+)
+BREAKER_REFUSALS = Counter(
+    "ratifier_breaker_refusals",
+    "Calls ended `unavailable` before any effect because their breaker was open, per breaker.",
+    ["breaker"],
+)
 
 # Every metric family this module exports, by exposed sample-name prefix (the dashboard test
 # checks its expressions against these).
@@ -114,6 +125,8 @@ METRIC_NAMES: frozenset[str] = frozenset(
         "ratifier_reconciliation_oldest_age_seconds",
         "ratifier_notifications_total",
         "ratifier_notifications_pending",
+        "ratifier_breaker_state",
+        "ratifier_breaker_refusals_total",
     }
 )
 
@@ -172,6 +185,15 @@ def count_notification(result: str, n: int = 1) -> None:
 
 def set_notifications_pending(n: int) -> None:
     NOTIFICATIONS_PENDING.set(n)
+
+
+def set_breaker_state(breaker: str, level: int) -> None:
+    """``breaker``'s state as just seen: 0 closed, 1 half-open, 2 open."""
+    BREAKER_STATE.labels(breaker[:80]).set(level)
+
+
+def count_breaker_refusal(breaker: str) -> None:
+    BREAKER_REFUSALS.labels(breaker[:80]).inc()
 
 
 def set_lag(group: str, topic: str, partition: int, lag: int) -> None:

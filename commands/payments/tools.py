@@ -119,5 +119,7 @@ catalog = Catalog(
     start=start_payments,
     stop=stop_payments,
     name="payments",
+    # Refunds go to the payment provider: one circuit breaker for its writes.
+    provider="payments",
     migrations=Path(__file__).parent / "migrations",
 )

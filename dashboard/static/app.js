@@ -819,6 +819,41 @@ async function throwSwitch(scope, frozen, reason) {
   }
 }
 
+// ------------------------------------------------------------------ circuit breakers
+
+const BREAKER_TONE = { closed: "succeeded", half_open: "awaiting_approval", open: "failed" };
+
+function renderBreakers(payload) {
+  const rows = payload.breakers;
+  const open = rows.filter((b) => b.state !== "closed").length;
+  $("breakers-count").textContent = open ? String(open) : "";
+  $("breakers-count").classList.toggle("hot", open > 0);
+  const body = $("breakers").querySelector("tbody");
+  body.replaceChildren(
+    ...rows.map((b) =>
+      h(
+        "tr",
+        { "data-breaker": b.breaker },
+        h("td", {}, h("code", {}, b.breaker)),
+        h("td", {}, chip(BREAKER_TONE[b.state] || "unknown", b.state.replace("_", "-"))),
+        h("td", {}, b.since ? ago(b.since) : "—"),
+        h("td", {}, String(b.calls)),
+        h("td", {}, String(b.failures)),
+        h("td", {}, String(b.slow)),
+      ),
+    ),
+  );
+  if (!rows.length) body.append(h("tr", {}, h("td", { colspan: "6", class: "empty" }, "No downstream called yet.")));
+}
+
+async function refreshBreakers() {
+  try {
+    renderBreakers(await api("/api/breakers"));
+  } catch (err) {
+    $("breakers-count").textContent = "?";
+  }
+}
+
 // ------------------------------------------------------------------ polling
 
 async function refresh() {
@@ -846,6 +881,7 @@ async function refresh() {
     $("refreshed").textContent = `live · updated ${fmtTime(overview.now)}`;
     await refreshInbox();
     await refreshFreezes();
+    await refreshBreakers();
   } catch (err) {
     if (err.status === 0) setHealth("down", "dashboard server unreachable");
     else if (err.status === 503) setHealth("down", "storage unavailable");

@@ -41,7 +41,7 @@ PORTS = {
 # Which pieces may reach what (ratifier.dev/needs-* labels select the NetworkPolicies).
 NEEDS = {
     "kafka": set(PORTS),
-    "redis": {"executor"},
+    "redis": {"executor", "dashboard"},  # the dashboard shows the circuit breakers
     "postgres": set(PORTS) | {"migrate"},
     "provider": {"executor", "reconciler"},
     "webhooks": {"notifier"},
