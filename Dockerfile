@@ -14,6 +14,7 @@ COPY telemetry/ telemetry/
 COPY ratifier/ ratifier/
 COPY examples/ examples/
 COPY testsupport/ testsupport/
+COPY clients/python/ratifier_client/ clients/python/ratifier_client/
 RUN pip wheel --wheel-dir /wheels .
 
 FROM python:3.11-slim

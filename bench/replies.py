@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import BenchRun, agent_token, machine_facts, percentile, table
-from ratifier.client import ProposedToolCall, RatifierClient
+from ratifier_client.client import ProposedToolCall, RatifierClient
 from schemas.envelopes import Outcome, Status
 from schemas.settings import Settings
 

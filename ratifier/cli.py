@@ -369,9 +369,9 @@ def cmd_dashboard(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_mcp(settings: Settings, args: argparse.Namespace) -> int:
     from commands.catalog import load_catalog
-    from ratifier.adapters.confirmation import ConfirmationApi
-    from ratifier.client import RatifierClient
     from ratifier.mcp_gateway import McpGateway, serve_http, serve_stdio
+    from ratifier_client.adapters.confirmation import ConfirmationApi
+    from ratifier_client.client import RatifierClient
     from schemas.identity import context_keys, verify_context_token
 
     keys = context_keys(settings)

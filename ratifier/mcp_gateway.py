@@ -46,8 +46,8 @@ from starlette.applications import Starlette
 
 from commands.catalog import Catalog
 from commands.export import ExportFormat, export_catalog
-from ratifier.adapters.confirmation import ConfirmationApi, ConfirmationRefused
-from ratifier.client import Pending, RatifierClient
+from ratifier_client.adapters.confirmation import ConfirmationApi, ConfirmationRefused
+from ratifier_client.client import Pending, RatifierClient
 from schemas.envelopes import ErrorInfo, Outcome, Stage, Status
 from schemas.errors import ErrorCode, Unauthenticated
 from schemas.identity import ContextKeys, verify_context_token

@@ -16,7 +16,7 @@ from cryptography.x509.oid import NameOID
 from faust.auth import OAuthCredentials, SASLCredentials, SSLCredentials
 from pydantic import ValidationError
 
-from ratifier.client import RatifierClient
+from ratifier_client.client import RatifierClient
 from runtime.clients import (
     FileTokenProvider,
     database_conninfo,

@@ -14,8 +14,8 @@ import pytest
 from mcp.client import Client
 
 from commands.catalog import load_catalog
-from ratifier.client import Pending
 from ratifier.mcp_gateway import McpGateway
+from ratifier_client.client import Pending
 from schemas.envelopes import ApprovalRequest, Outcome, Status
 from schemas.identity import context_keys, issue_context_token
 from schemas.settings import Settings

@@ -16,7 +16,7 @@ from commands.catalog import Catalog
 from commands.policy import PolicySet
 from commands.validate import Limits, Malformed, parse_envelope
 from executors.reconciler import WaitingCall, readdressed, waiting_calls
-from ratifier.client import RatifierClient
+from ratifier_client.client import RatifierClient
 from runtime.emit import Emit
 from runtime.loop import ConsumerLoop, Handled, failed, reply_to_in
 from runtime.replies import ReplySender, reply_copies
