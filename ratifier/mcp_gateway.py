@@ -323,7 +323,7 @@ def _refusal(
     """A refusal of the gateway's own, in the shape of every refusal the pipeline answers
     (`schemas.providers`): status ``denied`` as the authorizer answers the same codes, the
     code and the safe message; ``call_id`` is the call asked about, if any."""
-    refused = Outcome(
+    refused = Outcome.for_call(
         call_id="gateway-refusal",  # not rendered: replaced below
         tool=tool,
         tenant=None,
