@@ -11,7 +11,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from commands.catalog import load_catalog
 from commands.sql import named_query
-from executors.reconciler import Reconciler
+from executors.reconciler_store import Reconciler
 from runtime.clients import database_conninfo, kafka_producer, pg_pool
 from schemas.envelopes import Outcome
 from schemas.settings import Settings

@@ -15,7 +15,7 @@ from commands.policy import PolicySet
 from commands.reference import catalog
 from executors.claims import ClaimStore
 from executors.executor import CommandExecutor
-from executors.reconciler import Reconciler
+from executors.reconciler_store import Reconciler
 from schemas.envelopes import ActorRef, CommittedCommand, Outcome, Status
 from schemas.errors import ErrorCode
 from schemas.fingerprint import fingerprint

@@ -26,7 +26,7 @@ from executors.claims import Claim, ClaimKind, ClaimStore
 from executors.crash_points import CrashPoint
 from executors.executor import CommandExecutor, GroupMember
 from executors.reads import BatchedReads
-from executors.reconciler import Reconciler
+from executors.reconciler_store import Reconciler
 from executors.service import ExecutorService
 from schemas.envelopes import CommittedCommand, Outcome, Status
 from schemas.errors import ErrorCode

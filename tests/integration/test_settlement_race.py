@@ -13,7 +13,7 @@ from redis.asyncio import Redis
 from commands.reference import catalog
 from executors.claims import ClaimStore
 from executors.executor import CommandExecutor
-from executors.reconciler import Reconciler
+from executors.reconciler_store import Reconciler
 from schemas.envelopes import Status
 from schemas.settings import Settings
 from tests.integration.test_executor import (

@@ -11,8 +11,8 @@ import psycopg
 import pytest
 
 from commands.catalog import Catalog
-from executors.reconciler import (
-    ReconcilerService,
+from executors.reconciler import ReconcilerService
+from executors.reconciliation import (
     WaitingCall,
     backoff_seconds,
     describe_failure,

@@ -15,7 +15,7 @@ from aiokafka import TopicPartition
 from commands.catalog import Catalog
 from commands.policy import PolicySet
 from commands.validate import Limits, Malformed, parse_envelope
-from executors.reconciler import WaitingCall, readdressed, waiting_calls
+from executors.reconciliation import WaitingCall, readdressed, waiting_calls
 from ratifier_client.client import RatifierClient
 from runtime.emit import Emit
 from runtime.loop import ConsumerLoop, Handled, failed, reply_to_in
