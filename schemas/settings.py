@@ -18,7 +18,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from schemas.connection import KafkaConnection
+from schemas.connection import KafkaConnection as KafkaConnection
 from schemas.errors import MissingKeyMaterial, UnknownSetting
 from schemas.names import Topic, reply_namespace, topic_name
 from schemas.vocabulary import StreamStage
