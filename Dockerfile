@@ -6,6 +6,7 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 COPY pyproject.toml README.md ./
 COPY schemas/ schemas/
 COPY commands/ commands/
+COPY feeds/ feeds/
 COPY streams/ streams/
 COPY executors/ executors/
 COPY audit/ audit/

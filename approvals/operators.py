@@ -13,8 +13,9 @@ from typing import Any
 
 import cedarpy
 
-from commands.freezes import EVERY_TENANT, Scope, freeze_record, publish_freeze
+from commands.freezes import EVERY_TENANT, Scope, freeze_record
 from commands.policy import PolicySet
+from feeds.freezes import publish_freeze
 from schemas.envelopes import Actor, FreezeRecord
 from schemas.errors import PolicyDenied, Unauthenticated
 from schemas.identity import ContextKeys, verify_context_token

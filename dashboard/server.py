@@ -39,9 +39,9 @@ from pydantic import ValidationError
 from approvals.inbox import HTTP_STATUS, approver_from, decision_for, publish_decision
 from approvals.operators import OperatorRights, operator_from, throw_switch, visible_to
 from approvals.signing import ApprovalKeys, approval_keys
-from commands.freezes import FleetFreezes
 from dashboard import shaping
 from dashboard.reads import DashboardReads
+from feeds.freezes import FleetFreezes
 from runtime.clients import database_conninfo, pg_pool
 from runtime.health import health_response
 from schemas.envelopes import Actor, ApprovalVerdict, FreezeRecord

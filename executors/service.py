@@ -30,13 +30,13 @@ from pydantic import ValidationError
 
 from approvals.signing import approval_keys
 from commands.catalog import Catalog
-from commands.freezes import FleetFreezes
-from commands.policy_feed import PolicyFeed
 from executors.cancellations import CancelledCalls
 from executors.claims import Claim, ClaimFinish, ClaimKind, ClaimStore
 from executors.crash_points import NO_CRASH_POINTS, CrashPoint, CrashPoints
 from executors.executor import CommandExecutor, Execution, GroupMember
 from executors.reads import BatchedReads, Read, split_reads
+from feeds.freezes import FleetFreezes
+from feeds.policies import PolicyFeed
 from runtime.clients import database_conninfo, kafka_consumer, kafka_producer, pg_pool, redis_client
 from runtime.emit import Emit
 from runtime.health import Health, connect_retrying, serve_health

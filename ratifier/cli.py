@@ -68,7 +68,7 @@ def cmd_streams(settings: Settings, _args: argparse.Namespace) -> int:
     import faust
 
     from commands.catalog import load_catalog
-    from commands.policy_feed import PolicyFeed, local_policies
+    from feeds.policies import PolicyFeed, local_policies
     from ratifier.migrate import require_current_schema
     from ratifier.topics import ensure_topics
     from streams.app import create_app
@@ -87,8 +87,8 @@ def cmd_streams(settings: Settings, _args: argparse.Namespace) -> int:
 
 def cmd_executor(settings: Settings, args: argparse.Namespace) -> int:
     from commands.catalog import load_catalog
-    from commands.policy_feed import PolicyFeed, local_policies
     from executors.service import run_executor
+    from feeds.policies import PolicyFeed, local_policies
     from ratifier.migrate import require_current_schema
     from ratifier.topics import ensure_topics
 
@@ -149,7 +149,7 @@ def cmd_policy_schema(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_policy_status(settings: Settings, _args: argparse.Namespace) -> int:
-    from commands.policy_feed import policy_status
+    from feeds.policies import policy_status
 
     status = asyncio.run(policy_status(settings))
     print(status.render())
@@ -159,7 +159,7 @@ def cmd_policy_status(settings: Settings, _args: argparse.Namespace) -> int:
 def cmd_policy_publish(settings: Settings, args: argparse.Namespace) -> int:
     from commands.catalog import load_catalog
     from commands.policy import PolicySet, check_policy_directory
-    from commands.policy_feed import local_policies, policy_record, publish_policies
+    from feeds.policies import local_policies, policy_record, publish_policies
     from ratifier.topics import ensure_topics
 
     problems = check_policy_directory(_policy_dir(settings, args), load_catalog(settings.catalog))
@@ -180,7 +180,7 @@ def cmd_policy_publish(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_policy_replay(settings: Settings, args: argparse.Namespace) -> int:
     from commands.catalog import load_catalog
     from commands.policy import PolicySet
-    from commands.policy_feed import PolicyFeed, local_policies
+    from feeds.policies import PolicyFeed, local_policies
     from ratifier.policy_replay import replay
     from schemas.identity import context_keys
 

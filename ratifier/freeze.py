@@ -8,7 +8,7 @@ import argparse
 import asyncio
 
 from approvals.operators import OperatorRights, operator_from, throw_switch
-from commands.freezes import FleetFreezes
+from feeds.freezes import FleetFreezes
 from schemas.envelopes import FreezeRecord
 from schemas.identity import context_keys
 from schemas.settings import Settings

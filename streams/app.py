@@ -21,9 +21,9 @@ from faust.types.auth import CredentialsT as Credentials
 from approvals.http import install_approval_api
 from approvals.inbox import ApprovalInbox
 from commands.catalog import Catalog
-from commands.freezes import FleetFreezes
-from commands.policy_feed import PolicyFeed
 from commands.validate import Limits
+from feeds.freezes import FleetFreezes
+from feeds.policies import PolicyFeed
 from runtime.clients import (
     HEARTBEAT_INTERVAL_MS,
     SESSION_TIMEOUT_MS,

@@ -24,8 +24,8 @@ from approvals.signing import approval_keys, verify_decision
 from commands.catalog import Catalog
 from commands.freezes import CallFacts, FixedFreezes, FreezeSource, frozen_scope
 from commands.policy import authorize
-from commands.policy_feed import PolicyFeed
 from commands.validate import Limits, Rejection, validate
+from feeds.policies import PolicyFeed
 from runtime.retry import retrying
 from schemas.envelopes import (
     Actor,

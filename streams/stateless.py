@@ -29,8 +29,8 @@ from pydantic import ValidationError
 
 from commands.catalog import Catalog
 from commands.freezes import FixedFreezes, FreezeSource
-from commands.policy_feed import PolicyFeed
 from commands.validate import Limits
+from feeds.policies import PolicyFeed
 from runtime.clients import kafka_admin, kafka_consumer, kafka_producer
 from runtime.emit import Emit
 from runtime.loop import Consumed, ConsumerLoop, Handled, position_of, text_key

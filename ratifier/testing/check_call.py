@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from commands.catalog import Resource, load_catalog
-from commands.policy_feed import local_policies
+from feeds.policies import local_policies
 from ratifier.testing import Kit
 from runtime.clients import database_conninfo, pg_connect_async
 from schemas.envelopes import Actor, CallFormat, ProposedCall

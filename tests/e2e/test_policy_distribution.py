@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from commands.policy import DEFAULT_POLICY_DIR, PolicySet
-from commands.policy_feed import policy_record, publish_policies
 from commands.reference import catalog
+from feeds.policies import policy_record, publish_policies
 from ratifier.policy_replay import replay
 from runtime.clients import kafka_producer
 from schemas.envelopes import PolicySetRecord

@@ -19,11 +19,11 @@ from commands.payments.handlers import read_resource
 from commands.payments.loaders import load_payment, load_payments
 from commands.payments.models import GetPaymentArguments, PaymentFacts
 from commands.policy import PolicySet
-from commands.policy_feed import PolicyFeed
 from commands.reference import catalog
 from executors.executor import CommandExecutor
 from executors.reads import BatchedReads, Read
 from executors.service import ExecutorService
+from feeds.policies import PolicyFeed
 from schemas.envelopes import ActorRef, CommittedCommand, Effect, Outcome
 from schemas.errors import StorageUnavailable
 from schemas.fingerprint import fingerprint as fingerprint_of

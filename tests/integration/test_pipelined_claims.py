@@ -15,12 +15,12 @@ from psycopg_pool import AsyncConnectionPool
 from redis.asyncio import Redis
 
 from approvals.signing import approval_keys
-from commands.policy_feed import PolicyFeed
 from commands.reference import catalog
 from executors.claims import ClaimFinish, ClaimKind, ClaimRequest, ClaimStore
 from executors.executor import CommandExecutor
 from executors.reads import BatchedReads
 from executors.service import ExecutorService
+from feeds.policies import PolicyFeed
 from schemas.envelopes import CommittedCommand, Outcome, Stage, Status
 from schemas.names import REDIS_CLAIM_PREFIX
 from schemas.settings import Settings

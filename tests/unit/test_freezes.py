@@ -12,18 +12,10 @@ from pydantic import ValidationError
 
 from approvals.operators import OperatorRights, check_operator, visible_to
 from commands.catalog import Catalog, Resource
-from commands.freezes import (
-    NO_FREEZES,
-    CallFacts,
-    FleetFreezes,
-    Freezes,
-    Scope,
-    ScopeKind,
-    applied,
-    frozen_scope,
-)
+from commands.freezes import NO_FREEZES, CallFacts, Freezes, Scope, ScopeKind, applied, frozen_scope
 from commands.policy import PolicySet
 from executors.decisions import STATUS_BY_CODE, command_freeze
+from feeds.freezes import FleetFreezes
 from schemas.envelopes import (
     CONTRACT_RECORDS,
     Actor,

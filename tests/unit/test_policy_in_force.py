@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from commands.policy import PolicySet
-from commands.policy_feed import PolicyFeed, PolicyStatus, policy_record
+from feeds.policies import PolicyFeed, PolicyStatus, policy_record
 from schemas.errors import ConfigurationError
 from schemas.settings import Settings
 

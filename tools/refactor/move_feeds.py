@@ -24,13 +24,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from imports import ROOT, rewrite_repository, tracked_files
 
 MOVED_NAMES = ("FleetFreezes", "publish_freeze")
-FEEDS_INIT = '''"""What every process follows of the fleet's compacted topics, and publishes to them:
+FEEDS_INIT = '''"""What every process follows of the fleet's compacted topics and publishes to them:
 the policy set in force (`policies`) and the freezes in force (`controls`). The decisions on
 them are pure and live in `commands`; this package is their Kafka edge."""
 '''
-FREEZES_HEADER = '''"""The freezes in force in this process, followed from the compacted `controls` topic,
-and the publishing of a freeze (docs/kill-switch.md). Which call a freeze stops is decided
-by the pure `commands.freezes.frozen_scope`."""
+FREEZES_HEADER = '''"""The freezes in force in this process, followed from the compacted
+`controls` topic, and the publishing of a freeze (docs/kill-switch.md). Which call a freeze
+stops is decided by the pure `commands.freezes.frozen_scope`."""
 
 from __future__ import annotations
 
@@ -134,6 +134,11 @@ def rewrite_imports() -> None:
 def fix_configuration() -> None:
     pyproject = ROOT / "pyproject.toml"
     text = pyproject.read_text()
+    # Forbidding third-party packages needs them in import-linter's graph.
+    if "include_external_packages" not in text:
+        text = text.replace(
+            "[tool.importlinter]\n", "[tool.importlinter]\ninclude_external_packages = true\n", 1
+        )
     if '"feeds"' not in text:
         text = text.replace('"commands", "approvals",', '"commands", "feeds", "approvals",')
         text = text.replace(

@@ -103,6 +103,11 @@ def edit(path: Path, old: str, new: str) -> None:
 def fix_configuration() -> None:
     pyproject = ROOT / "pyproject.toml"
     text = pyproject.read_text()
+    # Forbidding third-party packages needs them in import-linter's graph.
+    if "include_external_packages" not in text:
+        text = text.replace(
+            "[tool.importlinter]\n", "[tool.importlinter]\ninclude_external_packages = true\n", 1
+        )
     text = re.sub(
         r'root_packages = \[\n  "schemas", "ratifier_client",(?! "config")',
         'root_packages = [\n  "schemas", "ratifier_client", "config",',
