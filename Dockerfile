@@ -5,6 +5,7 @@ WORKDIR /src
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 COPY pyproject.toml README.md ./
 COPY schemas/ schemas/
+COPY config/ config/
 COPY commands/ commands/
 COPY feeds/ feeds/
 COPY streams/ streams/

@@ -49,7 +49,7 @@ $(ASYNCAPI_TOOL)/node_modules/.package-lock.json: $(ASYNCAPI_TOOL)/package-lock.
 	cd $(ASYNCAPI_TOOL) && npm ci --no-audit --no-fund --ignore-scripts --loglevel=error
 
 contract: install $(ASYNCAPI_TOOL)/node_modules/.package-lock.json ## the AsyncAPI document is fresh and valid (official parser)
-	$(BIN)/python -m schemas.export --check
+	$(BIN)/python -m ratifier.contract_export --check
 	node $(ASYNCAPI_TOOL)/validate.mjs schemas/json/asyncapi.json
 
 format: install ## apply ruff's formatting and safe fixes
@@ -57,7 +57,7 @@ format: install ## apply ruff's formatting and safe fixes
 	$(BIN)/ruff format .
 
 schemas: install ## regenerate the JSON Schema files and the AsyncAPI document under schemas/json
-	$(BIN)/python -m schemas.export
+	$(BIN)/python -m ratifier.contract_export
 
 unit: install ## pure tests, no I/O (with a short fuzz run of the pure stages)
 	$(PYTEST) tests/unit tests/fuzz examples

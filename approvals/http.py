@@ -32,10 +32,10 @@ from approvals.inbox import (
     subject_from,
 )
 from approvals.signing import ApprovalKeys, approval_keys
+from config.settings import Settings
+from runtime.identity import ContextKeys
 from schemas.envelopes import ApprovalVerdict, DecisionKind
 from schemas.errors import RatifierError
-from schemas.identity import ContextKeys
-from schemas.settings import Settings
 
 
 def _token(request: Request) -> str | None:

@@ -15,7 +15,9 @@ from pydantic import ValidationError
 from approvals.pending import is_pending, pending_order
 from approvals.rights import APPROVER_ROLE
 from approvals.signing import ApprovalKeys, sign_decision, statement_for
+from config.settings import Settings
 from runtime.clients import kafka_producer
+from runtime.identity import ContextKeys, verify_context_token
 from runtime.reader import TopicReader
 from schemas.envelopes import (
     TERMINAL_STATUSES,
@@ -26,9 +28,7 @@ from schemas.envelopes import (
     DecisionKind,
 )
 from schemas.errors import ErrorCode, PolicyDenied, ResourceNotFound, Unauthenticated
-from schemas.identity import ContextKeys, verify_context_token
 from schemas.names import Topic
-from schemas.settings import Settings
 
 _TERMINAL = {s.value for s in TERMINAL_STATUSES}
 

@@ -25,13 +25,13 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import NewTopic
 from psycopg import sql
 
+from config.settings import DEVELOPMENT_MODE_ENV, Settings
 from ratifier.migrate import migrate
 from ratifier.processes import WorkerProcess, start_worker_args
 from ratifier.topics import delete_topics, ensure_topics
 from runtime.clients import kafka_admin, kafka_consumer, kafka_producer, pg_connect
-from schemas.identity import context_keys, issue_context_token
+from runtime.identity import context_keys, issue_context_token
 from schemas.names import Topic
-from schemas.settings import DEVELOPMENT_MODE_ENV, Settings
 
 
 def machine_facts() -> str:

@@ -17,13 +17,13 @@ from typing import Any
 from approvals.signing import approval_keys
 from bench.common import BenchRun, drain, machine_facts, table
 from commands.policy import PolicySet
+from config.settings import Settings
 from executors.claims import ClaimStore
 from ratifier.processes import WorkerProcess
 from runtime.clients import redis_client
 from schemas.envelopes import ActorRef, AuthorizedCall, CommittedCommand, Effect, Route
 from schemas.fingerprint import fingerprint
 from schemas.names import Topic
-from schemas.settings import Settings
 from testsupport.records import approved_command
 
 SECTION = "## Executor"

@@ -397,8 +397,8 @@ async def baseline_postgres(n: int) -> dict[str, Any]:
 async def pure_costs(n: int) -> dict[str, Any]:
     from bench.authorizer import pure as authorizer_pure
     from bench.validator import pure as validator_pure
-    from schemas.identity import context_keys, verify_context_token
-    from schemas.settings import Settings
+    from config.settings import Settings
+    from runtime.identity import context_keys, verify_context_token
 
     settings = Settings()
     validate_us, _ = validator_pure(n)
@@ -1134,8 +1134,8 @@ async def latency_settings() -> list[tuple[str, str, str, str]]:
 
     from bench.loop_identity import POLL_MS
     from bench.relay import BATCH as RELAY_BATCH
+    from config.settings import Settings
     from runtime.loop import ConsumerLoop
-    from schemas.settings import Settings
     from streams.app import faust_settings
     from streams.stateless import BATCH_MAX
 

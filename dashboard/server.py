@@ -39,11 +39,13 @@ from pydantic import ValidationError
 from approvals.inbox import HTTP_STATUS, approver_from, decision_for, publish_decision
 from approvals.operators import OperatorRights, operator_from, throw_switch, visible_to
 from approvals.signing import ApprovalKeys, approval_keys
+from config.settings import Settings
 from dashboard import shaping
 from dashboard.reads import DashboardReads
 from feeds.freezes import FleetFreezes
 from runtime.clients import database_conninfo, pg_pool
 from runtime.health import health_response
+from runtime.identity import ContextKeys, context_keys
 from schemas.envelopes import Actor, ApprovalVerdict, FreezeRecord
 from schemas.errors import (
     InvalidArguments,
@@ -51,8 +53,6 @@ from schemas.errors import (
     ResourceNotFound,
     StorageUnavailable,
 )
-from schemas.identity import ContextKeys, context_keys
-from schemas.settings import Settings
 from telemetry.metrics import count_records, metrics_handler
 
 log = logging.getLogger("ratifier.dashboard")

@@ -46,6 +46,7 @@ from aiokafka.errors import KafkaError
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from commands.catalog import Catalog
+from config.settings import Settings
 from executors.crash_points import NO_CRASH_POINTS, CrashPoint, CrashPoints
 from executors.reconciler_store import Outbox as Outbox
 from executors.reconciler_store import Reconciler as Reconciler
@@ -66,7 +67,6 @@ from schemas.errors import (
     StorageUnavailable,
 )
 from schemas.names import RECONCILER_GROUP, Topic
-from schemas.settings import Settings
 from telemetry.tracing import TraceParent, traceparent_of, tracer_from
 
 log = logging.getLogger("ratifier.reconciler")

@@ -16,6 +16,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from commands.catalog import Catalog, Connection, EffectRequest, HandlerResult
 from commands.sql import named_query
+from config.settings import Settings
 from executors.ledger import CommandLedger
 from executors.reconciliation import (
     LAST_CHECK_MAX_CHARS,
@@ -38,7 +39,6 @@ from schemas.errors import (
     TransientFailure,
 )
 from schemas.names import TRACEPARENT_HEADER
-from schemas.settings import Settings
 from schemas.vocabulary import AuditKind
 from telemetry.metrics import RECONCILIATIONS, set_reconciliation_queue
 from telemetry.tracing import Tracer

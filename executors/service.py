@@ -30,6 +30,7 @@ from pydantic import ValidationError
 
 from approvals.signing import approval_keys
 from commands.catalog import Catalog
+from config.settings import Settings
 from executors.cancellations import CancelledCalls
 from executors.claims import Claim, ClaimFinish, ClaimKind, ClaimStore
 from executors.crash_points import NO_CRASH_POINTS, CrashPoint, CrashPoints
@@ -47,7 +48,6 @@ from runtime.supervision import SideTask, Supervisor
 from schemas.envelopes import CommittedCommand, Outcome, Stage
 from schemas.errors import StorageUnavailable
 from schemas.names import EXECUTOR_GROUP, Topic
-from schemas.settings import Settings
 from telemetry.tracing import new_trace_id, traceparent_of, tracer_from
 
 log = logging.getLogger("ratifier.executor")

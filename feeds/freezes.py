@@ -10,11 +10,11 @@ import logging
 from pydantic import ValidationError
 
 from commands.freezes import NO_FREEZES, Freezes, applied
+from config.settings import Settings
 from runtime.clients import kafka_producer
 from runtime.reader import TopicReader
 from schemas.envelopes import FreezeRecord
 from schemas.names import Topic
-from schemas.settings import Settings
 
 log = logging.getLogger("ratifier.freezes")
 

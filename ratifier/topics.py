@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from aiokafka.admin import NewTopic
 
+from config.settings import Settings
+
 # An agent's reply topic (v1.3) is the client's business: created and deleted by it.
 from ratifier_client.topics import REPLY_RETENTION_MS as REPLY_RETENTION_MS
 from ratifier_client.topics import delete_reply_topic as delete_reply_topic
 from ratifier_client.topics import ensure_reply_topic as ensure_reply_topic
 from runtime.clients import kafka_admin, start_kafka_client
 from schemas.names import COMPACTED_TOPICS, Topic
-from schemas.settings import Settings
 
 
 async def ensure_topics(

@@ -20,6 +20,8 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 from redis.asyncio import Redis
 
+from config.settings import Settings
+
 # How a Kafka client connects is shared with the agent client (one copy, in its distribution).
 from ratifier_client.kafka import FileTokenProvider as FileTokenProvider
 from ratifier_client.kafka import kafka_refusal as kafka_refusal
@@ -28,7 +30,6 @@ from ratifier_client.kafka import kafka_ssl_context as kafka_ssl_context
 from ratifier_client.kafka import start_kafka_client as start_kafka_client
 from ratifier_client.kafka import token_provider as token_provider
 from schemas.errors import ConfigurationError
-from schemas.settings import Settings
 
 # A crashed member's partitions move after 6 s rather than 10 (45 in newer clients): failover
 # time is time records wait. Heartbeats at a quarter of it.

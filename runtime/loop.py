@@ -49,6 +49,7 @@ from aiokafka.errors import (
 )
 from pydantic import ValidationError
 
+from config.settings import Settings
 from runtime.emit import Emit, dead_letter
 from runtime.health import Health
 from runtime.hop import record_hop, status_of, trace_id_in
@@ -64,7 +65,6 @@ from schemas.envelopes import (
 )
 from schemas.errors import ErrorCode, StorageUnavailable
 from schemas.names import TRACEPARENT_HEADER, Topic
-from schemas.settings import Settings
 from telemetry.metrics import refresh_consumer_lag
 from telemetry.tracing import TraceParent, Tracer, traceparent_of
 

@@ -16,6 +16,7 @@ from redis.asyncio import Redis
 
 from approvals.signing import approval_keys
 from commands.reference import catalog
+from config.settings import Settings
 from executors.claims import ClaimFinish, ClaimKind, ClaimRequest, ClaimStore
 from executors.executor import CommandExecutor
 from executors.reads import BatchedReads
@@ -23,7 +24,6 @@ from executors.service import ExecutorService
 from feeds.policies import PolicyFeed
 from schemas.envelopes import CommittedCommand, Outcome, Stage, Status
 from schemas.names import REDIS_CLAIM_PREFIX
-from schemas.settings import Settings
 from tests.integration.test_executor import POLICIES, command
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

@@ -16,6 +16,7 @@ from cryptography.x509.oid import NameOID
 from faust.auth import OAuthCredentials, SASLCredentials, SSLCredentials
 from pydantic import ValidationError
 
+from config.settings import KafkaConnection, Settings
 from ratifier_client.client import RatifierClient
 from runtime.clients import (
     FileTokenProvider,
@@ -25,7 +26,6 @@ from runtime.clients import (
     token_provider,
 )
 from schemas.errors import ConfigurationError
-from schemas.settings import KafkaConnection, Settings
 from streams.app import broker_credentials, faust_settings
 
 SASL_ENV = {

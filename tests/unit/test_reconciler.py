@@ -11,6 +11,7 @@ import psycopg
 import pytest
 
 from commands.catalog import Catalog
+from config.settings import Settings
 from executors.reconciler import ReconcilerService
 from executors.reconciliation import (
     WaitingCall,
@@ -24,7 +25,6 @@ from ratifier.ops import describe_unknown
 from schemas.envelopes import Outcome, Stage, Status
 from schemas.errors import OutcomeUnknown
 from schemas.names import Topic
-from schemas.settings import Settings
 from telemetry.tracing import TraceParent
 from tests.unit.conftest import NOW
 

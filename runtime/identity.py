@@ -19,6 +19,8 @@ from typing import Any
 
 import jwt
 
+from config.settings import Settings
+
 # The call proof is the agent client's (one definition of what it signs, for the signer and
 # the verifier).
 from ratifier_client.proofs import CALL_PROOF_TYPE as CALL_PROOF_TYPE
@@ -28,7 +30,6 @@ from ratifier_client.proofs import call_proof_claims as call_proof_claims
 from ratifier_client.proofs import sign_call_proof as sign_call_proof
 from schemas.envelopes import Actor, ValidatedCall
 from schemas.errors import ConfigurationError, Unauthenticated
-from schemas.settings import Settings
 
 LOCAL_ALGORITHM = "HS256"
 ASYMMETRIC_ALGORITHMS = frozenset({"EdDSA", "RS256"})
