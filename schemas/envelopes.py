@@ -124,7 +124,7 @@ class ProposedCall(Record):
     call: JsonObject | None = None
     proposed_at: datetime
     # v1.2: a compact JWS by the key the context token names in `cnf` over this call
-    # (`runtime.identity.sign_call_proof`); required where the tenant requires call binding.
+    # (`ratifier_client.proofs.sign_call_proof`); required where the tenant requires call binding.
     proof: str | None = Field(default=None, max_length=4096)
     # v1.3: a copy of every outcome of this call goes there too (besides `outcomes`).
     reply_to: ReplyAddress | None = None
