@@ -49,6 +49,16 @@ def rewrite(text: str, moves: Mapping[str, str]) -> str:
     return text
 
 
+def with_external_packages(pyproject: str) -> str:
+    """``pyproject``'s import-linter settings with third-party packages in its graph (a
+    contract that forbids one needs it)."""
+    if "include_external_packages" in pyproject:
+        return pyproject
+    return pyproject.replace(
+        "[tool.importlinter]\n", "[tool.importlinter]\ninclude_external_packages = true\n", 1
+    )
+
+
 def rewrite_repository(moves: Mapping[str, str]) -> list[Path]:
     """Apply ``moves`` to every text file; return the files changed."""
     changed = []

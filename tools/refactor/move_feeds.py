@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from imports import ROOT, rewrite_repository, tracked_files
+from imports import ROOT, rewrite_repository, tracked_files, with_external_packages
 
 MOVED_NAMES = ("FleetFreezes", "publish_freeze")
 FEEDS_INIT = '''"""What every process follows of the fleet's compacted topics and publishes to them:
@@ -133,12 +133,7 @@ def rewrite_imports() -> None:
 
 def fix_configuration() -> None:
     pyproject = ROOT / "pyproject.toml"
-    text = pyproject.read_text()
-    # Forbidding third-party packages needs them in import-linter's graph.
-    if "include_external_packages" not in text:
-        text = text.replace(
-            "[tool.importlinter]\n", "[tool.importlinter]\ninclude_external_packages = true\n", 1
-        )
+    text = with_external_packages(pyproject.read_text())
     if '"feeds"' not in text:
         text = text.replace('"commands", "approvals",', '"commands", "feeds", "approvals",')
         text = text.replace(

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from imports import ROOT, rewrite_repository
+from imports import ROOT, rewrite_repository, with_external_packages
 
 FILES = {
     "schemas/settings.py": "config/settings.py",
@@ -101,12 +101,7 @@ def edit(path: Path, old: str, new: str) -> None:
 
 def fix_configuration() -> None:
     pyproject = ROOT / "pyproject.toml"
-    text = pyproject.read_text()
-    # Forbidding third-party packages needs them in import-linter's graph.
-    if "include_external_packages" not in text:
-        text = text.replace(
-            "[tool.importlinter]\n", "[tool.importlinter]\ninclude_external_packages = true\n", 1
-        )
+    text = with_external_packages(pyproject.read_text())
     text = re.sub(
         r'root_packages = \[\n  "schemas", "ratifier_client",(?! "config")',
         'root_packages = [\n  "schemas", "ratifier_client", "config",',
@@ -149,7 +144,8 @@ def fix_configuration() -> None:
     name = 'name = "The contract (schemas) imports nothing of ours"'
     start = text.index(name)
     head, tail = text[:start], text[start:]
-    if '"config"' not in tail[: tail.index("]")]:
+    listed = tail.index("forbidden_modules = [")
+    if '"config"' not in tail[listed : tail.index("]", listed)]:
         tail = tail.replace(
             "forbidden_modules = [\n  ", 'forbidden_modules = [\n  "ratifier_client", "config", ', 1
         )
