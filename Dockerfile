@@ -5,7 +5,9 @@ WORKDIR /src
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 COPY pyproject.toml README.md ./
 COPY schemas/ schemas/
+COPY config/ config/
 COPY commands/ commands/
+COPY feeds/ feeds/
 COPY streams/ streams/
 COPY executors/ executors/
 COPY audit/ audit/
@@ -14,6 +16,7 @@ COPY telemetry/ telemetry/
 COPY ratifier/ ratifier/
 COPY examples/ examples/
 COPY testsupport/ testsupport/
+COPY clients/python/ratifier_client/ clients/python/ratifier_client/
 RUN pip wheel --wheel-dir /wheels .
 
 FROM python:3.11-slim

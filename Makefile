@@ -13,7 +13,7 @@ export RATIFIER_BIN := $(CURDIR)/$(BIN)/ratifier
 # checks a start with real keys instead.
 export RATIFIER_DEVELOPMENT_MODE ?= true
 
-.PHONY: help install up down status lint contract format schemas unit fuzz soak integration browser e2e cluster chaos manifests test dashboard demo bench bench-quick bench-idle bench-approvals bench-replies bench-validator bench-authorizer bench-executor clean
+.PHONY: help install up down status lint contract format schemas unit client fuzz soak integration browser e2e cluster chaos manifests test dashboard demo bench bench-quick bench-idle bench-approvals bench-replies bench-validator bench-authorizer bench-executor clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -49,7 +49,7 @@ $(ASYNCAPI_TOOL)/node_modules/.package-lock.json: $(ASYNCAPI_TOOL)/package-lock.
 	cd $(ASYNCAPI_TOOL) && npm ci --no-audit --no-fund --ignore-scripts --loglevel=error
 
 contract: install $(ASYNCAPI_TOOL)/node_modules/.package-lock.json ## the AsyncAPI document is fresh and valid (official parser)
-	$(BIN)/python -m schemas.export --check
+	$(BIN)/python -m ratifier.contract_export --check
 	node $(ASYNCAPI_TOOL)/validate.mjs schemas/json/asyncapi.json
 
 format: install ## apply ruff's formatting and safe fixes
@@ -57,10 +57,14 @@ format: install ## apply ruff's formatting and safe fixes
 	$(BIN)/ruff format .
 
 schemas: install ## regenerate the JSON Schema files and the AsyncAPI document under schemas/json
-	$(BIN)/python -m schemas.export
+	$(BIN)/python -m ratifier.contract_export
 
 unit: install ## pure tests, no I/O (with a short fuzz run of the pure stages)
 	$(PYTEST) tests/unit tests/fuzz examples
+
+client: install ## the agent-side distribution (clients/python, ratifier-client): built, installed alone in .venv-client, its tests run there
+	$(BIN)/python -m tests.client_venv >/dev/null
+	cd clients/python && ../../.venv-client/bin/pytest -q tests
 
 integration: up ## tests against real Kafka, Redis and PostgreSQL
 	$(PYTEST) tests/integration -m integration
@@ -77,7 +81,7 @@ manifests: install ## validate deploy/k8s, deploy/compose.yaml and the Dockerfil
 cluster: up ## only the tests that start private Kafka instances (3 brokers, SASL_SSL; ~2 min)
 	$(PYTEST) tests/integration tests/e2e -m cluster
 
-test: up lint contract unit integration e2e ## everything CI runs
+test: up lint contract unit client integration e2e ## everything CI runs
 
 dashboard: up ## serve the web dashboard on http://127.0.0.1:6070/ (Ctrl-C stops it)
 	$(BIN)/ratifier dashboard

@@ -40,11 +40,11 @@ from approvals.refusals import error_json
 from approvals.signing import approval_keys
 from approvals.verdicts import DecisionDesk, JoinAudit, published
 from commands.catalog import Catalog
+from config.settings import Settings
 from runtime.clients import database_conninfo, pg_pool
+from runtime.identity import ContextKeys
 from schemas.envelopes import ApprovalVerdict, DecisionKind
 from schemas.errors import InvalidArguments, RatifierError
-from schemas.identity import ContextKeys
-from schemas.settings import Settings
 
 CONFIRMATION_VERDICTS = frozenset({ApprovalVerdict.APPROVE, ApprovalVerdict.REJECT})
 

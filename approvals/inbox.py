@@ -16,7 +16,9 @@ from approvals.pending import is_pending, pending_order
 from approvals.refusals import refusal_error
 from approvals.rights import APPROVER_ROLE
 from approvals.signing import ApprovalKeys, DecisionRefusal, sign_decision, statement_for
+from config.settings import Settings
 from runtime.clients import kafka_producer
+from runtime.identity import ContextKeys, verify_context_token
 from runtime.reader import TopicReader
 from schemas.envelopes import (
     TERMINAL_STATUSES,
@@ -34,9 +36,7 @@ from schemas.errors import (
     ResourceNotFound,
     Unauthenticated,
 )
-from schemas.identity import ContextKeys, verify_context_token
 from schemas.names import Topic
-from schemas.settings import Settings
 
 _TERMINAL = {s.value for s in TERMINAL_STATUSES}
 

@@ -48,6 +48,7 @@ from approvals.notify import (
     sign,
 )
 from commands.sql import named_query
+from config.settings import Settings
 from runtime.clients import (
     database_conninfo,
     kafka_consumer,
@@ -62,7 +63,6 @@ from runtime.signals import stop_on_signals
 from schemas.envelopes import ApprovalRequest, DecisionKind, NotificationDeadLetter
 from schemas.errors import StorageUnavailable
 from schemas.names import DELIVERY_HEADER, NOTIFIER_GROUP, SIGNATURE_HEADER, Topic
-from schemas.settings import Settings
 from telemetry.metrics import count_notification, set_notifications_pending
 
 log = logging.getLogger("ratifier.notifier")

@@ -13,12 +13,13 @@ from typing import Any
 
 import cedarpy
 
-from commands.freezes import EVERY_TENANT, Scope, freeze_record, publish_freeze
+from commands.freezes import EVERY_TENANT, Scope, freeze_record
 from commands.policy import PolicySet
+from config.settings import Settings
+from feeds.freezes import publish_freeze
+from runtime.identity import ContextKeys, verify_context_token
 from schemas.envelopes import Actor, FreezeRecord
 from schemas.errors import PolicyDenied, Unauthenticated
-from schemas.identity import ContextKeys, verify_context_token
-from schemas.settings import Settings
 
 OPERATOR_POLICY_DIR = Path(__file__).parent / "operator_policies"
 SCHEMA_FILE = "operators.cedarschema.json"

@@ -30,9 +30,9 @@ from approvals.rights import PendingCall
 from approvals.signing import DecisionRefusal
 from commands.catalog import Catalog
 from commands.policy import SCHEMA_SUFFIX, PolicyProblem, PolicySet, check_policy_files
+from config.settings import Settings
 from schemas.envelopes import DecisionKind, DecisionStatement
 from schemas.errors import ConfigurationError
-from schemas.settings import Settings
 
 DEFAULT_APPROVER_POLICY_DIR = Path(__file__).parent / "policies"
 SCHEMA_FILE = "approvers.cedarschema.json"

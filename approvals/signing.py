@@ -25,6 +25,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from pydantic import ValidationError
 
+from config.settings import Settings
 from schemas.envelopes import (
     Actor,
     ApprovalDecision,
@@ -35,7 +36,6 @@ from schemas.envelopes import (
     DecisionStatement,
 )
 from schemas.errors import ConfigurationError
-from schemas.settings import Settings
 
 DECISION_TYPE = "ratifier-decision+jws"
 RECEIPT_TYPE = "ratifier-receipt+jws"

@@ -28,6 +28,7 @@ from approvals.rights import ApproverRights, approver_refusal, pending_from_requ
 from approvals.signing import ApprovalKeys, DecisionRefusal, sign_decision
 from commands.catalog import Catalog
 from commands.sql import named_query
+from config.settings import Settings
 from schemas.envelopes import (
     TERMINAL_STATUSES,
     Actor,
@@ -38,7 +39,6 @@ from schemas.envelopes import (
     DecisionStatement,
 )
 from schemas.errors import InvalidArguments, StorageUnavailable
-from schemas.settings import Settings
 
 _PKG = "approvals"
 _TERMINAL = {s.value for s in TERMINAL_STATUSES}

@@ -13,9 +13,9 @@ from audit.masking import Masker
 from audit.story import Story, build_story, render
 from commands.catalog import Catalog
 from commands.sql import named_query
+from config.settings import Settings
 from runtime.clients import database_conninfo, pg_connect
 from schemas.errors import StorageUnavailable
-from schemas.settings import Settings
 
 _PKG = "audit"
 

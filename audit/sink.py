@@ -28,15 +28,15 @@ from audit.masking import Masker, TokenVerifier
 from audit.records import AuditRow, KafkaRecord, audit_row, unparseable
 from commands.catalog import Catalog
 from commands.sql import named_query
+from config.settings import Settings
 from runtime.clients import database_conninfo, kafka_consumer, pg_pool
 from runtime.health import Health, serve_health
+from runtime.identity import context_keys, verify_context_token
 from runtime.loop import ConsumerLoop, Handled
 from runtime.signals import stop_on_signals
 from schemas.envelopes import Actor
 from schemas.errors import RatifierError
-from schemas.identity import context_keys, verify_context_token
 from schemas.names import AUDIT_SINK_GROUP, Topic
-from schemas.settings import Settings
 from telemetry.metrics import count_records
 
 log = logging.getLogger("ratifier.audit")

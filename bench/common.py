@@ -21,17 +21,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import psycopg
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka import AIOKafkaConsumer
+from aiokafka.admin import NewTopic
 from psycopg import sql
 
+from config.settings import DEVELOPMENT_MODE_ENV, Settings
 from ratifier.migrate import migrate
 from ratifier.processes import WorkerProcess, start_worker_args
 from ratifier.topics import delete_topics, ensure_topics
-from schemas.identity import context_keys, issue_context_token
+from runtime.clients import kafka_admin, kafka_consumer, kafka_producer, pg_connect
+from runtime.identity import context_keys, issue_context_token
 from schemas.names import Topic
-from schemas.settings import DEVELOPMENT_MODE_ENV, Settings
 
 
 def machine_facts() -> str:
@@ -88,11 +88,11 @@ def read_envelopes(settings: Settings, n: int, run_id: str) -> list[bytes]:
 
 async def produce_all(settings: Settings, topic: str, values: Sequence[bytes]) -> float:
     """Publish ``values`` as fast as the producer allows; return the start time."""
-    producer = AIOKafkaProducer(
-        bootstrap_servers=settings.kafka_bootstrap,
-        acks="all",
+    producer = kafka_producer(
+        settings,
         linger_ms=5,
         max_batch_size=256 * 1024,
+        enable_idempotence=False,  # the baseline: a plain acks=all producer
     )
     await producer.start()
     started = time.perf_counter()
@@ -109,12 +109,10 @@ async def produce_all(settings: Settings, topic: str, values: Sequence[bytes]) -
 
 def _follower(settings: Settings, topic: str) -> AIOKafkaConsumer:
     """A consumer that follows ``topic`` from its start, in large fetches, without a group."""
-    return AIOKafkaConsumer(
+    return kafka_consumer(
+        settings,
         topic,
-        bootstrap_servers=settings.kafka_bootstrap,
-        group_id=None,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
+        group=None,
         max_poll_records=5000,
         fetch_max_bytes=16 * 1024 * 1024,
     )
@@ -175,7 +173,7 @@ def bench_database_url() -> str:
     )
     name = base.rsplit("/", 1)[1].split("?", 1)[0]
     admin_url = base.rsplit("/", 1)[0] + "/postgres"
-    with psycopg.connect(admin_url, autocommit=True) as conn:
+    with pg_connect(admin_url, autocommit=True) as conn:
         found = conn.execute(
             "SELECT 1 FROM pg_database WHERE datname = %(name)s", {"name": name}
         ).fetchone()
@@ -186,7 +184,7 @@ def bench_database_url() -> str:
 
 def reset_payments(database_url: str) -> None:
     """Full refundable amounts again (the approved-write benchmark refunds 1 minor unit)."""
-    with psycopg.connect(database_url) as conn:
+    with pg_connect(database_url) as conn:
         conn.execute("UPDATE payments SET refundable_minor = amount_minor")
 
 
@@ -336,12 +334,10 @@ class OutcomeWatcher:
         self._consumer: AIOKafkaConsumer | None = None
 
     async def start(self) -> None:
-        self._consumer = AIOKafkaConsumer(
+        self._consumer = kafka_consumer(
+            self._settings,
             self._settings.topic(Topic.OUTCOMES),
-            bootstrap_servers=self._settings.kafka_bootstrap,
-            group_id=None,
-            auto_offset_reset="earliest",
-            enable_auto_commit=False,
+            group=None,
             max_poll_records=5000,
         )
         await self._consumer.start()
@@ -409,9 +405,7 @@ class Proposer:
         self._settings = settings
         self._watcher = watcher
         self._token = token
-        self._producer = AIOKafkaProducer(
-            bootstrap_servers=settings.kafka_bootstrap, acks="all", linger_ms=2
-        )
+        self._producer = kafka_producer(settings, enable_idempotence=False)
         self.sent = 0
 
     async def start(self) -> None:
@@ -441,7 +435,7 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 async def create_topics(run: BenchRun, names: list[str]) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=run.settings.kafka_bootstrap)
+    admin = kafka_admin(run.settings)
     await admin.start()
     try:
         await admin.create_topics([NewTopic(n, run.settings.topic_partitions, 1) for n in names])

@@ -14,17 +14,16 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from redis.asyncio import Redis
-
 from approvals.signing import approval_keys
 from bench.common import BenchRun, drain, machine_facts, table
 from commands.policy import PolicySet
+from config.settings import Settings
 from executors.claims import ClaimStore
 from ratifier.processes import WorkerProcess
+from runtime.clients import redis_client
 from schemas.envelopes import ActorRef, AuthorizedCall, CommittedCommand, Effect, Route
 from schemas.fingerprint import fingerprint
 from schemas.names import Topic
-from schemas.settings import Settings
 from testsupport.records import approved_command
 
 SECTION = "## Executor"
@@ -32,7 +31,7 @@ SECTION = "## Executor"
 
 async def claim_cost(settings: Settings, n: int) -> tuple[float, float]:
     """(µs per claim, µs per plain SET NX), sequential round trips."""
-    redis = Redis.from_url(settings.storage.redis_url)
+    redis = redis_client(settings)
     claims = ClaimStore(redis, prefix=f"bench{uuid.uuid4().hex[:6]}.", owner="bench")
     try:
         now = int(time.time() * 1000)

@@ -11,7 +11,7 @@ from typing import Any
 
 import faust
 
-from schemas.settings import Settings
+from config.settings import Settings
 from streams.app import BATCH_MAX, BATCH_WITHIN, faust_settings
 
 

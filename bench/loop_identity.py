@@ -16,12 +16,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
 
+from config.settings import Settings
 from runtime.clients import kafka_consumer, kafka_producer
 from runtime.emit import Emit
 from runtime.loop import BatchHandler, Consumed, ConsumerLoop, Handled, text_key
 from schemas.envelopes import Record
 from schemas.names import Topic
-from schemas.settings import Settings
 from streams.stateless import BATCH_MAX
 from telemetry.tracing import tracer_from
 

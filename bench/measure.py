@@ -28,9 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from aiokafka import AIOKafkaProducer
 from psycopg.types.json import Jsonb
-from redis.asyncio import Redis
 
 from approvals.signing import approval_keys, sign_decision, statement_for
 from bench import idle as idle_bench
@@ -58,7 +56,7 @@ from bench.common import (
 )
 from bench.report import Results
 from commands.sql import named_query
-from runtime.clients import LINGER_MS, kafka_consumer, kafka_producer
+from runtime.clients import LINGER_MS, kafka_consumer, kafka_producer, pg_connect, redis_client
 from schemas.envelopes import Actor, ApprovalVerdict
 from schemas.names import Topic
 
@@ -252,7 +250,6 @@ async def baselines_kafka(n: int) -> dict[str, Any]:
 async def chain_latency(rate: float, seconds: float) -> dict[str, Any]:
     """The latency floor of the design: a raw 4-hop aiokafka chain (same producer settings
     as the pipeline) at a low constant rate; time from send to arrival after the last hop."""
-    from aiokafka import AIOKafkaConsumer
 
     run = BenchRun.create("chainlat")
     p = run.settings.topic_prefix
@@ -261,12 +258,10 @@ async def chain_latency(rate: float, seconds: float) -> dict[str, Any]:
         await create_topics(run, hops)
         for i in range(HOPS):
             run.start_module("bench.relay", f"lat-relay{i}", hops[i], hops[i + 1], f"{p}lat-{i}")
-        consumer = AIOKafkaConsumer(
+        consumer = kafka_consumer(
+            run.settings,
             hops[HOPS],
-            bootstrap_servers=run.settings.kafka_bootstrap,
-            group_id=None,
-            auto_offset_reset="earliest",
-            enable_auto_commit=False,
+            group=None,
         )
         producer = kafka_producer(run.settings)
         await consumer.start()
@@ -320,7 +315,7 @@ async def chain_latency(rate: float, seconds: float) -> dict[str, Any]:
 
 async def baseline_redis(n: int) -> dict[str, Any]:
     run = BenchRun.create("redis")
-    redis = Redis.from_url(run.settings.storage.redis_url)
+    redis = redis_client(run.settings)
     prefix = f"{run.settings.topic_prefix}setnx:"
     try:
         started = time.perf_counter()
@@ -369,7 +364,7 @@ async def baseline_postgres(n: int) -> dict[str, Any]:
     def measure() -> dict[str, Any]:
         url = BenchRun.create("pg").settings.storage.database_url
         run_id = uuid.uuid4().hex[:8]
-        with psycopg.connect(url) as conn:
+        with pg_connect(url) as conn:
             started = time.perf_counter()
             for i in range(n):
                 with conn.transaction(), conn.cursor() as cur:
@@ -402,8 +397,8 @@ async def baseline_postgres(n: int) -> dict[str, Any]:
 async def pure_costs(n: int) -> dict[str, Any]:
     from bench.authorizer import pure as authorizer_pure
     from bench.validator import pure as validator_pure
-    from schemas.identity import context_keys, verify_context_token
-    from schemas.settings import Settings
+    from config.settings import Settings
+    from runtime.identity import context_keys, verify_context_token
 
     settings = Settings()
     validate_us, _ = validator_pure(n)
@@ -426,7 +421,7 @@ async def pure_costs(n: int) -> dict[str, Any]:
 
 
 def seed_payments(database_url: str) -> None:
-    with psycopg.connect(database_url) as conn:
+    with pg_connect(database_url) as conn:
         for i in range(BENCH_PAYMENTS):
             conn.execute(
                 "INSERT INTO payments (tenant, payment_id, customer_email, amount_minor, currency,"
@@ -732,17 +727,14 @@ async def latency(pipe: Pipeline, rate: float, seconds: float) -> dict[str, Any]
 async def hop_latencies(pipe: Pipeline, call_ids: set[str]) -> dict[str, Any]:
     """p50 of the time between consecutive topics (broker append times of each call's
     record), to see which stage the latency comes from."""
-    from aiokafka import AIOKafkaConsumer
 
     settings = pipe.run.settings
     stamps: dict[Topic, dict[str, int]] = {t: {} for t in HOP_TOPICS}
     by_name = {settings.topic(t): t for t in HOP_TOPICS}
-    consumer = AIOKafkaConsumer(
+    consumer = kafka_consumer(
+        settings,
         *by_name,
-        bootstrap_servers=settings.kafka_bootstrap,
-        group_id=None,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
+        group=None,
         max_poll_records=5000,
     )
     await consumer.start()
@@ -779,21 +771,18 @@ async def approved_writes(
     """Refunds of 1 minor unit, each approved by a bot as soon as its request appears; with
     ``profiled``, py-spy samples every worker meanwhile (a separate, shorter run: the
     measured one is not slowed by the sampling)."""
-    from aiokafka import AIOKafkaConsumer
 
     settings = pipe.run.settings
     refund_token = agent_token(settings, roles=("refund",), sub="bench-refunder")
     # The approval service signs for the approver it authenticated (approvals.signing).
     signing = approval_keys(settings)
     approver = Actor(sub="bench-approver", tenant="tenant-a", roles=("approver",))
-    consumer = AIOKafkaConsumer(
+    consumer = kafka_consumer(
+        settings,
         settings.topic(Topic.APPROVALS_REQUESTED),
-        bootstrap_servers=settings.kafka_bootstrap,
-        group_id=None,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
+        group=None,
     )
-    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all", linger_ms=2)
+    producer = kafka_producer(settings, enable_idempotence=False)
     await consumer.start()
     await producer.start()
     # Only this run's requests: an earlier run's were decided already.
@@ -926,7 +915,7 @@ async def kill_one(pipe: Pipeline, rate: float, seconds: float, kill_at: float) 
             recovered = s
             break
     # Duplicate effects: ledger entries and executed-audit rows per call of this run.
-    with psycopg.connect(pipe.run.settings.storage.database_url) as conn:
+    with pg_connect(pipe.run.settings.storage.database_url) as conn:
         ledger_dups = conn.execute(
             "SELECT count(*) FROM (SELECT call_id FROM command_ledger WHERE tenant = 'tenant-a'"
             " AND call_id LIKE %s GROUP BY tenant, idempotency_key HAVING count(*) > 1) d",
@@ -1145,8 +1134,8 @@ async def latency_settings() -> list[tuple[str, str, str, str]]:
 
     from bench.loop_identity import POLL_MS
     from bench.relay import BATCH as RELAY_BATCH
+    from config.settings import Settings
     from runtime.loop import ConsumerLoop
-    from schemas.settings import Settings
     from streams.app import faust_settings
     from streams.stateless import BATCH_MAX
 
@@ -1201,7 +1190,7 @@ async def latency_settings() -> list[tuple[str, str, str, str]]:
 
 def _postgres_facts() -> str:
     try:
-        with psycopg.connect(BenchRun.create("facts").settings.storage.database_url) as conn:
+        with pg_connect(BenchRun.create("facts").settings.storage.database_url) as conn:
             rows = conn.execute(
                 "SELECT name, setting FROM pg_settings WHERE name IN "
                 "('server_version', 'synchronous_commit', 'fsync', 'commit_delay', "

@@ -12,8 +12,8 @@ import asyncio
 import signal
 import sys
 
+from config.settings import Settings
 from runtime.clients import kafka_consumer, kafka_producer
-from schemas.settings import Settings
 
 BATCH = 2000  # records per poll: the raw relay's best case
 

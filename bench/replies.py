@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import BenchRun, agent_token, machine_facts, percentile, table
-from ratifier.client import ProposedToolCall, RatifierClient
+from config.settings import Settings
+from ratifier_client.client import ProposedToolCall, RatifierClient
 from schemas.envelopes import Outcome, Status
-from schemas.settings import Settings
 
 RESULT_FILE = Path(__file__).parent / "replies-result.json"
 MODES = ("outcomes", "replies")

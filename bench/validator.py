@@ -23,10 +23,10 @@ from bench.common import (
 )
 from commands.reference import catalog
 from commands.validate import Limits
+from config.settings import Settings
 from ratifier.processes import WorkerProcess
 from schemas.envelopes import SourcePosition
 from schemas.names import Topic
-from schemas.settings import Settings
 from streams.validator import on_proposed
 
 SECTION = "## Validator"

@@ -16,9 +16,9 @@ from psycopg import AsyncConnection
 from psycopg.rows import DictRow
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
+from config.settings import BreakerThresholds, Settings
 from schemas.envelopes import Actor, Effect
 from schemas.errors import ConfigurationError
-from schemas.settings import BreakerThresholds, Settings
 
 Connection = AsyncConnection[DictRow]
 

@@ -2,7 +2,8 @@
 writes or every tenant's writes), as records on the compacted `controls` topic, keyed by
 scope (docs/kill-switch.md).
 
-Every stage follows the topic with the group-less reader and keeps a `FleetFreezes` view;
+Every stage follows the topic with the group-less reader and keeps a view of it
+(`feeds.freezes.FleetFreezes`, the Kafka edge; this module is pure):
 the pure `frozen_scope` decides whether a call falls in a frozen scope. The authorizer asks
 it for new calls, the approval-join for approvals, the executor at commit time, before the
 effect starts.
@@ -10,7 +11,6 @@ effect starts.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -20,12 +20,8 @@ from typing import Protocol
 
 from pydantic import ValidationError
 
-from runtime.clients import kafka_producer
-from runtime.reader import TopicReader
 from schemas.envelopes import Effect, FreezeRecord
 from schemas.errors import InvalidArguments
-from schemas.names import Topic
-from schemas.settings import Settings
 
 log = logging.getLogger("ratifier.freezes")
 
@@ -149,47 +145,6 @@ class FixedFreezes:
     current: Freezes = NO_FREEZES
 
 
-class FleetFreezes:
-    """The freezes in force in this process, kept from the `controls` topic (every partition,
-    from the beginning, then followed). A record is applied as soon as the reader gets it."""
-
-    def __init__(self, settings: Settings) -> None:
-        self._current = NO_FREEZES
-        self._reader = TopicReader(settings, [Topic.CONTROLS], lambda _t, raw: self.apply(raw))
-
-    @property
-    def current(self) -> Freezes:
-        return self._current
-
-    def apply(self, raw: bytes | None) -> None:
-        if raw is None:  # a tombstone: compaction's business, nothing to apply
-            return
-        try:
-            record = FreezeRecord.model_validate_json(raw)
-        except ValidationError:
-            log.error("ignoring an unreadable controls record")
-            return
-        self._current = applied(self._current, record)
-        log.warning(
-            "%s %s by %s: %s",
-            "FROZEN" if record.frozen else "unfrozen",
-            record.scope,
-            record.by,
-            record.reason,
-        )
-
-    async def catch_up(self) -> None:
-        """Read the topic to its current end (the consumer stays open for the next one)."""
-        await self._reader.catch_up()
-
-    async def follow(self, ready: asyncio.Event | None = None) -> None:
-        """Catch up (then set ``ready``) and apply every new record until cancelled."""
-        await self._reader.follow(ready)
-
-    async def close(self) -> None:
-        await self._reader.close()
-
-
 def freeze_record(
     scope: Scope, *, frozen: bool, by: str, by_tenant: str | None, reason: str
 ) -> FreezeRecord:
@@ -201,15 +156,3 @@ def freeze_record(
         reason=" ".join(reason.split())[:512],
         at=datetime.now(UTC),
     )
-
-
-async def publish_freeze(settings: Settings, record: FreezeRecord) -> None:
-    """Publish ``record`` and wait for the broker's acknowledgement (all in-sync replicas)."""
-    producer = kafka_producer(settings)
-    await producer.start()
-    try:
-        await producer.send_and_wait(
-            settings.topic(Topic.CONTROLS), key=record.scope.encode(), value=record.to_bytes()
-        )
-    finally:
-        await producer.stop()

@@ -221,7 +221,7 @@ def _reverse(rank: MessageRank) -> tuple[int, int, int]:
 
 class PolicySource(Protocol):
     """Where a process gets the policy set in force: a fixed `PolicySet`, or a
-    `commands.policy_feed.PolicyFeed` that follows the `policies` topic."""
+    `feeds.policies.PolicyFeed` that follows the `policies` topic."""
 
     @property
     def current(self) -> PolicySet: ...

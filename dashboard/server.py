@@ -48,12 +48,14 @@ from approvals.refusals import error_json
 from approvals.signing import approval_keys
 from approvals.verdicts import DecisionDesk, JoinAudit, published
 from commands.catalog import Catalog, load_catalog
-from commands.freezes import FleetFreezes
+from config.settings import Settings
 from dashboard import shaping
 from dashboard.reads import DashboardReads
+from feeds.freezes import FleetFreezes
 from runtime.breakers import BreakerStatus, FleetBreakers
 from runtime.clients import database_conninfo, pg_pool, redis_client
 from runtime.health import health_response
+from runtime.identity import ContextKeys, context_keys
 from schemas.envelopes import Actor, FreezeRecord
 from schemas.errors import (
     InvalidArguments,
@@ -61,8 +63,6 @@ from schemas.errors import (
     ResourceNotFound,
     StorageUnavailable,
 )
-from schemas.identity import ContextKeys, context_keys
-from schemas.settings import Settings
 from telemetry.metrics import count_records, metrics_handler
 
 log = logging.getLogger("ratifier.dashboard")

@@ -8,10 +8,10 @@ from aiokafka import AIOKafkaProducer
 from redis.asyncio import Redis
 
 from commands.catalog import Catalog, downstream_of
+from config.settings import BreakerThresholds, Settings
 from runtime.breakers import FleetBreakers, breaker_name
 from schemas.envelopes import BreakerTransition, Effect
 from schemas.names import Topic
-from schemas.settings import BreakerThresholds, Settings
 
 
 def catalog_thresholds(catalog: Catalog) -> dict[str, BreakerThresholds]:

@@ -9,10 +9,10 @@ from collections import OrderedDict
 
 from pydantic import ValidationError
 
+from config.settings import Settings
 from runtime.reader import TopicReader
 from schemas.envelopes import CancelRequest
 from schemas.names import Topic
-from schemas.settings import Settings
 
 log = logging.getLogger("ratifier.executor")
 REMEMBERED = 1_000_000  # most recent cancellations kept; older calls have long executed

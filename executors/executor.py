@@ -54,6 +54,7 @@ from commands.catalog import (
 )
 from commands.freezes import FixedFreezes, FreezeSource
 from commands.policy import PolicySource
+from config.settings import Settings
 from executors.budgets import BudgetBook
 from executors.claims import Claim, ClaimFinish, ClaimKind, ClaimRequest, ClaimStore
 from executors.crash_points import NO_CRASH_POINTS, CrashPoint, CrashPoints
@@ -85,7 +86,6 @@ from schemas.errors import (
     StorageUnavailable,
     TransientFailure,
 )
-from schemas.settings import Settings
 from schemas.vocabulary import AuditKind, LedgerStatus
 from telemetry.metrics import count_dedup
 

@@ -22,21 +22,16 @@ def outcome_of(
     stage: Stage = Stage.EXECUTE,
     error: ErrorInfo | None = None,
 ) -> Outcome:
-    return Outcome(
-        call_id=command.call_id,
-        tool=command.tool,
-        tenant=command.tenant,
+    return Outcome.for_command(
+        command,
         status=status,
         stage=stage,
-        error=error or (ErrorInfo.of(code) if code is not None else None),
+        code=code,
+        error=error,
         result=result,
         resource_id=resource_id,
-        operation_id=command.operation_id,
-        policy_version=command.policy_version,
-        approval=command.approval,
         at=datetime.now(UTC),
         trace_id=trace_id,
-        reply_to=command.reply_to,
     )
 
 

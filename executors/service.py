@@ -30,14 +30,15 @@ from pydantic import ValidationError
 
 from approvals.signing import approval_keys
 from commands.catalog import Catalog
-from commands.freezes import FleetFreezes
-from commands.policy_feed import PolicyFeed
+from config.settings import Settings
 from executors.breakers import fleet_breakers
 from executors.cancellations import CancelledCalls
 from executors.claims import Claim, ClaimFinish, ClaimKind, ClaimStore
 from executors.crash_points import NO_CRASH_POINTS, CrashPoint, CrashPoints
 from executors.executor import CommandExecutor, Execution, GroupMember
 from executors.reads import BatchedReads, Read, split_reads
+from feeds.freezes import FleetFreezes
+from feeds.policies import PolicyFeed
 from runtime.clients import database_conninfo, kafka_consumer, kafka_producer, pg_pool, redis_client
 from runtime.emit import Emit
 from runtime.health import Health, connect_retrying, serve_health
@@ -48,7 +49,6 @@ from runtime.supervision import SideTask, Supervisor
 from schemas.envelopes import CommittedCommand, Outcome, Stage
 from schemas.errors import StorageUnavailable
 from schemas.names import EXECUTOR_GROUP, Topic
-from schemas.settings import Settings
 from telemetry.tracing import new_trace_id, traceparent_of, tracer_from
 
 log = logging.getLogger("ratifier.executor")

@@ -10,10 +10,10 @@ from zoneinfo import ZoneInfo
 
 from commands.budgets import Budget, window_of
 from commands.policy import PolicySet
-from commands.policy_feed import PolicyFeed, local_policies
+from config.settings import Settings
 from executors.budgets import BudgetBook, WindowUsage
+from feeds.policies import PolicyFeed, local_policies
 from runtime.clients import database_conninfo, pg_pool
-from schemas.settings import Settings
 
 
 async def policies_in_force(settings: Settings, *, local: bool) -> PolicySet:

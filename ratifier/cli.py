@@ -10,10 +10,10 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
+from config.settings import DEVELOPMENT_MODE_ENV, Settings, check_environment
 from executors.crash_points import NO_CRASH_POINTS, CrashPoints
 from runtime.clients import database_conninfo
 from schemas.errors import RatifierError
-from schemas.settings import DEVELOPMENT_MODE_ENV, Settings, check_environment
 
 log = logging.getLogger("ratifier")
 
@@ -50,7 +50,7 @@ def cmd_migrate(settings: Settings, _args: argparse.Namespace) -> int:
 
 
 def cmd_token(settings: Settings, args: argparse.Namespace) -> int:
-    from schemas.identity import context_keys, issue_context_token
+    from runtime.identity import context_keys, issue_context_token
 
     print(
         issue_context_token(
@@ -68,7 +68,7 @@ def cmd_streams(settings: Settings, _args: argparse.Namespace) -> int:
     import faust
 
     from commands.catalog import load_catalog
-    from commands.policy_feed import PolicyFeed, local_policies
+    from feeds.policies import PolicyFeed, local_policies
     from ratifier.migrate import require_current_schema
     from ratifier.topics import ensure_topics
     from streams.app import create_app
@@ -87,8 +87,8 @@ def cmd_streams(settings: Settings, _args: argparse.Namespace) -> int:
 
 def cmd_executor(settings: Settings, args: argparse.Namespace) -> int:
     from commands.catalog import load_catalog
-    from commands.policy_feed import PolicyFeed, local_policies
     from executors.service import run_executor
+    from feeds.policies import PolicyFeed, local_policies
     from ratifier.migrate import require_current_schema
     from ratifier.topics import ensure_topics
 
@@ -149,7 +149,7 @@ def cmd_policy_schema(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_policy_status(settings: Settings, _args: argparse.Namespace) -> int:
-    from commands.policy_feed import policy_status
+    from feeds.policies import policy_status
 
     status = asyncio.run(policy_status(settings))
     print(status.render())
@@ -159,7 +159,7 @@ def cmd_policy_status(settings: Settings, _args: argparse.Namespace) -> int:
 def cmd_policy_publish(settings: Settings, args: argparse.Namespace) -> int:
     from commands.catalog import load_catalog
     from commands.policy import PolicySet, check_policy_directory
-    from commands.policy_feed import local_policies, policy_record, publish_policies
+    from feeds.policies import local_policies, policy_record, publish_policies
     from ratifier.topics import ensure_topics
 
     problems = check_policy_directory(_policy_dir(settings, args), load_catalog(settings.catalog))
@@ -180,9 +180,9 @@ def cmd_policy_publish(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_policy_replay(settings: Settings, args: argparse.Namespace) -> int:
     from commands.catalog import load_catalog
     from commands.policy import PolicySet
-    from commands.policy_feed import PolicyFeed, local_policies
+    from feeds.policies import PolicyFeed, local_policies
     from ratifier.policy_replay import replay
-    from schemas.identity import context_keys
+    from runtime.identity import context_keys
 
     candidate = PolicySet.from_directory(Path(args.policies))
     feed = PolicyFeed(settings, local_policies(settings))
@@ -210,8 +210,8 @@ def cmd_approvals(settings: Settings, args: argparse.Namespace) -> int:
 
     from approvals.inbox import ApprovalInbox, approver_from, decision_for, publish_decision
     from approvals.signing import approval_keys
+    from runtime.identity import context_keys
     from schemas.envelopes import ApprovalVerdict
-    from schemas.identity import context_keys
 
     secret = settings.approver_token
     token = args.token or (secret.get_secret_value() if secret is not None else None)
@@ -376,10 +376,10 @@ def cmd_dashboard(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_mcp(settings: Settings, args: argparse.Namespace) -> int:
     from commands.catalog import load_catalog
-    from ratifier.adapters.confirmation import ConfirmationApi
-    from ratifier.client import RatifierClient
     from ratifier.mcp_gateway import McpGateway, serve_http, serve_stdio
-    from schemas.identity import context_keys, verify_context_token
+    from ratifier_client.adapters.confirmation import ConfirmationApi
+    from ratifier_client.client import RatifierClient
+    from runtime.identity import context_keys, verify_context_token
 
     keys = context_keys(settings)
     fixed: str | None = None
@@ -422,7 +422,7 @@ def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_schemas(_settings: Settings, args: argparse.Namespace) -> int:
-    from schemas.export import main as export_main
+    from ratifier.contract_export import main as export_main
 
     return export_main([args.dir] if args.dir else [])
 

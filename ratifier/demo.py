@@ -21,7 +21,7 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 
 from approvals.signing import approval_keys, sign_decision, statement_for
-from ratifier.client import RatifierClient
+from config.settings import DEVELOPMENT_MODE_ENV, Settings
 from ratifier.migrate import migrate
 from ratifier.processes import (
     FAKE_PROVIDER_MODULE,
@@ -30,11 +30,11 @@ from ratifier.processes import (
     wait_for_log,
 )
 from ratifier.topics import ensure_topics
+from ratifier_client.client import RatifierClient
 from runtime.clients import database_conninfo, kafka_consumer, kafka_producer
+from runtime.identity import context_keys, issue_context_token
 from schemas.envelopes import Actor, ApprovalVerdict, Outcome
-from schemas.identity import context_keys, issue_context_token
 from schemas.names import Topic
-from schemas.settings import DEVELOPMENT_MODE_ENV, Settings
 
 
 def _log_dir(settings: Settings) -> Path:

@@ -8,10 +8,10 @@ import argparse
 import asyncio
 
 from approvals.operators import OperatorRights, operator_from, throw_switch
-from commands.freezes import FleetFreezes
+from config.settings import Settings
+from feeds.freezes import FleetFreezes
+from runtime.identity import context_keys
 from schemas.envelopes import FreezeRecord
-from schemas.identity import context_keys
-from schemas.settings import Settings
 
 
 def _line(record: FreezeRecord) -> str:

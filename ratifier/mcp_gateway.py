@@ -5,7 +5,7 @@
   a call that is still pending.
 - ``tools/call`` publishes the call to ``calls.proposed`` with the MCP client's bearer token as
   its signed context: the token is verified here as an OAuth resource server would (signature,
-  audience, issuer, expiry; `schemas.identity`) and again by the authorizer. Identity never
+  audience, issuer, expiry; `runtime.identity`) and again by the authorizer. Identity never
   comes from ``_meta`` or the arguments. The answer is the call's final outcome rendered as a
   ``CallToolResult`` (`schemas.providers`): refusals are ``isError`` with the code and the
   message that is safe to show the model. The gateway's own refusals (no verified token, a
@@ -46,11 +46,11 @@ from starlette.applications import Starlette
 
 from commands.catalog import Catalog
 from commands.export import ExportFormat, export_catalog
-from ratifier.adapters.confirmation import ConfirmationApi, ConfirmationRefused
-from ratifier.client import Pending, RatifierClient
+from ratifier_client.adapters.confirmation import ConfirmationApi, ConfirmationRefused
+from ratifier_client.client import Pending, RatifierClient
+from runtime.identity import ContextKeys, verify_context_token
 from schemas.envelopes import ErrorInfo, Outcome, Stage, Status
 from schemas.errors import ErrorCode, Unauthenticated
-from schemas.identity import ContextKeys, verify_context_token
 from schemas.providers import to_mcp_call_tool_result
 
 log = logging.getLogger("ratifier.mcp")
@@ -323,7 +323,7 @@ def _refusal(
     """A refusal of the gateway's own, in the shape of every refusal the pipeline answers
     (`schemas.providers`): status ``denied`` as the authorizer answers the same codes, the
     code and the safe message; ``call_id`` is the call asked about, if any."""
-    refused = Outcome(
+    refused = Outcome.for_call(
         call_id="gateway-refusal",  # not rendered: replaced below
         tool=tool,
         tenant=None,

@@ -82,7 +82,7 @@ def migrate(
 
 def _catalog(catalog: Catalog | str | None) -> Catalog:
     if catalog is None:
-        from schemas.settings import Settings  # noqa: PLC0415 - only when not given
+        from config.settings import Settings  # noqa: PLC0415 - only when not given
 
         catalog = Settings().catalog
     return load_catalog(catalog) if isinstance(catalog, str) else catalog

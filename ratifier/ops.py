@@ -11,10 +11,10 @@ from psycopg_pool import AsyncConnectionPool
 
 from commands.catalog import load_catalog
 from commands.sql import named_query
-from executors.reconciler import Reconciler
+from config.settings import Settings
+from executors.reconciler_store import Reconciler
 from runtime.clients import database_conninfo, kafka_producer, pg_pool
 from schemas.envelopes import Outcome
-from schemas.settings import Settings
 
 log = logging.getLogger("ratifier.ops")
 

@@ -22,11 +22,11 @@ from psycopg_pool import AsyncConnectionPool
 from commands.catalog import Catalog
 from commands.policy import AuthorizationRequest, Decision, PolicySet, authorize_batch
 from commands.validate import Limits, Malformed, Validated, parse_envelope, validate
+from config.settings import Settings
 from runtime.clients import database_conninfo, kafka_consumer, pg_pool
+from runtime.identity import ContextKeys, verify_context_token
 from schemas.errors import Unauthenticated
-from schemas.identity import ContextKeys, verify_context_token
 from schemas.names import Topic
-from schemas.settings import Settings
 
 EXAMPLES_PER_CHANGE = 3
 

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import NewTopic
 
-from runtime.clients import kafka_admin, kafka_security, start_kafka_client
+from config.settings import Settings
+
+# An agent's reply topic (v1.3) is the client's business: created and deleted by it.
+from ratifier_client.topics import REPLY_RETENTION_MS as REPLY_RETENTION_MS
+from ratifier_client.topics import delete_reply_topic as delete_reply_topic
+from ratifier_client.topics import ensure_reply_topic as ensure_reply_topic
+from runtime.clients import kafka_admin, start_kafka_client
 from schemas.names import COMPACTED_TOPICS, Topic
-from schemas.settings import KafkaConnection, Settings
-
-# A reply topic holds copies of outcomes an agent reads within seconds: a short retention.
-REPLY_RETENTION_MS = 60 * 60 * 1000
 
 
 async def ensure_topics(
@@ -61,56 +63,5 @@ async def delete_topics(settings: Settings) -> None:
         names = [n for n in existing if n.startswith(settings.topic_prefix)]
         if names:
             await admin.delete_topics(names)
-    finally:
-        await admin.close()
-
-
-async def ensure_reply_topic(
-    connection: KafkaConnection,
-    name: str,
-    *,
-    partitions: int = 1,
-    retention_ms: int = REPLY_RETENTION_MS,
-    max_message_bytes: int = 1_048_588,
-    replication_factor: int = 1,
-) -> bool:
-    """Create an agent's reply topic (v1.3) when it is missing; True when created now. It
-    takes records as large as every pipeline topic (``max.message.bytes``) and keeps them
-    briefly (``retention.ms``): its outcomes are on `outcomes` for good."""
-    admin = AIOKafkaAdminClient(**kafka_security(connection), client_id="ratifier-reply-topic")
-    await start_kafka_client(admin, connection)
-    try:
-        if name in set(await admin.list_topics()):
-            return False
-        response = await admin.create_topics(
-            [
-                NewTopic(
-                    name=name,
-                    num_partitions=partitions,
-                    replication_factor=replication_factor,
-                    topic_configs={
-                        "max.message.bytes": str(max_message_bytes),
-                        "retention.ms": str(retention_ms),
-                    },
-                )
-            ]
-        )
-        for _name, code, *_rest in getattr(response, "topic_errors", []):
-            if code == 36:  # TOPIC_ALREADY_EXISTS: a concurrent creator won
-                return False
-            if code != 0:
-                raise RuntimeError(f"creating reply topic {_name} failed with Kafka error {code}")
-        return True
-    finally:
-        await admin.close()
-
-
-async def delete_reply_topic(connection: KafkaConnection, name: str) -> None:
-    """Delete an agent's reply topic (a client that created it for itself, on close)."""
-    admin = AIOKafkaAdminClient(**kafka_security(connection), client_id="ratifier-reply-topic")
-    await start_kafka_client(admin, connection)
-    try:
-        if name in set(await admin.list_topics()):
-            await admin.delete_topics([name])
     finally:
         await admin.close()

@@ -1,7 +1,7 @@
 """The service runtime: the machinery every Kafka service of ratifier shares, written once.
 
 - :mod:`runtime.clients`: Kafka consumers and producers, Redis clients and PostgreSQL pools,
-  built from :class:`schemas.settings.Settings` (one place for bootstrap, acks, idempotence,
+  built from :class:`config.settings.Settings` (one place for bootstrap, acks, idempotence,
   linger, record and fetch sizes, session timeouts);
 - :mod:`runtime.retry`: the one backoff ladder for transient infrastructure errors;
 - :mod:`runtime.signals`: SIGTERM / SIGINT → a graceful stop;

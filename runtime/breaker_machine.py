@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from schemas.settings import BreakerThresholds
+from config.settings import BreakerThresholds
 
 
 class BreakerState(StrEnum):

@@ -24,6 +24,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from config.settings import BreakerThresholds
 from runtime.breaker_machine import (
     STATE_LEVEL,
     Admission,
@@ -35,7 +36,6 @@ from runtime.breaker_machine import (
 )
 from schemas.envelopes import BreakerTransition
 from schemas.names import REDIS_BREAKER_PREFIX
-from schemas.settings import BreakerThresholds
 from telemetry.metrics import count_breaker_refusal, set_breaker_state
 
 log = logging.getLogger("ratifier.breakers")

@@ -26,8 +26,8 @@ from typing import Any
 from aiohttp import web
 from aiokafka.errors import KafkaError
 
+from config.settings import Settings
 from runtime.retry import retrying
-from schemas.settings import Settings
 from telemetry.metrics import serve_metrics
 
 log = logging.getLogger("ratifier.health")

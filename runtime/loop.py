@@ -49,15 +49,14 @@ from aiokafka.errors import (
 )
 from pydantic import ValidationError
 
-from runtime.emit import Emit
+from config.settings import Settings
+from runtime.emit import Emit, dead_letter
 from runtime.health import Health
 from runtime.hop import record_hop, status_of, trace_id_in
 from runtime.publish import Answer, IsolatedPublisher, Publication
 from runtime.replies import ReplySender, send_reply
 from runtime.retry import Stopped, retrying
 from schemas.envelopes import (
-    DeadLetter,
-    ErrorInfo,
     Outcome,
     ReplyAddress,
     SourcePosition,
@@ -66,7 +65,6 @@ from schemas.envelopes import (
 )
 from schemas.errors import ErrorCode, StorageUnavailable
 from schemas.names import TRACEPARENT_HEADER, Topic
-from schemas.settings import Settings
 from telemetry.metrics import refresh_consumer_lag
 from telemetry.tracing import TraceParent, Tracer, traceparent_of
 
@@ -151,13 +149,7 @@ def failed(
     effect that happened is not reported as failed); otherwise the call failed permanently."""
     now = datetime.now(UTC)
     call_id = call_id or (replaces.call_id if replaces is not None else None)
-    emits = [
-        Emit(
-            topic=Topic.DEADLETTER,
-            key=key if key is not None else call_id,
-            value=DeadLetter.of_raw(raw, reason=reason, call_id=call_id, source=source, at=now),
-        )
-    ]
+    emits = [dead_letter(raw, reason=reason, call_id=call_id, source=source, at=now, key=key)]
     if replaces is not None:
         emits.append(
             Emit(
@@ -168,13 +160,13 @@ def failed(
         )
     elif call_id is not None and stage is not None:
         try:
-            answer = Outcome(
+            answer = Outcome.for_call(
                 call_id=call_id,
                 tool=tool,
                 tenant=tenant,
                 status=Status.FAILED,
                 stage=stage,
-                error=ErrorInfo.of(ErrorCode.PERMANENT_ERROR),
+                code=ErrorCode.PERMANENT_ERROR,
                 at=now,
                 trace_id=trace_id,
                 reply_to=reply_to,

@@ -13,9 +13,9 @@ from collections.abc import Callable, Sequence
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from config.settings import Settings
 from runtime.clients import kafka_consumer
 from schemas.names import Topic
-from schemas.settings import Settings
 
 log = logging.getLogger("ratifier.runtime")
 

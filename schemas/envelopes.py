@@ -124,7 +124,7 @@ class ProposedCall(Record):
     call: JsonObject | None = None
     proposed_at: datetime
     # v1.2: a compact JWS by the key the context token names in `cnf` over this call
-    # (`schemas.identity.sign_call_proof`); required where the tenant requires call binding.
+    # (`ratifier_client.proofs.sign_call_proof`); required where the tenant requires call binding.
     proof: str | None = Field(default=None, max_length=4096)
     # v1.3: a copy of every outcome of this call goes there too (besides `outcomes`).
     reply_to: ReplyAddress | None = None
@@ -360,6 +360,82 @@ class Outcome(Record):
     def terminal(self) -> bool:
         return self.status in TERMINAL_STATUSES
 
+    @classmethod
+    def for_call(
+        cls,
+        *,
+        call_id: str,
+        tool: str,
+        tenant: str | None,
+        status: Status,
+        stage: Stage,
+        at: datetime,
+        code: ErrorCode | None = None,
+        fields: tuple[FieldProblem, ...] = (),
+        error: ErrorInfo | None = None,
+        result: dict[str, Any] | None = None,
+        resource_id: str | None = None,
+        operation_id: str | None = None,
+        policy_version: str | None = None,
+        approval: ApprovalReceipt | None = None,
+        trace_id: str | None = None,
+        reply_to: ReplyAddress | None = None,
+        repeats: str | None = None,
+    ) -> Outcome:
+        """The one way an outcome is built: ``error``, when given, replaces the generic one
+        of ``code`` (with ``fields``); neither means no error (a success, a wait)."""
+        return cls(
+            call_id=call_id,
+            tool=tool,
+            tenant=tenant,
+            status=status,
+            stage=stage,
+            error=error or (ErrorInfo.of(code, fields=fields) if code is not None else None),
+            result=result,
+            resource_id=resource_id,
+            operation_id=operation_id,
+            policy_version=policy_version,
+            approval=approval,
+            at=at,
+            trace_id=trace_id,
+            reply_to=reply_to,
+            repeats=repeats,
+        )
+
+    @classmethod
+    def for_command(
+        cls,
+        command: CommittedCommand,
+        *,
+        status: Status,
+        stage: Stage,
+        at: datetime,
+        code: ErrorCode | None = None,
+        error: ErrorInfo | None = None,
+        result: dict[str, Any] | None = None,
+        resource_id: str | None = None,
+        trace_id: str | None = None,
+    ) -> Outcome:
+        """The outcome of a committed command: its call, operation, policy version, approval
+        and reply address as the command carries them."""
+        return cls.for_call(
+            call_id=command.call_id,
+            tool=command.tool,
+            tenant=command.tenant,
+            status=status,
+            stage=stage,
+            at=at,
+            code=code,
+            error=error,
+            result=result,
+            resource_id=resource_id,
+            operation_id=command.operation_id,
+            policy_version=command.policy_version,
+            approval=command.approval,
+            trace_id=trace_id,
+            reply_to=command.reply_to,
+        )
+
 
 class SourcePosition(Part):
     topic: str
@@ -398,16 +474,19 @@ class DeadLetter(Record):
         call_id: str | None,
         source: SourcePosition,
         at: datetime,
+        keep_prefix: bool = True,
     ) -> DeadLetter:
-        """A dead letter for ``raw`` of any size: digest, size and a bounded prefix."""
+        """A dead letter for ``raw`` of any size: digest, size and a bounded prefix (none
+        with ``keep_prefix=False``: a record that may hold a credential is not copied)."""
         data = raw or b""
+        prefix = data[:DEAD_LETTER_PREFIX_BYTES] if keep_prefix else b""
         return cls(
             call_id=call_id,
             reason=reason[:512],
-            raw_base64=base64.b64encode(data[:DEAD_LETTER_PREFIX_BYTES]).decode(),
+            raw_base64=base64.b64encode(prefix).decode(),
             raw_sha256=hashlib.sha256(data).hexdigest(),
             raw_size=len(data),
-            raw_truncated=len(data) > DEAD_LETTER_PREFIX_BYTES,
+            raw_truncated=len(prefix) < len(data),
             source=source,
             at=at,
         )

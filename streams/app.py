@@ -21,9 +21,10 @@ from faust.types.auth import CredentialsT as Credentials
 from approvals.http import install_approval_api
 from approvals.inbox import ApprovalInbox
 from commands.catalog import Catalog
-from commands.freezes import FleetFreezes
-from commands.policy_feed import PolicyFeed
 from commands.validate import Limits
+from config.settings import KafkaConnection, Settings
+from feeds.freezes import FleetFreezes
+from feeds.policies import PolicyFeed
 from runtime.clients import (
     HEARTBEAT_INTERVAL_MS,
     SESSION_TIMEOUT_MS,
@@ -33,11 +34,10 @@ from runtime.clients import (
     token_provider,
 )
 from runtime.health import Health
+from runtime.identity import context_keys
 from runtime.retry import retrying
 from schemas.errors import ConfigurationError
-from schemas.identity import context_keys
 from schemas.names import STREAMS_APP_ID, Topic
-from schemas.settings import KafkaConnection, Settings
 from schemas.vocabulary import StreamStage
 from streams.approval_join import install_approval_join
 from streams.observe import StageObserver

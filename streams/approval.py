@@ -14,7 +14,6 @@ no reuse could arrive any more. Everything here is pure: state in, state and rec
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -34,7 +33,6 @@ from schemas.envelopes import (
     ApprovalRequest,
     ApprovalVerdict,
     AuthorizedCall,
-    DeadLetter,
     DecisionKind,
     DecisionStatement,
     ErrorInfo,
@@ -50,7 +48,7 @@ from schemas.errors import AWAITING_CONFIRMATION_MESSAGE, ErrorCode
 from schemas.names import Topic
 from schemas.vocabulary import AuditKind
 from streams.commit import auto_receipt_needed, commit, committed_by_authorizer
-from streams.emit import Emit, outcome
+from streams.emit import Emit, dead_letter, outcome
 
 DEFAULT_APPROVAL_TTL = timedelta(minutes=15)
 DEFAULT_RIGHTS = RoleRights()
@@ -835,20 +833,8 @@ def decision_dead_letter(
     """A dead letter for an unusable `approvals.decided` record: its digest and size only.
     Unlike other dead letters it keeps no prefix: an old (v1) decision carried the approver's
     bearer token, which must not be copied to another topic."""
-    data = raw or b""
-    return Emit(
-        topic=Topic.DEADLETTER,
-        key=key,
-        value=DeadLetter(
-            call_id=None,
-            reason=reason[:512],
-            raw_base64="",
-            raw_sha256=hashlib.sha256(data).hexdigest(),
-            raw_size=len(data),
-            raw_truncated=bool(data),
-            source=source,
-            at=at,
-        ),
+    return dead_letter(
+        raw, reason=reason, call_id=None, key=key, source=source, at=at, keep_prefix=False
     )
 
 

@@ -24,8 +24,10 @@ from approvals.signing import approval_keys, verify_decision
 from commands.catalog import Catalog
 from commands.freezes import CallFacts, FixedFreezes, FreezeSource, frozen_scope
 from commands.policy import authorize
-from commands.policy_feed import PolicyFeed
 from commands.validate import Limits, Rejection, validate
+from config.settings import Settings
+from feeds.policies import PolicyFeed
+from runtime.identity import ContextKeys
 from runtime.retry import retrying
 from schemas.envelopes import (
     Actor,
@@ -38,9 +40,7 @@ from schemas.envelopes import (
 )
 from schemas.errors import ErrorCode, StorageUnavailable
 from schemas.fingerprint import fingerprint
-from schemas.identity import ContextKeys
 from schemas.names import Topic
-from schemas.settings import Settings
 from schemas.vocabulary import StreamStage
 from streams.approval import (
     ApprovalState,

@@ -19,6 +19,7 @@ from approvals.auto import auto_approving_policy, resource_owner
 from commands.catalog import Catalog, Resource, Tool, ToolArguments
 from commands.freezes import NO_FREEZES, CallFacts, Freezes, frozen_scope
 from commands.policy import AuthorizationRequest, Decision, PolicySet, authorize_batch
+from runtime.identity import ContextKeys, call_binding_problem, verify_context_token
 from schemas.envelopes import (
     Actor,
     ActorRef,
@@ -30,7 +31,6 @@ from schemas.envelopes import (
 )
 from schemas.errors import ErrorCode, Unauthenticated
 from schemas.fingerprint import fingerprint, operation_id
-from schemas.identity import ContextKeys, call_binding_problem, verify_context_token
 from schemas.names import Topic
 from streams.commit import commit, committed_at_authorization
 from streams.emit import Emit, outcome

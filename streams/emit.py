@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from runtime.emit import Emit
+from runtime.emit import Emit, dead_letter
 from schemas.envelopes import ErrorInfo, FieldProblem, Outcome, ReplyAddress, Stage, Status
 from schemas.errors import ErrorCode
 from schemas.names import Topic
 
-__all__ = ["Emit", "outcome"]
+__all__ = ["Emit", "dead_letter", "outcome"]
 
 
 def outcome(
@@ -34,13 +34,15 @@ def outcome(
     return Emit(
         topic=Topic.OUTCOMES,
         key=call_id,
-        value=Outcome(
+        value=Outcome.for_call(
             call_id=call_id,
             tool=tool,
             tenant=tenant,
             status=status,
             stage=stage,
-            error=error or (ErrorInfo.of(code, fields=fields) if code is not None else None),
+            code=code,
+            fields=fields,
+            error=error,
             operation_id=operation_id,
             policy_version=policy_version,
             at=at,

@@ -15,6 +15,7 @@ from typing import Any
 import faust
 from aiokafka import AIOKafkaProducer
 
+from config.settings import Settings
 from runtime.clients import kafka_producer, start_kafka_client
 from runtime.emit import Emit
 from runtime.loop import call_id_in, failed, reply_to_in, text_key
@@ -22,7 +23,6 @@ from runtime.publish import Answer, IsolatedPublisher, Publication
 from runtime.replies import Reply, ReplySender, send_reply
 from schemas.envelopes import Outcome, SourcePosition, Stage
 from schemas.names import TRACEPARENT_HEADER, Topic
-from schemas.settings import Settings
 
 
 def position(event: Any) -> SourcePosition:

@@ -29,17 +29,17 @@ from pydantic import ValidationError
 
 from commands.catalog import Catalog
 from commands.freezes import FixedFreezes, FreezeSource
-from commands.policy_feed import PolicyFeed
 from commands.validate import Limits
+from config.settings import Settings
+from feeds.policies import PolicyFeed
 from runtime.clients import kafka_admin, kafka_consumer, kafka_producer
 from runtime.emit import Emit
+from runtime.identity import ContextKeys
 from runtime.loop import Consumed, ConsumerLoop, Handled, position_of, text_key
 from runtime.retry import retrying
 from schemas.envelopes import ValidatedCall
 from schemas.errors import StorageUnavailable
-from schemas.identity import ContextKeys
 from schemas.names import AUTHORIZER_GROUP, STREAMS_APP_ID, VALIDATOR_GROUP, Topic
-from schemas.settings import Settings
 from schemas.vocabulary import StreamStage
 from streams.authorizer import ResourcesFetch, on_validated_batch
 from streams.repeats import OperationsSeen

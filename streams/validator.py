@@ -6,28 +6,11 @@ from datetime import datetime
 
 from commands.catalog import Catalog
 from commands.validate import Limits, Malformed, Rejection, parse_envelope, validate
-from schemas.envelopes import DeadLetter, SourcePosition, Stage, Status, ValidatedCall
+from runtime.emit import dead_letter as dead_letter
+from schemas.envelopes import SourcePosition, Stage, Status, ValidatedCall
 from schemas.errors import ErrorCode
 from schemas.names import Topic
 from streams.emit import Emit, outcome
-
-
-def dead_letter(
-    raw: bytes | None,
-    *,
-    reason: str,
-    call_id: str | None,
-    source: SourcePosition,
-    at: datetime,
-    key: str | None = None,
-) -> Emit:
-    """A dead letter keeps the raw bytes' digest, size and a bounded prefix; it is keyed like
-    its source record (or by the call id recovered from it)."""
-    return Emit(
-        topic=Topic.DEADLETTER,
-        key=key if key is not None else call_id,
-        value=DeadLetter.of_raw(raw, reason=reason, call_id=call_id, source=source, at=at),
-    )
 
 
 def on_proposed(

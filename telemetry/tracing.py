@@ -32,8 +32,8 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from config.settings import Settings
 from schemas.names import TRACEPARENT_HEADER
-from schemas.settings import Settings
 from telemetry.spans import AttributeValue, TraceParent, Tracer, new_span_id
 
 _TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$")

@@ -6,6 +6,6 @@ from __future__ import annotations
 
 import os
 
-from schemas.settings import DEVELOPMENT_MODE_ENV
+from config.settings import DEVELOPMENT_MODE_ENV
 
 os.environ.setdefault(DEVELOPMENT_MODE_ENV, "true")

@@ -14,8 +14,9 @@ from typing import Any, TypeVar
 import psycopg
 from aiokafka import TopicPartition
 
+from config.settings import DEVELOPMENT_MODE_ENV, Settings
 from runtime.clients import kafka_admin, kafka_consumer, kafka_producer
-from schemas.identity import context_keys, issue_context_token
+from runtime.identity import context_keys, issue_context_token
 from schemas.names import (
     AUTHORIZER_GROUP,
     EXECUTOR_GROUP,
@@ -24,7 +25,6 @@ from schemas.names import (
     VALIDATOR_GROUP,
     Topic,
 )
-from schemas.settings import DEVELOPMENT_MODE_ENV, Settings
 
 T = TypeVar("T")
 

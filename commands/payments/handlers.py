@@ -17,8 +17,8 @@ from commands.payments.loaders import fetch_one
 from commands.payments.models import AddPayoutAccountArguments, ProposeRefundArguments
 from commands.payments.provider_client import PaymentProvider
 from commands.sql import named_query
+from config.settings import Settings
 from schemas.errors import ConfigurationError, PreconditionFailed, ResourceNotFound
-from schemas.settings import Settings
 
 _PKG = __name__.rpartition(".")[0]
 

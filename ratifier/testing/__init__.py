@@ -275,7 +275,7 @@ class Kit:
     def _ended(
         self, tool: str, actor: Actor, *, status: Status, stage: Stage, error: ErrorInfo
     ) -> DryRun:
-        outcome = Outcome(
+        outcome = Outcome.for_call(
             call_id="kit",
             tool=tool,
             tenant=actor.tenant,

@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from commands.catalog import Resource, load_catalog
-from commands.policy_feed import local_policies
+from config.settings import Settings
+from feeds.policies import local_policies
 from ratifier.testing import Kit
 from runtime.clients import database_conninfo, pg_connect_async
 from schemas.envelopes import Actor, CallFormat, ProposedCall
 from schemas.errors import ConfigurationError
-from schemas.settings import Settings
 
 
 def _read(path: Path) -> dict[str, Any]:

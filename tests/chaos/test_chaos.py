@@ -47,12 +47,12 @@ import pytest
 import redis
 from aiokafka.errors import KafkaError
 
+from config.settings import Settings
 from ratifier.migrate import migrate
 from ratifier.processes import FAKE_PROVIDER_MODULE, start_worker_args
 from ratifier.topics import ensure_topics
 from runtime.clients import kafka_consumer, kafka_producer
 from schemas.names import Topic
-from schemas.settings import Settings
 from tests.e2e.approvals_kit import decide, token
 from tests.e2e.conftest import ARTIFACTS, Pipeline, SigningKeys, free_port, wait_http
 from tests.e2e.executor_kit import PAYMENTS, provider_stats, seed_payments

@@ -17,9 +17,9 @@ from agents.testing import ScriptedModel, assistant_message
 
 from commands.catalog import load_catalog
 from commands.export import export_catalog
-from ratifier.adapters.openai_agents import RatifierAgentTools
-from ratifier.client import RatifierClient
-from schemas.settings import Settings
+from config.settings import Settings
+from ratifier_client.adapters.openai_agents import RatifierAgentTools
+from ratifier_client.client import RatifierClient
 
 
 def tool_outputs(model_input: Any) -> dict[str, str]:

@@ -14,10 +14,10 @@ from typing import Any
 import psycopg
 
 from approvals.signing import approval_keys, sign_decision, statement_for
+from config.settings import Settings
+from runtime.identity import context_keys, issue_context_token, verify_context_token
 from schemas.envelopes import ApprovalDecision, ApprovalVerdict
-from schemas.identity import context_keys, issue_context_token, verify_context_token
 from schemas.names import Topic
-from schemas.settings import Settings
 from tests.e2e.conftest import Pipeline
 from tests.services import outcomes_by_call, publish, read_to_end, read_until, run
 

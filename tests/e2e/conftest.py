@@ -14,6 +14,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from jwt.algorithms import OKPAlgorithm
 
+from config.settings import Settings
 from ratifier.migrate import migrate
 from ratifier.processes import (
     FAKE_PROVIDER_MODULE,
@@ -24,7 +25,6 @@ from ratifier.processes import (
 )
 from ratifier.topics import delete_topics, ensure_topics
 from schemas.names import Topic
-from schemas.settings import Settings
 from tests.services import (
     outcomes_by_call,
     proposal,

@@ -12,9 +12,9 @@ import psycopg
 
 from approvals.signing import approval_keys
 from commands.policy import PolicySet
+from config.settings import Settings
 from schemas.envelopes import CommittedCommand, Effect
 from schemas.names import Topic
-from schemas.settings import Settings
 from tests.services import outcomes_by_call, publish, read_until, run
 from testsupport.records import approved_command
 

@@ -14,9 +14,9 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.types import Command
 
-from ratifier.adapters.confirmation import ConfirmationApi
-from ratifier.adapters.langgraph import RatifierToolNode
-from ratifier.client import RatifierClient
+from ratifier_client.adapters.confirmation import ConfirmationApi
+from ratifier_client.adapters.langgraph import RatifierToolNode
+from ratifier_client.client import RatifierClient
 from tests.e2e.approvals_kit import REFUND, token
 from tests.e2e.conftest import Pipeline
 from tests.services import run

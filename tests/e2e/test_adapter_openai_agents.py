@@ -14,9 +14,9 @@ from agents.testing import ScriptedModel, assistant_message, function_call
 
 from commands.catalog import load_catalog
 from commands.export import export_catalog
-from ratifier.adapters.confirmation import ConfirmationApi
-from ratifier.adapters.openai_agents import RatifierAgentTools
-from ratifier.client import RatifierClient
+from ratifier_client.adapters.confirmation import ConfirmationApi
+from ratifier_client.adapters.openai_agents import RatifierAgentTools
+from ratifier_client.client import RatifierClient
 from schemas.envelopes import Outcome, Status
 from tests.e2e.approvals_kit import REFUND, token
 from tests.e2e.conftest import Pipeline

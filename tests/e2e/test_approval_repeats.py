@@ -19,9 +19,9 @@ from agents.testing import ScriptedModel, function_call
 
 from commands.catalog import load_catalog
 from commands.export import export_catalog
-from ratifier.adapters.confirmation import ConfirmationApi
-from ratifier.adapters.openai_agents import RatifierAgentTools
-from ratifier.client import RatifierClient
+from ratifier_client.adapters.confirmation import ConfirmationApi
+from ratifier_client.adapters.openai_agents import RatifierAgentTools
+from ratifier_client.client import RatifierClient
 from schemas.envelopes import ApprovalVerdict
 from schemas.names import Topic
 from tests.e2e.approvals_kit import REFUND, decide, terminal_outcomes, token

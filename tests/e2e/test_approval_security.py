@@ -25,8 +25,8 @@ from jwt.algorithms import OKPAlgorithm
 
 from commands.policy import DEFAULT_POLICY_DIR
 from ratifier.topics import delete_topics
+from runtime.identity import context_keys, issue_context_token, sign_call_proof
 from schemas.envelopes import ApprovalVerdict, DecisionKind
-from schemas.identity import context_keys, issue_context_token, sign_call_proof
 from schemas.names import Topic
 from tests.e2e.approvals_kit import (
     committed,

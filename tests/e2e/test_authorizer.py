@@ -10,7 +10,7 @@ import jwt
 import psycopg
 import pytest
 
-from schemas.identity import context_keys, issue_context_token
+from runtime.identity import context_keys, issue_context_token
 from schemas.names import Topic
 from tests.e2e.conftest import Pipeline, SigningKeys
 from tests.services import outcomes_by_call, publish, read_to_end, read_until, run

@@ -21,11 +21,11 @@ import aiohttp
 import psycopg
 import pytest
 
+from config.settings import Settings
 from ratifier.topics import delete_topics
 from runtime.clients import kafka_producer
 from schemas.envelopes import BreakerTransition
 from schemas.names import Topic
-from schemas.settings import Settings
 from tests.e2e.conftest import ARTIFACTS, Pipeline, SigningKeys, start_pipeline
 from tests.e2e.executor_kit import wait_terminal
 from tests.services import context_token, keyed_call, read_until, run

@@ -14,9 +14,9 @@ import uuid
 import pytest
 from aiokafka.errors import KafkaError
 
+from config.settings import Settings
 from runtime.clients import kafka_consumer, kafka_producer
 from schemas.names import Topic
-from schemas.settings import Settings
 from tests.e2e.conftest import SigningKeys, start_pipeline
 from tests.e2e.private_services import PrivateKafka, kafka_jars, private_kafka, required
 from tests.services import (

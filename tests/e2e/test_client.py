@@ -1,4 +1,4 @@
-"""`ratifier.client` against the real pipeline: calls, approvals, pending waits, batches."""
+"""`ratifier_client.client` against the real pipeline: calls, approvals, pending waits, batches."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from ratifier.client import (
+from ratifier_client.client import (
     AwaitingApproval,
     Pending,
     ProposedToolCall,

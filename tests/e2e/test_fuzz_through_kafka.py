@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from schemas.identity import context_keys
+from runtime.identity import context_keys
 from schemas.names import Topic
 from tests.e2e.conftest import Pipeline
 from tests.fuzz.generate import FuzzRecord, record

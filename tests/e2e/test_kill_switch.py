@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from approvals.operators import OperatorRights, throw_switch
+from config.settings import Settings
 from ratifier.cli import main
 from runtime.clients import kafka_producer
 from schemas.envelopes import Actor
 from schemas.names import Topic
-from schemas.settings import Settings
 from tests.e2e.approvals_kit import (
     audit,
     decide,

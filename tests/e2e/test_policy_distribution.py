@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 
 from commands.policy import DEFAULT_POLICY_DIR, PolicySet
-from commands.policy_feed import policy_record, publish_policies
 from commands.reference import catalog
+from feeds.policies import policy_record, publish_policies
 from ratifier.policy_replay import replay
 from runtime.clients import kafka_producer
+from runtime.identity import context_keys, issue_context_token
 from schemas.envelopes import PolicySetRecord
-from schemas.identity import context_keys, issue_context_token
 from schemas.names import Topic
 from tests.e2e.conftest import Pipeline
 from tests.services import outcomes_by_call, read_until, run, worker_env

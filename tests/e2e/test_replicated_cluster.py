@@ -27,9 +27,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 import tests.e2e.conftest as e2e_conftest
+from config.settings import Settings
 from ratifier.topics import delete_topics, ensure_topics
 from schemas.names import Topic
-from schemas.settings import Settings
 from tests.e2e.conftest import ARTIFACTS, SigningKeys, start_pipeline
 from tests.e2e.executor_kit import provider_stats, refund_command, seed_payments
 from tests.e2e.history import SETTLED, History

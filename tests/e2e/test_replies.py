@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from aiokafka import TopicPartition
 
-from ratifier.client import AwaitingApproval, Pending, RatifierClient
+from ratifier_client.client import AwaitingApproval, Pending, RatifierClient
 from schemas.envelopes import Outcome, Status
 from schemas.errors import ErrorCode
 from schemas.names import Topic

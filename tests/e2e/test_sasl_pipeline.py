@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
+from config.settings import Settings
 from ratifier.processes import start_worker
 from schemas.names import Topic
-from schemas.settings import Settings
 from tests.e2e.conftest import Pipeline, SigningKeys, start_pipeline
 from tests.kafka_instances import KafkaInstance
 from tests.services import json_body, proposal, publish, read_until, run

@@ -12,11 +12,11 @@ from typing import Any
 import psycopg
 import pytest
 
+from config.settings import Settings
 from ratifier.migrate import migrate
 from ratifier.processes import WorkerProcess, wait_for_log
 from ratifier.topics import delete_topics
 from schemas.names import Topic
-from schemas.settings import Settings
 from tests.e2e.conftest import Pipeline, SigningKeys, free_port, start_pipeline
 from tests.e2e.executor_kit import provider_stats, publish_commands, refund_command, seed_payments
 from tests.e2e.history import SETTLED

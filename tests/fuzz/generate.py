@@ -18,7 +18,7 @@ from typing import Any
 
 import jwt
 
-from schemas.identity import ContextKeys, issue_context_token
+from runtime.identity import ContextKeys, issue_context_token
 
 GOOD_ARGUMENTS: dict[str, list[dict[str, Any]]] = {
     "get_payment": [{"payment_id": "pay_A1001"}, {"payment_id": "pay_B2001"}],

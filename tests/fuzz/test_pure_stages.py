@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from commands.reference import catalog
 from commands.validate import Limits
+from runtime.identity import ContextKeys, verify_context_token
 from schemas.envelopes import DeadLetter, Outcome, SourcePosition, ValidatedCall
 from schemas.errors import Unauthenticated
-from schemas.identity import ContextKeys, verify_context_token
 from streams.validator import on_proposed
 from tests.fuzz.generate import record, token_variant
 from tests.fuzz.scale import PURE_EXAMPLES, PURE_TIMEOUT

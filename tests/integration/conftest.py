@@ -7,10 +7,10 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 from redis.asyncio import Redis
 
+from config.settings import Settings
 from ratifier.migrate import migrate
 from ratifier.topics import delete_topics, ensure_topics
 from runtime.clients import pg_pool, redis_client
-from schemas.settings import Settings
 from tests.services import reset_refundable, run, session_settings
 
 

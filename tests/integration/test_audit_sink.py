@@ -14,9 +14,9 @@ from psycopg_pool import AsyncConnectionPool
 
 from audit.masking import Masker
 from audit.sink import AuditSink, kafka_record
+from config.settings import Settings
 from runtime.clients import kafka_consumer
 from schemas.names import AUDIT_SINK_GROUP, TRACEPARENT_HEADER, Topic
-from schemas.settings import Settings
 
 pytestmark = pytest.mark.integration
 

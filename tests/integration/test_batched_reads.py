@@ -19,15 +19,15 @@ from commands.payments.handlers import read_resource
 from commands.payments.loaders import load_payment, load_payments
 from commands.payments.models import GetPaymentArguments, PaymentFacts
 from commands.policy import PolicySet
-from commands.policy_feed import PolicyFeed
 from commands.reference import catalog
+from config.settings import Settings
 from executors.executor import CommandExecutor
 from executors.reads import BatchedReads, Read
 from executors.service import ExecutorService
+from feeds.policies import PolicyFeed
 from schemas.envelopes import ActorRef, CommittedCommand, Effect, Outcome
 from schemas.errors import StorageUnavailable
 from schemas.fingerprint import fingerprint as fingerprint_of
-from schemas.settings import Settings
 from tests.services import session_settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]

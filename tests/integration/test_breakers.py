@@ -17,6 +17,7 @@ from redis.asyncio import Redis
 from approvals.signing import approval_keys
 from commands.catalog import Catalog, ExecutionContext, HandlerResult
 from commands.reference import catalog
+from config.settings import BreakerThresholds, Settings
 from dashboard.server import create_app
 from executors.claims import ClaimKind, ClaimStore
 from executors.executor import CommandExecutor, GroupMember
@@ -25,7 +26,6 @@ from runtime.breaker_machine import BreakerState
 from runtime.breakers import FleetBreakers
 from schemas.envelopes import BreakerTransition, Status
 from schemas.errors import ErrorCode, TransientFailure
-from schemas.settings import BreakerThresholds, Settings
 from tests.integration.test_batched_reads import read as a_read
 from tests.integration.test_executor import (
     POLICIES,

@@ -19,6 +19,7 @@ from redis.asyncio import Redis
 from commands.budgets import Budget
 from commands.policy import PolicySet
 from commands.reference import catalog
+from config.settings import Settings
 from executors.budgets import BudgetBook
 from executors.claims import Claim, ClaimKind, ClaimStore
 from executors.executor import CommandExecutor, GroupMember
@@ -26,7 +27,6 @@ from executors.reconciler import Reconciler
 from runtime.clients import pg_pool
 from schemas.envelopes import CommittedCommand, Status
 from schemas.errors import ErrorCode
-from schemas.settings import Settings
 from tests.integration.test_executor import (
     POLICIES,
     command,

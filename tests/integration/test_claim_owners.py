@@ -10,8 +10,8 @@ import uuid
 import pytest
 from redis.asyncio import Redis
 
+from config.settings import Settings
 from executors.claims import ClaimKind, ClaimStore
-from schemas.settings import Settings
 from tests.integration.test_pipelined_claims import claim_outcome
 
 pytestmark = pytest.mark.integration

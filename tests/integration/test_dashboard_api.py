@@ -16,13 +16,13 @@ from aiohttp.test_utils import TestClient, TestServer
 from psycopg.types.json import Jsonb
 
 from approvals.signing import VerifiedDecision, approval_keys, verify_decision
+from config.settings import Settings
 from dashboard.server import create_app
 from ratifier.topics import delete_topics, ensure_topics
 from runtime.clients import pg_pool
+from runtime.identity import context_keys, issue_context_token
 from schemas.envelopes import ApprovalDecision
-from schemas.identity import context_keys, issue_context_token
 from schemas.names import Topic
-from schemas.settings import Settings
 from tests.services import read_until, run
 
 pytestmark = pytest.mark.integration

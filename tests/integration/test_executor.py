@@ -13,13 +13,13 @@ from redis.asyncio import Redis
 from approvals.signing import approval_keys, receipt_for
 from commands.policy import PolicySet
 from commands.reference import catalog
+from config.settings import Settings
 from executors.claims import ClaimStore
 from executors.executor import CommandExecutor
-from executors.reconciler import Reconciler
+from executors.reconciler_store import Reconciler
 from schemas.envelopes import ActorRef, CommittedCommand, Outcome, Status
 from schemas.errors import ErrorCode
 from schemas.fingerprint import fingerprint
-from schemas.settings import Settings
 
 pytestmark = pytest.mark.integration
 

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from config.settings import Settings
 from dashboard.server import create_app
 from ratifier.topics import delete_topics, ensure_topics
-from schemas.identity import context_keys, issue_context_token
+from runtime.identity import context_keys, issue_context_token
 from schemas.names import Topic
-from schemas.settings import Settings
 from tests.services import read_until, run
 
 pytestmark = pytest.mark.integration

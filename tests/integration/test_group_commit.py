@@ -20,17 +20,17 @@ from redis.asyncio import Redis
 from approvals.signing import approval_keys
 from commands.catalog import Catalog, ExecutionContext, HandlerResult
 from commands.payments.handlers import add_payout_account
-from commands.policy_feed import PolicyFeed
 from commands.reference import catalog
+from config.settings import Settings
 from executors.claims import Claim, ClaimKind, ClaimStore
 from executors.crash_points import CrashPoint
 from executors.executor import CommandExecutor, GroupMember
 from executors.reads import BatchedReads
-from executors.reconciler import Reconciler
+from executors.reconciler_store import Reconciler
 from executors.service import ExecutorService
+from feeds.policies import PolicyFeed
 from schemas.envelopes import CommittedCommand, Outcome, Status
 from schemas.errors import ErrorCode
-from schemas.settings import Settings
 from tests.integration.test_executor import (
     POLICIES,
     REFUND,

@@ -26,11 +26,11 @@ from psycopg_pool import AsyncConnectionPool
 from approvals.notifier import Notifier
 from approvals.notify import Directory, Endpoint, verify_signature
 from commands.sql import named_query
+from config.settings import Settings
 from ratifier.processes import start_worker
 from runtime.clients import kafka_consumer, kafka_producer
 from schemas.envelopes import ApprovalRequest, DecisionKind, Effect, NotificationDeadLetter
 from schemas.names import DELIVERY_HEADER, SIGNATURE_HEADER, Topic
-from schemas.settings import Settings
 from tests.services import worker_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

@@ -15,15 +15,15 @@ from psycopg_pool import AsyncConnectionPool
 from redis.asyncio import Redis
 
 from approvals.signing import approval_keys
-from commands.policy_feed import PolicyFeed
 from commands.reference import catalog
+from config.settings import Settings
 from executors.claims import ClaimFinish, ClaimKind, ClaimRequest, ClaimStore
 from executors.executor import CommandExecutor
 from executors.reads import BatchedReads
 from executors.service import ExecutorService
+from feeds.policies import PolicyFeed
 from schemas.envelopes import CommittedCommand, Outcome, Stage, Status
 from schemas.names import REDIS_CLAIM_PREFIX
-from schemas.settings import Settings
 from tests.integration.test_executor import POLICIES, command
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

@@ -12,10 +12,10 @@ from psycopg_pool import AsyncConnectionPool
 
 from commands.catalog import Catalog, load_catalog
 from commands.reference import catalog as reference
+from config.settings import Settings
 from examples.helpdesk import GetTicketArguments, load_ticket
 from ratifier.migrate import MIGRATIONS_DIR, _pending_files, migrate
 from schemas.envelopes import Actor
-from schemas.settings import Settings
 
 pytestmark = pytest.mark.integration
 

@@ -8,10 +8,10 @@ import time
 import pytest
 
 from commands.policy import PolicySet
-from commands.policy_feed import local_policies, policy_record, policy_status, publish_policies
+from config.settings import Settings
+from feeds.policies import local_policies, policy_record, policy_status, publish_policies
 from ratifier.cli import main
 from ratifier.topics import ensure_topics
-from schemas.settings import Settings
 
 pytestmark = pytest.mark.integration
 

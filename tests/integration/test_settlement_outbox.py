@@ -13,7 +13,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from commands.sql import named_query
-from executors.reconciler import Outbox
+from executors.reconciler_store import Outbox
 from schemas.envelopes import Outcome, Stage, Status
 
 pytestmark = pytest.mark.integration

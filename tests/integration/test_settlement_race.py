@@ -11,11 +11,11 @@ from psycopg_pool import AsyncConnectionPool
 from redis.asyncio import Redis
 
 from commands.reference import catalog
+from config.settings import Settings
 from executors.claims import ClaimStore
 from executors.executor import CommandExecutor
-from executors.reconciler import Reconciler
+from executors.reconciler_store import Reconciler
 from schemas.envelopes import Status
-from schemas.settings import Settings
 from tests.integration.test_executor import (
     POLICIES,
     REFUND,

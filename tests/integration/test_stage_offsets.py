@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from aiokafka import TopicPartition
 
+from config.settings import Settings
 from runtime.clients import kafka_admin, kafka_consumer, kafka_producer
 from schemas.names import STREAMS_APP_ID, VALIDATOR_GROUP, Topic
-from schemas.settings import Settings
 from schemas.vocabulary import StreamStage
 from streams.stateless import SPECS, adopt_offsets
 

@@ -9,9 +9,9 @@ from psycopg_pool import AsyncConnectionPool
 from commands.payments.loaders import load_payment
 from commands.payments.models import GetPaymentArguments
 from commands.reference import catalog
+from config.settings import Settings
 from ratifier.migrate import migrate
 from schemas.envelopes import Actor
-from schemas.settings import Settings
 from streams.storage import StreamStorage
 
 pytestmark = pytest.mark.integration

@@ -3,10 +3,10 @@ from __future__ import annotations
 import pytest
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
+from config.settings import Settings
 from ratifier.topics import ensure_topics
 from runtime.clients import kafka_admin
 from schemas.names import Topic
-from schemas.settings import Settings
 
 pytestmark = pytest.mark.integration
 

@@ -9,7 +9,7 @@ from commands.catalog import Catalog
 from commands.policy import PolicySet
 from commands.reference import catalog as reference_catalog
 from commands.validate import Limits
-from schemas.identity import ContextKeys, issue_context_token
+from runtime.identity import ContextKeys, issue_context_token
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 KEYS = ContextKeys(

@@ -10,12 +10,12 @@ import pytest
 
 from commands.catalog import load_catalog
 from commands.export import export_catalog
-from ratifier.adapters.confirmation import ConfirmationApi
-from ratifier.adapters.langgraph import approval_payload
-from ratifier.adapters.openai_agents import RatifierAgentTools, tool_definitions
-from ratifier.client import AwaitingApproval, RatifierClient
+from config.settings import Settings
+from ratifier_client.adapters.confirmation import ConfirmationApi
+from ratifier_client.adapters.langgraph import approval_payload
+from ratifier_client.adapters.openai_agents import RatifierAgentTools, tool_definitions
+from ratifier_client.client import AwaitingApproval, RatifierClient
 from schemas.envelopes import ApprovalRequest, Outcome, Status
-from schemas.settings import Settings
 
 
 def _exported(fmt: str) -> list[dict[str, Any]]:

@@ -135,7 +135,7 @@ def test_the_helpdesk_ships_approver_rules_that_are_enforced() -> None:
 
 
 def test_the_approval_join_loads_the_catalogs_approver_rules() -> None:
-    from schemas.settings import Settings
+    from config.settings import Settings
 
     rights = PolicyRights.for_settings(Settings(), helpdesk)
     assert "helpdesk-support-lead-password-resets" in {

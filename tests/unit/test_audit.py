@@ -15,9 +15,9 @@ from audit.records import AuditRow, KafkaRecord, audit_row
 from audit.story import _LOG_EVENTS, build_story, render
 from commands.catalog import Catalog
 from commands.reference import catalog as reference_catalog
+from runtime.identity import ContextKeys, issue_context_token, verify_context_token
 from schemas.envelopes import Actor
 from schemas.errors import Unauthenticated
-from schemas.identity import ContextKeys, issue_context_token, verify_context_token
 from schemas.names import TRACEPARENT_HEADER, Topic
 from schemas.vocabulary import AuditKind
 from tests.unit.conftest import KEYS, NOW

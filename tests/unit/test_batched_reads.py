@@ -19,12 +19,12 @@ from commands.catalog import (
 )
 from commands.payments.models import GetPaymentArguments, PaymentFacts
 from commands.policy import PolicySet
+from config.settings import Settings
 from executors.decisions import Admitted, Loaded, admission, plain_read, resource_refusals
 from executors.reads import BatchedReads, Read, split_reads
 from schemas.envelopes import Actor, ActorRef, CommittedCommand, Effect, Status
 from schemas.errors import ErrorCode, PreconditionFailed
 from schemas.fingerprint import fingerprint
-from schemas.settings import Settings
 from tests.unit.conftest import NOW, PAYMENT_ATTRS
 
 KEYS = approval_keys(Settings())

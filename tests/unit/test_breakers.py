@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from commands.catalog import downstream_of
 from commands.reference import catalog
+from config.settings import BreakerThresholds
 from executors.breakers import catalog_thresholds
 from executors.decisions import status_for
 from executors.outcomes import unavailable_outcome
@@ -19,7 +20,6 @@ from runtime.breaker_machine import (
 from runtime.breakers import breaker_name
 from schemas.envelopes import ErrorInfo, Status
 from schemas.errors import ErrorCode
-from schemas.settings import BreakerThresholds
 from tests.unit.test_executor_decisions import command
 
 LIMITS = BreakerThresholds(

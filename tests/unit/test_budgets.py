@@ -18,12 +18,12 @@ from commands.budgets import (
     window_of,
 )
 from commands.policy import DEFAULT_POLICY_DIR, PolicySet
-from commands.policy_feed import PolicyFeed, policy_record
+from config.settings import Settings
 from executors.budgets import UsageState, settled_state
 from executors.decisions import status_for
+from feeds.policies import PolicyFeed, policy_record
 from schemas.envelopes import Status
 from schemas.errors import ConfigurationError, ErrorCode
-from schemas.settings import Settings
 
 
 def budget(**overrides: Any) -> Budget:

@@ -9,9 +9,9 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric import ed25519
 from jwt.algorithms import OKPAlgorithm
 
-from ratifier.client import RatifierClient
+from ratifier_client.client import RatifierClient
+from runtime.identity import call_binding_problem, issue_context_token, sign_call_proof
 from schemas.envelopes import ValidatedCall
-from schemas.identity import call_binding_problem, issue_context_token, sign_call_proof
 from tests.unit.conftest import KEYS, NOW
 
 BOUND = replace(KEYS, binding_tenants=frozenset({"tenant-a"}))

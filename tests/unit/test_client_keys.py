@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import re
 
-from ratifier.client import idempotency_key_for
+from ratifier_client.client import idempotency_key_for
 from schemas.envelopes import CALL_ID_PATTERN
 
 

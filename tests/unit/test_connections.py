@@ -16,7 +16,8 @@ from cryptography.x509.oid import NameOID
 from faust.auth import OAuthCredentials, SASLCredentials, SSLCredentials
 from pydantic import ValidationError
 
-from ratifier.client import RatifierClient
+from config.settings import KafkaConnection, Settings
+from ratifier_client.client import RatifierClient
 from runtime.clients import (
     FileTokenProvider,
     database_conninfo,
@@ -25,7 +26,6 @@ from runtime.clients import (
     token_provider,
 )
 from schemas.errors import ConfigurationError
-from schemas.settings import KafkaConnection, Settings
 from streams.app import broker_credentials, faust_settings
 
 SASL_ENV = {

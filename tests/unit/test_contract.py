@@ -4,10 +4,10 @@ import json
 import re
 from pathlib import Path
 
-from schemas.asyncapi import TOPIC_KEYS
+from ratifier.asyncapi import TOPIC_KEYS
+from ratifier.contract_export import ASYNCAPI_FILE, DEFAULT_DIR, render
 from schemas.envelopes import CONTRACT_RECORDS, ErrorInfo
 from schemas.errors import SAFE_MESSAGES, ErrorCode, RatifierError
-from schemas.export import ASYNCAPI_FILE, DEFAULT_DIR, render
 from schemas.fingerprint import canonical_json, fingerprint
 from schemas.names import REPLY_NAMESPACE, Topic
 

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
+from config.settings import Settings
 from executors.crash_points import NO_CRASH_POINTS, CrashPoint
-from schemas.settings import Settings
 from testsupport.crashing import SigkillAt
 
 

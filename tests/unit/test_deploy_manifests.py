@@ -18,8 +18,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from config.settings import Settings
 from schemas.names import EXECUTOR_GROUP, Topic
-from schemas.settings import Settings
 from tests.kustomize import Resource, load_documents, render
 
 REPO = Path(__file__).resolve().parents[2]
@@ -252,9 +252,9 @@ def test_the_config_alone_lacks_key_material_and_the_generated_secrets_complete_
     """Without the operator's Secrets a started service refuses (no key material); the key
     files it is configured with live in a Secret volume; with `ratifier keys generate`'s
     output as `ratifier-secrets` (and its files as `ratifier-keys`) the start check passes."""
+    from config.settings import check_environment
     from ratifier.keys import generate_keys
     from schemas.errors import MissingKeyMaterial
-    from schemas.settings import check_environment
 
     config = of_kind(rendered, "ConfigMap")["ratifier-config"]["data"]
     executor = of_kind(rendered, "Deployment")["ratifier-executor"]

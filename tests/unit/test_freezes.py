@@ -12,18 +12,11 @@ from pydantic import ValidationError
 
 from approvals.operators import OperatorRights, check_operator, visible_to
 from commands.catalog import Catalog, Resource
-from commands.freezes import (
-    NO_FREEZES,
-    CallFacts,
-    FleetFreezes,
-    Freezes,
-    Scope,
-    ScopeKind,
-    applied,
-    frozen_scope,
-)
+from commands.freezes import NO_FREEZES, CallFacts, Freezes, Scope, ScopeKind, applied, frozen_scope
 from commands.policy import PolicySet
+from config.settings import Settings
 from executors.decisions import STATUS_BY_CODE, command_freeze
+from feeds.freezes import FleetFreezes
 from schemas.envelopes import (
     CONTRACT_RECORDS,
     Actor,
@@ -38,7 +31,6 @@ from schemas.envelopes import (
 )
 from schemas.errors import SAFE_MESSAGES, ErrorCode, InvalidArguments, PolicyDenied
 from schemas.names import COMPACTED_TOPICS, Topic
-from schemas.settings import Settings
 from schemas.vocabulary import AuditKind
 from streams.approval import ApprovalState, Phase, Rules, Step, commits, frozen_instead
 from streams.authorizer import on_validated_batch, one_by_one

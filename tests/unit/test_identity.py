@@ -11,14 +11,14 @@ import jwt.algorithms
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
 
-from schemas.errors import ConfigurationError, Unauthenticated
-from schemas.identity import (
+from runtime.identity import (
     ContextKeys,
     VerifiedTokens,
     issue_context_token,
     load_jwks,
     verify_context_token,
 )
+from schemas.errors import ConfigurationError, Unauthenticated
 from tests.unit.conftest import KEYS, token
 
 SECRET = KEYS.secret or ""

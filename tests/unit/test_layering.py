@@ -5,22 +5,18 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = (
-    "schemas",
-    "telemetry",
-    "runtime",
-    "commands",
-    "approvals",
-    "streams",
-    "executors",
-    "audit",
-    "dashboard",
-    "ratifier",
-    "examples",
-    "testsupport",
+# The root packages import-linter checks that live at the top of the repository (the client
+# distribution's, under clients/python, is found installed).
+PACKAGES = tuple(
+    name
+    for name in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"][
+        "root_packages"
+    ]
+    if (ROOT / name).is_dir()
 )
 
 

@@ -14,11 +14,11 @@ import pytest
 from mcp.client import Client
 
 from commands.catalog import load_catalog
-from ratifier.client import Pending
+from config.settings import Settings
 from ratifier.mcp_gateway import McpGateway
+from ratifier_client.client import Pending
+from runtime.identity import context_keys, issue_context_token
 from schemas.envelopes import ApprovalRequest, Outcome, Status
-from schemas.identity import context_keys, issue_context_token
-from schemas.settings import Settings
 
 SETTINGS = Settings()
 KEYS = context_keys(SETTINGS)

@@ -13,12 +13,12 @@ import mcp_types as types
 from mcp.client import Client
 
 from commands.catalog import load_catalog
+from config.settings import Settings
 from ratifier.mcp_gateway import STATUS_TOOL, McpGateway
+from runtime.identity import context_keys, issue_context_token
 from schemas.envelopes import ErrorInfo, Outcome, Stage, Status
 from schemas.errors import ErrorCode
-from schemas.identity import context_keys, issue_context_token
 from schemas.providers import to_mcp_call_tool_result
-from schemas.settings import Settings
 
 SETTINGS = Settings()
 KEYS = context_keys(SETTINGS)

@@ -28,9 +28,9 @@ from approvals.notify import (
     verify_signature,
 )
 from audit.story import record_event
+from config.settings import Settings
 from schemas.envelopes import ApprovalRequest, DecisionKind, Effect, NotificationDeadLetter
 from schemas.errors import ConfigurationError
-from schemas.settings import Settings
 
 SECRET = b"whsec-test-0123456789abcdef"
 NOW = 1_790_000_000

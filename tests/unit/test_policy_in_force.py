@@ -8,9 +8,9 @@ import logging
 import pytest
 
 from commands.policy import PolicySet
-from commands.policy_feed import PolicyFeed, PolicyStatus, policy_record
+from config.settings import Settings
+from feeds.policies import PolicyFeed, PolicyStatus, policy_record
 from schemas.errors import ConfigurationError
-from schemas.settings import Settings
 
 
 def published(local: PolicySet, settings: Settings) -> bytes:

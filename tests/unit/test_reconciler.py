@@ -11,8 +11,9 @@ import psycopg
 import pytest
 
 from commands.catalog import Catalog
-from executors.reconciler import (
-    ReconcilerService,
+from config.settings import Settings
+from executors.reconciler import ReconcilerService
+from executors.reconciliation import (
     WaitingCall,
     backoff_seconds,
     describe_failure,
@@ -24,7 +25,6 @@ from ratifier.ops import describe_unknown
 from schemas.envelopes import Outcome, Stage, Status
 from schemas.errors import OutcomeUnknown
 from schemas.names import Topic
-from schemas.settings import Settings
 from telemetry.tracing import TraceParent
 from tests.unit.conftest import NOW
 

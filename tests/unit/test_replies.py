@@ -15,8 +15,9 @@ from aiokafka import TopicPartition
 from commands.catalog import Catalog
 from commands.policy import PolicySet
 from commands.validate import Limits, Malformed, parse_envelope
-from executors.reconciler import WaitingCall, readdressed, waiting_calls
-from ratifier.client import RatifierClient
+from config.settings import Settings
+from executors.reconciliation import WaitingCall, readdressed, waiting_calls
+from ratifier_client.client import RatifierClient
 from runtime.emit import Emit
 from runtime.loop import ConsumerLoop, Handled, failed, reply_to_in
 from runtime.replies import ReplySender, reply_copies
@@ -33,7 +34,6 @@ from schemas.envelopes import (
 )
 from schemas.errors import ErrorCode
 from schemas.names import REPLY_OF_HEADER, Topic
-from schemas.settings import Settings
 from streams.approval import Rules, on_authorized
 from streams.authorizer import on_validated
 from streams.validator import on_proposed

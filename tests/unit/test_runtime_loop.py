@@ -15,6 +15,7 @@ import pytest
 from aiokafka import TopicPartition
 from aiokafka.errors import CommitFailedError, KafkaConnectionError, MessageSizeTooLargeError
 
+from config.settings import Settings
 from runtime.emit import Emit
 from runtime.health import Health
 from runtime.loop import ConsumerLoop, Handled, by_key, call_id_in, failed
@@ -22,7 +23,6 @@ from runtime.retry import BACKOFF_SECONDS, Stopped, backoff, retrying
 from schemas.envelopes import DeadLetter, Outcome, SourcePosition, Stage, Status
 from schemas.errors import ErrorCode, StorageUnavailable
 from schemas.names import Topic
-from schemas.settings import Settings
 
 SETTINGS = Settings(topic_prefix="u.")
 TP = TopicPartition("u.commands.committed", 0)

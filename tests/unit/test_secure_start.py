@@ -14,6 +14,15 @@ from pathlib import Path
 import pytest
 
 from approvals.signing import approval_keys, sign_decision, statement_for, verify_decision
+from config.settings import (
+    DEVELOPMENT_MODE_ENV,
+    LOCAL_DEPLOYMENT_VARIABLES,
+    REMOVED_SETTINGS,
+    RENAMED_SETTINGS,
+    Settings,
+    check_environment,
+    unknown_settings,
+)
 from ratifier.cli import build_parser, main, start_settings
 from ratifier.demo import worker_env
 from ratifier.keys import (
@@ -25,18 +34,9 @@ from ratifier.keys import (
     SIGNING_KEY_FILE,
     generate_keys,
 )
+from runtime.identity import context_keys, issue_context_token, verify_context_token
 from schemas.envelopes import Actor, ApprovalVerdict
 from schemas.errors import ConfigurationError, MissingKeyMaterial, UnknownSetting
-from schemas.identity import context_keys, issue_context_token, verify_context_token
-from schemas.settings import (
-    DEVELOPMENT_MODE_ENV,
-    LOCAL_DEPLOYMENT_VARIABLES,
-    REMOVED_SETTINGS,
-    RENAMED_SETTINGS,
-    Settings,
-    check_environment,
-    unknown_settings,
-)
 
 REPO = Path(__file__).resolve().parents[2]
 KEY_SETTINGS = {

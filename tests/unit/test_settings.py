@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from schemas.settings import Settings
+from config.settings import Settings
 
 
 def test_unknown_setting_keyword_is_refused() -> None:

@@ -15,6 +15,7 @@ from approvals.signing import verify_decision
 from commands.catalog import Catalog
 from commands.policy import PolicySet
 from commands.validate import Limits
+from config.settings import Settings
 from schemas.envelopes import (
     ApprovalVerdict,
     DeadLetter,
@@ -26,7 +27,6 @@ from schemas.envelopes import (
 )
 from schemas.errors import ErrorCode
 from schemas.names import Topic
-from schemas.settings import Settings
 from streams.approval import on_authorized, on_decided, on_tick
 from streams.authorizer import on_validated
 from streams.emit import Emit, outcome

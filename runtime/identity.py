@@ -9,8 +9,6 @@ with a small clock skew.
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import time
 from collections import OrderedDict
@@ -21,10 +19,17 @@ from typing import Any
 
 import jwt
 
+from config.settings import Settings
+
+# The call proof is the agent client's (one definition of what it signs, for the signer and
+# the verifier).
+from ratifier_client.proofs import CALL_PROOF_TYPE as CALL_PROOF_TYPE
+from ratifier_client.proofs import PROOF_ALGORITHMS as PROOF_ALGORITHMS
+from ratifier_client.proofs import PROOF_JWS
+from ratifier_client.proofs import call_proof_claims as call_proof_claims
+from ratifier_client.proofs import sign_call_proof as sign_call_proof
 from schemas.envelopes import Actor, ValidatedCall
 from schemas.errors import ConfigurationError, Unauthenticated
-from schemas.fingerprint import canonical_json
-from schemas.settings import Settings
 
 LOCAL_ALGORITHM = "HS256"
 ASYMMETRIC_ALGORITHMS = frozenset({"EdDSA", "RS256"})
@@ -241,57 +246,6 @@ def verify_context_token(token: str, keys: ContextKeys, *, check_expiry: bool = 
 
 # -- call binding (RFC 7800 `cnf` + a per-call proof, DPoP-style) --------------------------
 
-CALL_PROOF_TYPE = "ratifier-call+jws"
-PROOF_ALGORITHMS = frozenset({"EdDSA", "ES256"})
-_PROOF_JWS = jwt.PyJWS(algorithms=sorted(PROOF_ALGORITHMS))
-
-
-def _sha256_b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-
-
-def call_proof_claims(
-    *, call_id: str, idempotency_key: str, tool: str, arguments: Any, context: str
-) -> dict[str, str]:
-    """What a call proof signs: the call's identity and content, and the token it is made
-    with (``ath``), so that neither the token nor the proof can be moved to another call."""
-    return {
-        "call_id": call_id,
-        "idempotency_key": idempotency_key,
-        "tool": tool,
-        "arguments_sha256": _sha256_b64(canonical_json(arguments).encode()),
-        "ath": _sha256_b64(context.encode()),
-    }
-
-
-def sign_call_proof(
-    private_key: Any,
-    *,
-    call_id: str,
-    idempotency_key: str,
-    tool: str,
-    arguments: Any,
-    context: str,
-    algorithm: str = "EdDSA",
-    now: float | None = None,
-) -> str:
-    """The agent runtime's proof for one call, signed with the key its token names in
-    ``cnf``. ``arguments`` are the normalized arguments (what the validator passes on)."""
-    claims: dict[str, Any] = call_proof_claims(
-        call_id=call_id,
-        idempotency_key=idempotency_key,
-        tool=tool,
-        arguments=arguments,
-        context=context,
-    )
-    claims["iat"] = int(time.time() if now is None else now)
-    return _PROOF_JWS.encode(
-        canonical_json(claims).encode(),
-        private_key,
-        algorithm=algorithm,
-        headers={"typ": CALL_PROOF_TYPE},
-    )
-
 
 def call_binding_problem(call: ValidatedCall, tenant: str, keys: ContextKeys) -> bool:
     """Whether ``call`` fails the binding its tenant requires: its (already verified) token
@@ -304,12 +258,12 @@ def call_binding_problem(call: ValidatedCall, tenant: str, keys: ContextKeys) ->
     try:
         claims = jwt.decode(call.context, options={"verify_signature": False})
         jwk = claims["cnf"]["jwk"]
-        header = _PROOF_JWS.get_unverified_header(call.proof)
+        header = PROOF_JWS.get_unverified_header(call.proof)
         alg = header.get("alg")
         if header.get("typ") != CALL_PROOF_TYPE or alg not in PROOF_ALGORITHMS:
             return True
         key = jwt.PyJWK(jwk, algorithm=alg)
-        payload = _PROOF_JWS.decode_complete(call.proof, key=key.key, algorithms=[alg])["payload"]
+        payload = PROOF_JWS.decode_complete(call.proof, key=key.key, algorithms=[alg])["payload"]
         signed = json.loads(payload)
     except (jwt.PyJWTError, KeyError, TypeError, ValueError):
         return True

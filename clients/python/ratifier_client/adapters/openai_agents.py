@@ -29,7 +29,7 @@ How ratifier's approval maps to the SDK's approval interruptions:
 - A rejected SDK item is not executed by the SDK; ratifier's call ends ``rejected`` from the
   declined confirmation (or expires when nobody declined it in ratifier).
 - A wait that ends before the final outcome returns a pending text naming the call id
-  (``ratifier.client.Pending``), never a failure.
+  (``ratifier_client.client.Pending``), never a failure.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ from typing import Any
 from agents import FunctionTool, RunContextWrapper, RunState, ToolApprovalItem
 from agents.tool_context import ToolContext
 
-from ratifier.adapters.confirmation import ConfirmationApi
-from ratifier.client import (
+from ratifier_client.adapters.confirmation import ConfirmationApi
+from ratifier_client.client import (
     DEFAULT_WAIT_SECONDS,
     AwaitingApproval,
     CallHandle,

@@ -18,13 +18,13 @@ from pydantic import ValidationError
 from commands.budgets import parse_budgets
 from commands.catalog import load_catalog
 from commands.policy import DEFAULT_POLICY_DIR, PolicySet, catalog_mismatches
+from config.settings import Settings
 from runtime.clients import kafka_admin, kafka_producer, start_kafka_client
 from runtime.reader import TopicReader
 from schemas.envelopes import PolicySetRecord
 from schemas.errors import ConfigurationError
 from schemas.fingerprint import canonical_json
 from schemas.names import Topic
-from schemas.settings import Settings
 
 log = logging.getLogger("ratifier.policies")
 

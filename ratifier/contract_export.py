@@ -1,5 +1,5 @@
 """Write one JSON Schema file per contract record and the AsyncAPI 3 document of every topic:
-``python -m schemas.export [DIR]``."""
+``python -m ratifier.contract_export [DIR]``."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ import json
 import sys
 from pathlib import Path
 
-from schemas import asyncapi
+import schemas
+from ratifier import asyncapi
 from schemas.envelopes import CONTRACT_RECORDS
 
-DEFAULT_DIR = Path(__file__).parent / "json"
+DEFAULT_DIR = Path(schemas.__file__).parent / "json"
 ASYNCAPI_FILE = "asyncapi.json"
 
 

@@ -1,6 +1,7 @@
-"""`ratifier.client`: how an agent runtime reaches ratifier without writing Kafka code.
+"""`ratifier_client.client` (distribution ``ratifier-client``): how an agent runtime reaches
+ratifier without writing Kafka code.
 
-    async with RatifierClient.from_settings(Settings()) as client:
+    async with RatifierClient.from_settings() as client:  # RATIFIER_KAFKA__BOOTSTRAP, ...
         outcome = await client.call(
             "get_payment", {"payment_id": "pay_A1001"}, context=token,
             idempotency_key=idempotency_key_for(agent="support-bot", run=run_id, step=step_no),
@@ -49,27 +50,46 @@ from concurrent.futures import Future as ThreadFuture
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, Protocol, Self, TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 from aiokafka.partitioner import murmur2
 from pydantic import ValidationError
 
-from ratifier.topics import REPLY_RETENTION_MS, delete_reply_topic, ensure_reply_topic
-from runtime.clients import kafka_security
+from ratifier_client.kafka import kafka_security
+from ratifier_client.proofs import sign_call_proof
+from ratifier_client.settings import ClientSettings
+from ratifier_client.topics import REPLY_RETENTION_MS, delete_reply_topic, ensure_reply_topic
+from schemas.connection import KafkaConnection
 from schemas.envelopes import ApprovalRequest, Outcome, ReplyAddress, Status
-from schemas.identity import sign_call_proof
 from schemas.names import REPLY_OF_HEADER, TRACEPARENT_HEADER, Topic, reply_namespace, topic_name
-from schemas.settings import KafkaConnection, Settings
 
-log = logging.getLogger("ratifier.client")
+log = logging.getLogger("ratifier_client.client")
 
 T = TypeVar("T")
 
 PUBLISH_ATTEMPTS = 5
 PUBLISH_BACKOFF_SECONDS = (0.2, 0.5, 1.0, 2.0)
 DEFAULT_WAIT_SECONDS = 60.0  # how long `call` and `result` wait before answering Pending
+
+
+class _Limits(Protocol):
+    @property
+    def kafka_max_message_bytes(self) -> int: ...
+
+
+class PipelineSettings(Protocol):
+    """What the client reads of settings: `ClientSettings`, or the services' `Settings`."""
+
+    @property
+    def kafka(self) -> KafkaConnection: ...
+
+    @property
+    def topic_prefix(self) -> str: ...
+
+    @property
+    def limits(self) -> _Limits: ...
 
 
 def idempotency_key_for(*, agent: str, run: str, step: str | int) -> str:
@@ -204,7 +224,13 @@ class RatifierClient:
         self.records_fetched = 0  # outcome and approval records read (reply-routing figure)
 
     @classmethod
-    def from_settings(cls, settings: Settings, **options: Any) -> RatifierClient:
+    def from_settings(
+        cls, settings: PipelineSettings | None = None, **options: Any
+    ) -> RatifierClient:
+        """A client on ``settings``' broker and topics: the services' `Settings`, or the
+        agent side's `ClientSettings` (by default read from the environment)."""
+        if settings is None:
+            settings = ClientSettings.from_env()
         options.setdefault("max_message_bytes", settings.limits.kafka_max_message_bytes)
         return cls(connection=settings.kafka, topic_prefix=settings.topic_prefix, **options)
 

@@ -39,8 +39,8 @@ from typing import Any
 from langchain_core.messages import AIMessage, ToolMessage
 from langgraph.types import interrupt
 
-from ratifier.adapters.confirmation import ConfirmationApi
-from ratifier.client import (
+from ratifier_client.adapters.confirmation import ConfirmationApi
+from ratifier_client.client import (
     DEFAULT_WAIT_SECONDS,
     AwaitingApproval,
     CallHandle,
