@@ -17,6 +17,7 @@ from commands.budgets import (
     resets_at,
     window_of,
 )
+from commands.cedar_schema import generate_schema
 from commands.policy import DEFAULT_POLICY_DIR, PolicySet
 from commands.policy_feed import PolicyFeed, policy_record
 from executors.budgets import UsageState, settled_state
@@ -299,7 +300,13 @@ def test_policy_check_reports_budget_problems(tmp_path: Path) -> None:
     from commands.policy import check_policy_directory
     from commands.reference import catalog
 
-    assert check_policy_directory(with_budgets(tmp_path / "ok", TOML), catalog) == []
+    ok = with_budgets(tmp_path / "ok", TOML)
+    # A schema generated before the budgets lacks their `context.budgets`: regenerate it.
+    (stale,) = check_policy_directory(ok, catalog)
+    assert "differs from the schema generated" in str(stale)
+    schema = generate_schema(catalog, load_budget_file(ok)).text()
+    (ok / "schema.cedarschema.json").write_text(schema, encoding="utf-8")
+    assert check_policy_directory(ok, catalog) == []
     unknown_tool = TOML.replace('tools = ["propose_refund"]', 'tools = ["refund_everything"]')
     (problem,) = check_policy_directory(with_budgets(tmp_path / "tool", unknown_tool), catalog)
     assert "budget refunds-daily: no tool 'refund_everything'" in str(problem)
