@@ -54,10 +54,12 @@ when {
 """
 
 
-def budgeted_directory(tmp_path: Path, policy: str = NEAR_BUDGET) -> Path:
+def budgeted_directory(
+    tmp_path: Path, policy: str = NEAR_BUDGET, *, budgets: str = BUDGETS
+) -> Path:
     directory = tmp_path / "policies"
     shutil.copytree(DEFAULT_POLICY_DIR, directory)
-    (directory / "budgets.toml").write_text(BUDGETS, encoding="utf-8")
+    (directory / "budgets.toml").write_text(budgets, encoding="utf-8")
     schema = generate_schema(reference_catalog, load_budget_file(directory))
     (directory / "schema.cedarschema.json").write_text(schema.text(), encoding="utf-8")
     (directory / "budgets.cedar").write_text(policy, encoding="utf-8")
