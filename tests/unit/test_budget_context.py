@@ -207,3 +207,62 @@ async def test_the_view_reads_a_batch_once_and_caches_it_briefly(
     )
     assert await view.with_budgets([read], policies, NOW) == [read]
     assert len(windows.asked) == 2
+
+
+def test_the_dashboard_shapes_each_budget_with_its_scopes_bar_and_reset() -> None:
+    from datetime import UTC, datetime
+
+    from commands.budgets import Budget
+    from dashboard.shaping import budgets_panel
+
+    daily = Budget.model_validate(
+        {
+            "name": "refunds-daily",
+            "tools": ["propose_refund"],
+            "per": ["agent"],
+            "measure": "sum:amount_minor",
+            "cap": 50_000,
+            "window": "day",
+            "time_zone": "Europe/Berlin",
+        }
+    )
+    calls = Budget.model_validate(
+        {"name": "calls", "measure": "count", "cap": 10, "window": "rolling", "rolling_hours": 2}
+    )
+    now = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
+    rows = [
+        {
+            "budget": "refunds-daily",
+            "scope_key": "agent=a",
+            "consumed": 10_000,
+            "reserved": 0,
+            "oldest": now,
+        },
+        {
+            "budget": "refunds-daily",
+            "scope_key": "agent=b",
+            "consumed": 52_000,
+            "reserved": 700,
+            "oldest": now,
+        },
+        {"budget": "calls", "scope_key": "*", "consumed": 3, "reserved": 1, "oldest": now},
+    ]
+    daily_shown, calls_shown = budgets_panel([daily, calls], rows, now=now)
+    assert daily_shown["window"] == "day in Europe/Berlin"
+    assert daily_shown["per"] == ["tenant", "agent"] and daily_shown["unit"] == "amount_minor"
+    over, under = daily_shown["scopes"]  # most used first
+    assert (over["scope"], over["used"], over["reserved"], over["left"]) == (
+        "agent=b",
+        52_700,
+        700,
+        0,
+    )
+    assert over["percent_used"] == 100  # the bar is full, never past it
+    assert (under["used"], under["left"], under["percent_used"]) == (10_000, 40_000, 20)
+    assert under["resets_at"] == "2026-12-03T00:00:00+01:00"  # local midnight
+    assert calls_shown["unit"] == "calls" and calls_shown["window"] == "rolling 2 h"
+    (scope,) = calls_shown["scopes"]
+    # A rolling window frees something when its oldest reservation leaves it.
+    assert scope["resets_at"] == "2026-12-02T12:00:00+00:00"
+    (empty,) = budgets_panel([daily], [], now=now)
+    assert empty["scopes"] == [] and empty["resets_at"] == "2026-12-03T00:00:00+01:00"
