@@ -297,21 +297,26 @@ def test_ratifier_budgets_shows_usage_what_is_left_and_the_reset() -> None:
 
 
 def test_policy_check_reports_budget_problems(tmp_path: Path) -> None:
-    from commands.policy import check_policy_directory
+    from commands.policy import check_policy_directory, directory_budgets
     from commands.reference import catalog
+
+    def regenerated(directory: Path) -> Path:
+        schema = generate_schema(catalog, directory_budgets(directory)).text()
+        (directory / "schema.cedarschema.json").write_text(schema, encoding="utf-8")
+        return directory
 
     ok = with_budgets(tmp_path / "ok", TOML)
     # A schema generated before the budgets lacks their `context.budgets`: regenerate it.
     (stale,) = check_policy_directory(ok, catalog)
     assert "differs from the schema generated" in str(stale)
-    schema = generate_schema(catalog, load_budget_file(ok)).text()
-    (ok / "schema.cedarschema.json").write_text(schema, encoding="utf-8")
-    assert check_policy_directory(ok, catalog) == []
+    assert check_policy_directory(regenerated(ok), catalog) == []
     unknown_tool = TOML.replace('tools = ["propose_refund"]', 'tools = ["refund_everything"]')
-    (problem,) = check_policy_directory(with_budgets(tmp_path / "tool", unknown_tool), catalog)
+    tool_directory = regenerated(with_budgets(tmp_path / "tool", unknown_tool))
+    (problem,) = check_policy_directory(tool_directory, catalog)
     assert "budget refunds-daily: no tool 'refund_everything'" in str(problem)
     broken = TOML.replace('window = "day"', 'window = "fortnight"')
-    (problem,) = check_policy_directory(with_budgets(tmp_path / "bad", broken), catalog)
+    bad_directory = regenerated(with_budgets(tmp_path / "bad", broken))
+    (problem,) = check_policy_directory(bad_directory, catalog)
     assert "budget #1" in str(problem) and "window" in str(problem)
 
 
