@@ -22,6 +22,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from commands.catalog import Tool
+from schemas.envelopes import Effect
 from schemas.errors import ConfigurationError
 
 BUDGET_FILES = ("budgets.toml", "budgets.json")
@@ -227,3 +229,50 @@ def load_budget_file(directory: Path) -> tuple[Budget, ...]:
 def canonical_budgets(budgets: Sequence[Budget]) -> str:
     """The budgets as canonical JSON (part of the policy set's content hash)."""
     return json.dumps([b.document() for b in budgets], sort_keys=True, separators=(",", ":"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class BudgetStanding:
+    """One budget's current window for one call's scope, as Cedar policies see it in
+    ``context.budgets["<name>"]`` (docs/budgets.md, "Budgets in Cedar policies"). Integers
+    only: Cedar has no floats. An early view: the executor's commit-time check decides."""
+
+    name: str
+    used: int  # consumed plus reserved
+    reserved: int  # the part of ``used`` held for calls not yet settled
+    cap: int
+
+    @property
+    def percent_used(self) -> int:
+        """Whole percent of the cap used, rounded down (a cap of 0: 100 once declared)."""
+        if self.cap <= 0:
+            return 100
+        return self.used * 100 // self.cap
+
+    def cedar(self) -> dict[str, int | str]:
+        return {
+            "name": self.name,
+            "used": self.used,
+            "reserved": self.reserved,
+            "cap": self.cap,
+            "percent_used": self.percent_used,
+        }
+
+
+def budgets_of_tool(budgets: Sequence[Budget], tool: Tool) -> tuple[Budget, ...]:
+    """The budgets a call of ``tool`` can fall under: those naming it, and those naming no
+    tool when it is a write (plain reads have no ledger entry and are never budgeted)."""
+    write = not (tool.effect is Effect.READ and tool.external is None)
+    return tuple(b for b in budgets if tool.name in b.tools or (not b.tools and write))
+
+
+# Usage in one window: scope key → (used, reserved), as read by the authorizer's view.
+WindowUsageByScope = Mapping[str, tuple[int, int]]
+
+
+def standing_of(
+    budget: Budget, usage: WindowUsageByScope, *, agent: str, subject: str | None, tool: str
+) -> BudgetStanding:
+    """``budget``'s standing for one call's scope in a window whose usage is ``usage``."""
+    used, reserved = usage.get(budget.scope_key(agent=agent, subject=subject, tool=tool), (0, 0))
+    return BudgetStanding(name=budget.name, used=used, reserved=reserved, cap=budget.cap)

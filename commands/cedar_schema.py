@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import inspect
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
 
+from commands.budgets import Budget, budgets_of_tool
 from commands.catalog import Catalog, Tool
 
 PRINCIPAL_TYPE = "User"
@@ -215,8 +217,40 @@ class GeneratedSchema:
         return json.dumps(self.schema, indent=2, sort_keys=True) + "\n"
 
 
-def generate_schema(catalog: Catalog) -> GeneratedSchema:
-    """The Cedar schema (JSON form) of ``catalog``, and what it could not express."""
+# The context attribute with the call's budgets.
+BUDGETS_CONTEXT = "budgets"
+# One budget's standing in ``context.budgets`` (commands.budgets.BudgetStanding.cedar).
+BUDGET_STANDING_TYPE: dict[str, Any] = {
+    "type": "Record",
+    "attributes": {
+        "name": {"type": "String"},
+        "used": {"type": "Long"},
+        "reserved": {"type": "Long"},
+        "cap": {"type": "Long"},
+        "percent_used": {"type": "Long"},
+    },
+}
+
+
+def budgets_context(budgets: Sequence[Budget], tool: Tool) -> dict[str, Any]:
+    """``context.budgets`` of ``tool``: a record keyed by the name of each budget its calls
+    can fall under, so `policy check` refuses a policy naming a budget that is not there.
+    Empty (and then left out of the schema) when none applies: a set without budgets keeps
+    the schema and version it always had, and a v1.4 worker keeps deciding its calls."""
+    names = [b.name for b in budgets_of_tool(budgets, tool)]
+    if not names:
+        return {}
+    return {
+        BUDGETS_CONTEXT: {
+            "type": "Record",
+            "attributes": {n: BUDGET_STANDING_TYPE for n in sorted(names)},
+        }
+    }
+
+
+def generate_schema(catalog: Catalog, budgets: Sequence[Budget] = ()) -> GeneratedSchema:
+    """The Cedar schema (JSON form) of ``catalog``, and what it could not express; with the
+    ``budgets`` of the policy directory in each action's ``context.budgets``."""
     entity_types: dict[str, Any] = {
         PRINCIPAL_TYPE: {
             "shape": {
@@ -261,7 +295,11 @@ def generate_schema(catalog: Catalog) -> GeneratedSchema:
                 "resourceTypes": [resource_type] if resource_type else [],
                 "context": {
                     "type": "Record",
-                    "attributes": {"effect": {"type": "String"}, "arguments": arguments},
+                    "attributes": {
+                        "effect": {"type": "String"},
+                        "arguments": arguments,
+                        **budgets_context(budgets, tool),
+                    },
                 },
             }
         }

@@ -21,9 +21,14 @@ from typing import Any, Protocol
 
 import cedarpy
 
-from commands.budgets import Budget, canonical_budgets, load_budget_file
+from commands.budgets import (
+    Budget,
+    BudgetStanding,
+    canonical_budgets,
+    load_budget_file,
+)
 from commands.catalog import Catalog, Resource, Tool
-from commands.cedar_schema import entity_type, generate_schema
+from commands.cedar_schema import BUDGETS_CONTEXT, entity_type, generate_schema
 from schemas.envelopes import Actor, Effect, ErrorInfo, Route
 from schemas.errors import ConfigurationError, ErrorCode, RefusalReason
 from telemetry.metrics import count_policy_evaluation_error
@@ -108,6 +113,9 @@ class PolicySet:
     parsed_schema: Any = field(default=None, repr=False, compare=False)
     # Spending budgets declared beside the policies (docs/budgets.md), part of the version.
     budgets: tuple[Budget, ...] = ()
+    # The budget names each action's ``context.budgets`` declares in the schema, by tool;
+    # a tool absent here has no ``context.budgets`` (a schema generated before v1.5).
+    budget_context: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @classmethod
     def from_sources(cls, text: str, schema: str, budgets: tuple[Budget, ...] = ()) -> PolicySet:
@@ -139,6 +147,7 @@ class PolicySet:
             schema_canonical = json.dumps(json.loads(schema), sort_keys=True, separators=(",", ":"))
         except ValueError as exc:
             raise ConfigurationError(f"Cedar schema is not JSON: {exc}") from exc
+        budget_context = _budget_context(json.loads(schema), budgets)
         content = f"{text}\0{schema_canonical}"
         if budgets:  # a set without budgets keeps the version it always had
             content += f"\0{canonical_budgets(budgets)}"
@@ -153,6 +162,7 @@ class PolicySet:
             parsed=cedarpy.PolicySet.from_str(text),
             parsed_schema=parsed_schema,
             budgets=budgets,
+            budget_context=budget_context,
         )
 
     @classmethod
@@ -213,6 +223,31 @@ class PolicySet:
         if effect in APPROVAL_EFFECTS and "auto" not in hints:
             return Route.APPROVAL
         return Route.AUTO
+
+
+def _budget_context(schema: Any, budgets: Sequence[Budget]) -> dict[str, tuple[str, ...]]:
+    """The budget names the schema puts in each action's ``context.budgets``; a name the set
+    does not declare is a `ConfigurationError` (regenerate the schema: `policy schema`)."""
+    declared = {b.name for b in budgets}
+    found: dict[str, tuple[str, ...]] = {}
+    namespaces = schema.values() if isinstance(schema, dict) else ()
+    for namespace in namespaces:
+        actions = namespace.get("actions", {}) if isinstance(namespace, dict) else {}
+        for action, spec in actions.items():
+            context = (spec.get("appliesTo") or {}).get("context") or {}
+            field_spec = (context.get("attributes") or {}).get(BUDGETS_CONTEXT)
+            if not isinstance(field_spec, dict):
+                continue
+            names = tuple(sorted(field_spec.get("attributes") or {}))
+            unknown = sorted(set(names) - declared)
+            if unknown:
+                raise ConfigurationError(
+                    f"the Cedar schema declares context.budgets {unknown} for action "
+                    f"{action}, which the set's budgets do not declare; regenerate it "
+                    "with `ratifier policy schema`"
+                )
+            found[action] = names
+    return found
 
 
 def _reverse(rank: MessageRank) -> tuple[int, int, int]:
@@ -281,6 +316,23 @@ class AuthorizationRequest:
     tool: Tool
     resource: Resource | None
     arguments: dict[str, Any]
+    # The authorizer's early view of the call's budgets (docs/budgets.md, "Budgets in Cedar
+    # policies"); a budget not given here is seen as unused (the commit's own check decides).
+    budgets: tuple[BudgetStanding, ...] = ()
+
+
+def budgets_record(request: AuthorizationRequest, policies: PolicySet) -> dict[str, Any] | None:
+    """``context.budgets`` of a request: each budget its action's schema declares, keyed by
+    name; None when the schema declares none (an older schema)."""
+    names = policies.budget_context.get(request.tool.name)
+    if names is None:
+        return None
+    given = {s.name: s for s in request.budgets}
+    caps = {b.name: b.cap for b in policies.budgets}
+    return {
+        n: (given.get(n) or BudgetStanding(name=n, used=0, reserved=0, cap=caps[n])).cedar()
+        for n in names
+    }
 
 
 def _uid(kind: str, ident: str) -> dict[str, str]:
@@ -297,7 +349,9 @@ def _cedar_value(value: Any) -> Any:
     return value
 
 
-def cedar_request(request: AuthorizationRequest) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def cedar_request(
+    request: AuthorizationRequest, policies: PolicySet
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The Cedar request and entities for one call."""
     actor, resource = request.actor, request.resource
     principal_id = f"{actor.tenant}/{actor.sub}"
@@ -328,7 +382,7 @@ def cedar_request(request: AuthorizationRequest) -> tuple[dict[str, Any], list[d
                 "parents": [],
             }
         )
-    cedar = {
+    cedar: dict[str, Any] = {
         "principal": _uid("User", principal_id),
         "action": _uid("Action", request.tool.name),
         "resource": resource_uid,
@@ -337,6 +391,9 @@ def cedar_request(request: AuthorizationRequest) -> tuple[dict[str, Any], list[d
             "arguments": _cedar_value(request.arguments),
         },
     }
+    budgets = budgets_record(request, policies)
+    if budgets is not None:
+        cedar["context"][BUDGETS_CONTEXT] = budgets
     return cedar, entities
 
 
@@ -504,7 +561,8 @@ def authorize_batch(
     for request, early in zip(requests, decisions, strict=True):
         if early is not None:
             _report(request, early)
-    for group in _consistent_groups([i for i, d in enumerate(decisions) if d is None], requests):
+    undecided = [i for i, d in enumerate(decisions) if d is None]
+    for group in _consistent_groups(undecided, requests, policies):
         indexes = [i for i, _ in group]
         entities: dict[tuple[str, str], dict[str, Any]] = {}
         for _, (_, request_entities) in group:
@@ -532,7 +590,7 @@ CedarCall = tuple[dict[str, Any], list[dict[str, Any]]]
 
 
 def _consistent_groups(
-    indexes: list[int], requests: Sequence[AuthorizationRequest]
+    indexes: list[int], requests: Sequence[AuthorizationRequest], policies: PolicySet
 ) -> list[list[tuple[int, CedarCall]]]:
     """Split into batches whose entities agree: one batch shares one entity list, so two
     requests naming the same entity with different attributes (the same user with other
@@ -540,7 +598,7 @@ def _consistent_groups(
     groups: list[list[tuple[int, CedarCall]]] = []
     seen: list[dict[tuple[str, str], dict[str, Any]]] = []
     for i in indexes:
-        call = cedar_request(requests[i])
+        call = cedar_request(requests[i], policies)
         keyed = {(e["uid"]["type"], e["uid"]["id"]): e for e in call[1]}
         for group, known in zip(groups, seen, strict=True):
             if all(known.get(k, e) == e for k, e in keyed.items()):
@@ -611,13 +669,22 @@ def _cedar_message(exc: Exception | str) -> str:
     return " ".join(re.sub(r"^(\[policy\d+\] )?(for policy `policy\d+`, )?", "", str(exc)).split())
 
 
+def directory_budgets(directory: Path) -> tuple[Budget, ...]:
+    """The budgets of a policy directory for its generated schema; a budgets file that does
+    not load declares none here (`policy check` names its problem on its own)."""
+    try:
+        return load_budget_file(directory)
+    except ConfigurationError:
+        return ()
+
+
 def check_policy_directory(directory: Path, catalog: Catalog) -> list[PolicyProblem]:
     """Everything wrong with the policy set in ``directory`` for ``catalog``: the catalog's
     declarations the Cedar schema cannot express (file and line of the declaration), a
     schema file that differs from the generated one, and each policy that does not parse or
     does not match the generated schema (file, and the line of the problem in the policy)."""
     problems: list[PolicyProblem] = []
-    generated = generate_schema(catalog)
+    generated = generate_schema(catalog, directory_budgets(directory))
     for p in generated.problems:
         source_file, _, source_line = p.source.rpartition(":")
         problems.append(

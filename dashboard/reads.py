@@ -5,7 +5,7 @@ one write is a signed decision on Kafka."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -14,6 +14,7 @@ from psycopg import errors as pg_errors
 from psycopg_pool import AsyncConnectionPool
 from pydantic import ValidationError
 
+from commands.budgets import Budget, window_of
 from commands.catalog import Catalog
 from commands.sql import named_query
 from dashboard import shaping
@@ -22,6 +23,8 @@ from schemas.envelopes import Actor, ApprovalRequest
 from schemas.errors import StorageUnavailable
 
 _PKG = "dashboard"
+# Scopes shown per request on the budgets panel (a budget per end user can have many).
+BUDGET_SCOPES_LIMIT = 500
 FEED_LIMIT = 200
 OPERATIONS_LIMIT = 50
 # Settled operations stay in the operations panel this long after their last change.
@@ -152,6 +155,25 @@ class DashboardReads:
         """The call's terminal outcome status, once the audit sink recorded one."""
         rows = await self._rows("call_outcome", {"tenant": tenant, "call_id": call_id})
         return str(rows[0]["status"]) if rows else None
+
+    async def budget_usage(
+        self, budgets: Sequence[Budget], *, tenant: str, now: datetime
+    ) -> list[dict[str, Any]]:
+        """The current window's usage of each of ``budgets``, per scope of ``tenant`` (one
+        read-only query, the tenant in its WHERE)."""
+        if not budgets:
+            return []
+        spans = [window_of(b, now) for b in budgets]
+        return await self._rows(
+            "budget_usage",
+            {
+                "tenant": tenant,
+                "budgets": [b.name for b in budgets],
+                "window_keys": [s.key for s in spans],
+                "since": [s.since for s in spans],
+                "limit": BUDGET_SCOPES_LIMIT,
+            },
+        )
 
     async def operations(
         self, tenant: str | None, now: datetime, *, with_history: bool = True

@@ -17,6 +17,9 @@
     POST /api/freezes                        {"scope": "...", "frozen": true|false,
                                               "reason": "..."}: the kill switch (Bearer,
                                               operator rights by Cedar policy)
+    GET  /api/budgets                        the budgets of the set in force with the current
+                                             window's usage per scope of the token's tenant
+                                             (Bearer, any verified token)
 
 Besides freezes (`controls` records, docs/kill-switch.md), the only thing it writes is a
 signed `approvals.decided` record, published exactly as the approver CLI and HTTP endpoint
@@ -31,6 +34,7 @@ sessions.
 from __future__ import annotations
 
 import logging
+import time
 from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
@@ -48,10 +52,12 @@ from approvals.refusals import error_json
 from approvals.signing import approval_keys
 from approvals.verdicts import DecisionDesk, JoinAudit, published
 from commands.catalog import Catalog, load_catalog
+from commands.policy import PolicySet
 from config.settings import Settings
 from dashboard import shaping
 from dashboard.reads import DashboardReads
 from feeds.freezes import FleetFreezes
+from feeds.policies import PolicyFeed, local_policies
 from runtime.breakers import BreakerStatus, FleetBreakers
 from runtime.clients import database_conninfo, pg_pool, redis_client
 from runtime.health import health_response
@@ -288,6 +294,54 @@ async def breakers(request: web.Request) -> web.Response:
     return web.json_response({"breakers": [_breaker_json(s) for s in found]})
 
 
+# -- budgets (docs/budgets.md) ---------------------------------------------------------------
+
+# How long the policy set read from the `policies` topic is reused before it is read again.
+POLICIES_REFRESH_SECONDS = 10.0
+
+
+class PoliciesInForce:
+    """The set the workers enforce (the newest valid one on the `policies` topic, like
+    `ratifier budgets`), re-read at most every `POLICIES_REFRESH_SECONDS`."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._feed: PolicyFeed | None = None
+        self._read_at: float | None = None
+
+    async def current(self) -> PolicySet:
+        now = time.monotonic()
+        if self._feed is None:
+            self._feed = PolicyFeed(self._settings, local_policies(self._settings))
+        if self._read_at is None or now - self._read_at >= POLICIES_REFRESH_SECONDS:
+            try:
+                await self._feed.catch_up(announce=False)
+            except KafkaError as exc:
+                if self._read_at is None:
+                    raise StorageUnavailable("Kafka is not reachable.") from exc
+                log.warning("dashboard: policies not refreshed (%s)", exc)
+            else:
+                self._read_at = now
+        return self._feed.current
+
+
+_POLICIES = web.AppKey("policies", PoliciesInForce)
+
+
+async def budgets(request: web.Request) -> web.Response:
+    tenant = _operator(request).tenant
+    policies = await request.app[_POLICIES].current()
+    now = _now()
+    rows = await request.app[_READS].budget_usage(policies.budgets, tenant=tenant, now=now)
+    return web.json_response(
+        {
+            "tenant": tenant,
+            "policy_version": policies.version,
+            "budgets": shaping.budgets_panel(policies.budgets, rows, now=now),
+        }
+    )
+
+
 READY_TIMEOUT_SECONDS = 2.0
 
 
@@ -303,6 +357,7 @@ def create_app(
     app[_SETTINGS] = settings
     app[_KEYS] = keys or context_keys(settings)
     app[_FREEZES] = FleetFreezes(settings)
+    app[_POLICIES] = PoliciesInForce(settings)
     app[_OPERATORS] = OperatorRights.from_directory()
     app[_DESK] = DecisionDesk(
         settings=settings,
@@ -352,6 +407,7 @@ def create_app(
     app.router.add_post("/api/approvals/{call_id}/decision", decide)
     app.router.add_get("/api/freezes", freezes)
     app.router.add_post("/api/freezes", throw)
+    app.router.add_get("/api/budgets", budgets)
     app.router.add_get("/api/approvals/{call_id}/decisions/{decision_id}", decision_verdict)
     app.router.add_get("/api/breakers", breakers)
     app.router.add_get("/metrics", metrics_handler)

@@ -9,10 +9,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from pydantic import ValidationError
 
 from approvals.pending import is_pending, pending_order
+from commands.budgets import Budget, BudgetStanding, resets_at, window_of
 from schemas.envelopes import (
     CALL_ID_PATTERN,
     TENANT_PATTERN,
@@ -480,3 +482,66 @@ def _history_summary(kind: str, detail: Mapping[str, Any]) -> str:
 
 def iso(at: datetime) -> str:
     return at.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+# -- the budgets panel (docs/budgets.md) -------------------------------------------------------
+
+
+def _local_time(budget: Budget, at: datetime | None) -> str | None:
+    """A reset time in the budget's own time zone (where its days and weeks are counted)."""
+    if at is None:
+        return None
+    return at.astimezone(ZoneInfo(budget.time_zone)).isoformat(timespec="seconds")
+
+
+def budgets_panel(
+    budgets: Iterable[Budget], rows: Iterable[Mapping[str, Any]], *, now: datetime
+) -> list[dict[str, Any]]:
+    """Each budget of the set in force with its declaration and, per scope with usage in the
+    current window, used (consumed plus reserved for unsettled calls), reserved, cap, what
+    is left, a whole percent for the bar and the reset time; a budget nothing was used of
+    shows its next reset."""
+    by_budget: dict[str, list[Mapping[str, Any]]] = {}
+    for row in rows:
+        by_budget.setdefault(row["budget"], []).append(row)
+    shown = []
+    for budget in budgets:
+        span = window_of(budget, now)
+        scopes = []
+        for row in by_budget.get(budget.name, []):
+            consumed, reserved = int(row["consumed"]), int(row["reserved"])
+            used = consumed + reserved
+            standing = BudgetStanding(
+                name=budget.name, used=used, reserved=reserved, cap=budget.cap
+            )
+            scopes.append(
+                {
+                    "scope": row["scope_key"],
+                    "used": used,
+                    "consumed": consumed,
+                    "reserved": reserved,
+                    "left": max(budget.cap - used, 0),
+                    "percent_used": min(standing.percent_used, 100),
+                    "resets_at": _local_time(budget, resets_at(budget, span, row["oldest"])),
+                }
+            )
+        scopes.sort(key=lambda s: (-s["used"], s["scope"]))
+        shown.append(
+            {
+                "name": budget.name,
+                "measure": budget.measure,
+                "unit": budget.argument or "calls",
+                "cap": budget.cap,
+                "window": (
+                    f"rolling {budget.rolling_hours} h"
+                    if budget.window == "rolling"
+                    else f"{budget.window} in {budget.time_zone}"
+                ),
+                "window_key": span.key,
+                "tools": list(budget.tools),
+                "per": ["tenant", *(p for p in budget.per if p != "tenant")],
+                "resets_at": _local_time(budget, span.resets_at),
+                "scopes": scopes,
+            }
+        )
+    return shown

@@ -136,12 +136,15 @@ def cmd_policy_schema(settings: Settings, args: argparse.Namespace) -> int:
     from approvals.policy import APPROVER_SCHEMA
     from commands.catalog import load_catalog
     from commands.cedar_schema import generate_schema
+    from commands.policy import DEFAULT_POLICY_DIR, directory_budgets
 
     if args.approvers:
         # The approver policies' schema is ratifier's, the same for every catalog.
         sys.stdout.write(APPROVER_SCHEMA.read_text(encoding="utf-8"))
         return 0
-    generated = generate_schema(load_catalog(settings.catalog))
+    # The budgets beside the policies are declared in each action's `context.budgets`.
+    budgets = directory_budgets(Path(settings.policies.directory or DEFAULT_POLICY_DIR))
+    generated = generate_schema(load_catalog(settings.catalog), budgets)
     for problem in generated.problems:
         print(problem, file=sys.stderr)
     sys.stdout.write(generated.text())

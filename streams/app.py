@@ -40,6 +40,7 @@ from schemas.errors import ConfigurationError
 from schemas.names import STREAMS_APP_ID, Topic
 from schemas.vocabulary import StreamStage
 from streams.approval_join import install_approval_join
+from streams.budget_view import BudgetView
 from streams.observe import StageObserver
 from streams.offsets import install_rewind_fix
 from streams.publisher import StagePublisher, stage_replies
@@ -162,6 +163,7 @@ def create_app(
         tracer=observer.tracer,
         freezes=freezes,
         operations=storage.operations_seen,
+        budgets=BudgetView(storage.budget_windows).with_budgets,
     )
 
     async def follow_freezes() -> None:

@@ -48,6 +48,10 @@ ResourceAsk = tuple[Tool, Actor, ToolArguments]
 # The resources of a batch's calls, in order (streams/storage.py: one query per tenant and
 # tool where the tool has ``load_many``).
 ResourcesFetch = Callable[[Sequence[ResourceAsk]], Awaitable[Sequence[Resource | None]]]
+# The requests with their budgets' standings, for `context.budgets` (streams/budget_view.py).
+BudgetsFetch = Callable[
+    [Sequence[AuthorizationRequest], PolicySet, datetime], Awaitable[list[AuthorizationRequest]]
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -273,6 +277,7 @@ async def on_validated_batch(
     now: datetime,
     freezes: Freezes = NO_FREEZES,
     operations: OperationsSeen | None = None,
+    budgets: BudgetsFetch | None = None,
 ) -> list[tuple[Emit, ...]]:
     """What the authorizer publishes for each call of a batch, in order; the resources of
     all its calls are loaded at once, and so are the operations of its calls that need a
@@ -288,7 +293,10 @@ async def on_validated_batch(
         for c in checked
     ]
     pending = [p for p in prepared if isinstance(p, _Pending)]
-    decisions = iter(authorize_batch([p.request for p in pending], policies))
+    requests = [p.request for p in pending]
+    if budgets is not None and requests:  # one read of the batch's budget windows
+        requests = await budgets(requests, policies, now)
+    decisions = iter(authorize_batch(requests, policies))
     routed = [
         _routed(p, next(decisions), now, policies, freezes) if isinstance(p, _Pending) else (p,)
         for p in prepared

@@ -41,7 +41,7 @@ from schemas.envelopes import ValidatedCall
 from schemas.errors import StorageUnavailable
 from schemas.names import AUTHORIZER_GROUP, STREAMS_APP_ID, VALIDATOR_GROUP, Topic
 from schemas.vocabulary import StreamStage
-from streams.authorizer import ResourcesFetch, on_validated_batch
+from streams.authorizer import BudgetsFetch, ResourcesFetch, on_validated_batch
 from streams.repeats import OperationsSeen
 from streams.validator import on_proposed
 from telemetry.tracing import Tracer, trace_id_of
@@ -101,6 +101,7 @@ def authorizer_handler(
     fetch_many: ResourcesFetch,
     freezes: FreezeSource | None = None,
     operations: OperationsSeen | None = None,
+    budgets: BudgetsFetch | None = None,
 ) -> Callable[[Sequence[Consumed]], Awaitable[list[Handled]]]:
     frozen = freezes or FixedFreezes()
 
@@ -121,6 +122,7 @@ def authorizer_handler(
                 now=datetime.now(UTC),
                 freezes=frozen.current,
                 operations=operations,
+                budgets=budgets,
             )
         )
         return [
@@ -177,6 +179,7 @@ class StatelessStages:
         tracer: Tracer,
         freezes: FreezeSource | None = None,
         operations: OperationsSeen | None = None,
+        budgets: BudgetsFetch | None = None,
     ) -> None:
         self._settings = settings
         self._tracer = tracer
@@ -190,6 +193,7 @@ class StatelessStages:
                 fetch_many=fetch_many,
                 operations=operations,
                 freezes=freezes,
+                budgets=budgets,
             ),
         }
         self._loops: list[ConsumerLoop] = []

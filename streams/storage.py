@@ -18,6 +18,7 @@ from runtime.clients import pg_pool
 from schemas.envelopes import Actor, AuthorizedCall
 from schemas.errors import StorageUnavailable
 from streams.approval import AuditEntry, EndedRequest
+from streams.budget_view import WindowAsk
 from streams.repeats import OperationSeen
 
 _PKG = "streams"
@@ -79,6 +80,36 @@ class StreamStorage:
         if not any(tool.load is not None for tool, _, _ in asks):
             return [None] * len(asks)
         return await self._with_connection(lambda conn: load_resources(conn, asks))
+
+    async def budget_windows(
+        self, windows: Sequence[WindowAsk]
+    ) -> dict[WindowAsk, tuple[int, int]]:
+        """(used, reserved) of each budget window asked that has usage, in one query with the
+        tenants in its WHERE (streams/budget_view.py)."""
+
+        async def read(conn: AsyncConnection[Any]) -> dict[WindowAsk, tuple[int, int]]:
+            async with conn.cursor() as cur:
+                await cur.execute(
+                    named_query(_PKG, "budget_view"),
+                    {
+                        "tenants": [w.tenant for w in windows],
+                        "budgets": [w.budget for w in windows],
+                        "scope_keys": [w.scope_key for w in windows],
+                        "window_keys": [w.window_key for w in windows],
+                        "since": [w.since for w in windows],
+                    },
+                )
+                rows = await cur.fetchall()
+            by_key = {(w.tenant, w.budget, w.scope_key, w.window_key): w for w in windows}
+            return {
+                by_key[(r["tenant"], r["budget"], r["scope_key"], r["window_key"])]: (
+                    int(r["used"]),
+                    int(r["reserved"]),
+                )
+                for r in rows
+            }
+
+        return await self._with_connection(read)
 
     async def operations_seen(self, calls: Sequence[AuthorizedCall]) -> list[OperationSeen]:
         """Register each call as its operation's approval request unless a call already is

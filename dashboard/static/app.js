@@ -854,6 +854,85 @@ async function refreshBreakers() {
   }
 }
 
+// ------------------------------------------------------------------ budgets
+
+function budgetBar(percent) {
+  const tone = percent >= 100 ? "bad" : percent >= 80 ? "warn" : "good";
+  const fill = h("div", { class: `budget-fill ${tone}` });
+  fill.style.width = `${Math.min(percent, 100)}%`; // CSSOM: allowed by the page's CSP
+  return h(
+    "div",
+    { class: "budget-bar", role: "meter", "aria-valuemin": "0", "aria-valuemax": "100", "aria-valuenow": String(percent) },
+    fill,
+  );
+}
+
+function renderBudgets(payload) {
+  const budgets = payload.budgets;
+  $("budgets-count").textContent = budgets.length ? String(budgets.length) : "";
+  const root = $("budgets");
+  if (!budgets.length) {
+    root.replaceChildren(h("p", { class: "empty" }, "The policy set in force declares no budgets."));
+    return;
+  }
+  root.replaceChildren(
+    ...budgets.map((budget) =>
+      h(
+        "div",
+        { class: "budget", "data-budget": budget.name },
+        h(
+          "div",
+          { class: "budget-head" },
+          h("b", {}, budget.name),
+          h(
+            "span",
+            { class: "hint" },
+            ` ${budget.measure} ≤ ${budget.cap} per ${budget.window} · ${budget.tools.length ? budget.tools.join(", ") : "all writes"} · per ${budget.per.join(", ")}`,
+          ),
+        ),
+        budget.scopes.length
+          ? h(
+              "table",
+              { class: "budget-scopes" },
+              h("thead", {}, h("tr", {}, ...["Scope", "Used", "Reserved", "Cap", "Left", "", "Resets"].map((t) => h("th", {}, t)))),
+              h(
+                "tbody",
+                {},
+                ...budget.scopes.map((scope) =>
+                  h(
+                    "tr",
+                    { "data-scope": scope.scope },
+                    h("td", {}, h("code", {}, scope.scope)),
+                    h("td", { class: "num budget-used" }, `${scope.used} ${budget.unit}`),
+                    h("td", { class: "num budget-reserved" }, String(scope.reserved)),
+                    h("td", { class: "num" }, String(budget.cap)),
+                    h("td", { class: "num" }, String(scope.left)),
+                    h("td", { class: "budget-meter" }, budgetBar(scope.percent_used), h("span", { class: "budget-percent" }, `${scope.percent_used} %`)),
+                    h("td", {}, scope.resets_at || "when earlier calls leave the window"),
+                  ),
+                ),
+              ),
+            )
+          : h("p", { class: "hint" }, `Nothing used in ${budget.window_key}; resets ${budget.resets_at || "-"}.`),
+      ),
+    ),
+  );
+}
+
+async function refreshBudgets() {
+  const signedIn = Boolean(state.token && state.me);
+  $("budgets-panel").hidden = !signedIn;
+  $("budgets-signin").hidden = signedIn;
+  if (!signedIn) return;
+  try {
+    renderBudgets(await api("/api/budgets", { auth: true }));
+    $("budgets-error").hidden = true;
+  } catch (err) {
+    $("budgets-error").textContent = err.message;
+    $("budgets-error").hidden = false;
+  }
+}
+
 // ------------------------------------------------------------------ polling
 
 async function refresh() {
@@ -882,6 +961,7 @@ async function refresh() {
     await refreshInbox();
     await refreshFreezes();
     await refreshBreakers();
+    await refreshBudgets();
   } catch (err) {
     if (err.status === 0) setHealth("down", "dashboard server unreachable");
     else if (err.status === 503) setHealth("down", "storage unavailable");

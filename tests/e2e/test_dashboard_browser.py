@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import os
 import urllib.request
+import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
+import psycopg
 import pytest
 from playwright.sync_api import ConsoleMessage, sync_playwright
 
+from commands.budgets import load_budget_file, window_of
 from ratifier.topics import delete_topics
 from tests.e2e.approvals_kit import REFUND, audit, propose, terminal_outcomes, token
 from tests.e2e.conftest import (
@@ -27,6 +31,7 @@ from tests.e2e.conftest import (
     wait_http,
 )
 from tests.services import run
+from tests.unit.test_budget_context import BUDGETS, NEAR_BUDGET, budgeted_directory
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -180,4 +185,67 @@ def test_operator_freezes_and_unfreezes_a_scope_from_the_page(
             assert "Nothing is frozen." in page.inner_text("#freezes")
         finally:
             browser.close()
+    assert problems == [], problems
+
+
+def test_the_budgets_panel_shows_usage_reserved_cap_and_reset(
+    dashboard: tuple[Pipeline, str], tmp_path: Path
+) -> None:
+    """The budgets panel: a dashboard whose policy set declares a daily refund budget shows
+    the signed-in tenant's usage of it (rows as the executor writes them) with a bar."""
+    pipeline, _ = dashboard
+    name = f"refunds-{uuid.uuid4().hex[:10]}"  # the test database outlives sessions
+    directory = budgeted_directory(
+        tmp_path,
+        NEAR_BUDGET.replace("refunds-daily", name),
+        budgets=BUDGETS.replace("refunds-daily", name),
+    )
+    (budget,) = load_budget_file(directory)
+    window = window_of(budget, datetime.now(UTC)).key
+    with psycopg.connect(pipeline.settings.storage.database_url, autocommit=True) as conn:
+        for state, amount in (("consumed", 41_000), ("reserved", 500)):
+            conn.execute(
+                "INSERT INTO budget_usage (tenant, budget, operation_id, scope_key, window_key, "
+                "amount, state, reserved_at) VALUES ('tenant-a', %s, %s, 'agent=agent-1', %s, "
+                "%s, %s, now())",
+                (name, uuid.uuid4().hex, window, amount, state),
+            )
+    port = free_port()
+    worker = pipeline.start(
+        "dashboard",
+        "dashboard-budgets",
+        RATIFIER_DASHBOARD_PORT=str(port),
+        RATIFIER_POLICIES__DIRECTORY=str(directory),
+    )
+    url = f"http://127.0.0.1:{port}/"
+    problems: list[str] = []
+    try:
+        wait_http(url, worker)
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+            try:
+                page = browser.new_page(viewport={"width": 1440, "height": 1250})
+                page.on("pageerror", lambda exc: problems.append(str(exc)))
+                page.goto(url)
+                page.fill("#token", token(pipeline.settings, "boss"))
+                page.click("#signin button[type=submit]")
+                panel = page.locator(f"#budgets [data-budget='{name}']")
+                row = panel.locator("tr[data-scope='agent=agent-1']")
+                row.wait_for(timeout=30_000)
+                text = row.inner_text()
+                assert "41500 amount_minor" in text  # used: consumed + reserved
+                assert "500" in row.locator(".budget-reserved").inner_text()
+                assert "50000" in text and "8500" in text  # cap and what is left
+                assert "83 %" in text
+                assert row.locator(".budget-fill.warn").count() == 1  # above 80 %
+                width = row.locator(".budget-fill").evaluate("el => el.style.width")
+                assert width == "83%"
+                assert "+01:00" in text or "+02:00" in text  # resets at local midnight
+                assert page.inner_text("#budgets-count") == "1"
+                shot = ARTIFACTS / "dashboard-budgets.png"
+                page.locator("#budgets-card").screenshot(path=str(shot))
+            finally:
+                browser.close()
+    finally:
+        pipeline.stop_worker("dashboard-budgets")
     assert problems == [], problems

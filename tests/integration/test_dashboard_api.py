@@ -505,3 +505,53 @@ async def test_inbox_shows_amounts_like_the_feed(answers: tuple[Settings, dict[s
     # The payment's currency (its loader's fact), by the feed's formatter: not "amount_minor: 10".
     assert "amount: 0.10 EUR" in item["preview"]
     assert not any(line.startswith("amount_minor") for line in item["preview"])
+
+
+async def test_budgets_show_the_tenants_usage_of_the_set_in_force(
+    dash_settings: Settings, tmp_path: Any
+) -> None:
+    from commands.budgets import load_budget_file, window_of
+    from tests.unit.test_budget_context import BUDGETS, budgeted_directory
+
+    name = f"refunds-{uuid.uuid4().hex[:10]}"  # the test database outlives sessions
+    directory = budgeted_directory(tmp_path, "", budgets=BUDGETS.replace("refunds-daily", name))
+    (directory / "budgets.cedar").unlink()
+    (budget,) = load_budget_file(directory)
+    settings = dash_settings.model_copy(
+        update={"policies": dash_settings.policies.model_copy(update={"directory": str(directory)})}
+    )
+    tenant, other = f"ta-{uuid.uuid4().hex[:8]}", f"tb-{uuid.uuid4().hex[:8]}"
+    now = datetime.now(UTC)
+    window = window_of(budget, now).key
+    with psycopg.connect(settings.storage.database_url, autocommit=True) as conn:
+        for owner, state, amount in (
+            (tenant, "consumed", 30_000),
+            (tenant, "reserved", 700),
+            (tenant, "released", 5_000),  # does not count
+            (other, "consumed", 1_000),  # another tenant's
+        ):
+            conn.execute(
+                "INSERT INTO budget_usage (tenant, budget, operation_id, scope_key, window_key, "
+                "amount, state, reserved_at) VALUES (%s, %s, %s, 'agent=bot-1', %s, %s, %s, %s)",
+                (owner, name, uuid.uuid4().hex, window, amount, state, now),
+            )
+    async with TestClient(TestServer(create_app(settings))) as client:
+        assert (await client.get("/api/budgets")).status == 401
+        answer = await client.get("/api/budgets", headers=bearer(settings, tenant, ("support",)))
+        assert answer.status == 200
+        body = await answer.json()
+    assert body["tenant"] == tenant
+    (shown,) = body["budgets"]
+    assert (shown["name"], shown["cap"], shown["unit"]) == (name, 50_000, "amount_minor")
+    assert shown["window_key"] == window
+    (scope,) = shown["scopes"]
+    assert scope == {
+        "scope": "agent=bot-1",
+        "used": 30_700,
+        "consumed": 30_000,
+        "reserved": 700,
+        "left": 19_300,
+        "percent_used": 61,
+        "resets_at": scope["resets_at"],
+    }
+    assert scope["resets_at"].endswith(("+01:00", "+02:00"))  # in Europe/Berlin

@@ -17,6 +17,7 @@ from commands.budgets import (
     resets_at,
     window_of,
 )
+from commands.cedar_schema import generate_schema
 from commands.policy import DEFAULT_POLICY_DIR, PolicySet
 from config.settings import Settings
 from executors.budgets import UsageState, settled_state
@@ -296,15 +297,26 @@ def test_ratifier_budgets_shows_usage_what_is_left_and_the_reset() -> None:
 
 
 def test_policy_check_reports_budget_problems(tmp_path: Path) -> None:
-    from commands.policy import check_policy_directory
+    from commands.policy import check_policy_directory, directory_budgets
     from commands.reference import catalog
 
-    assert check_policy_directory(with_budgets(tmp_path / "ok", TOML), catalog) == []
+    def regenerated(directory: Path) -> Path:
+        schema = generate_schema(catalog, directory_budgets(directory)).text()
+        (directory / "schema.cedarschema.json").write_text(schema, encoding="utf-8")
+        return directory
+
+    ok = with_budgets(tmp_path / "ok", TOML)
+    # A schema generated before the budgets lacks their `context.budgets`: regenerate it.
+    (stale,) = check_policy_directory(ok, catalog)
+    assert "differs from the schema generated" in str(stale)
+    assert check_policy_directory(regenerated(ok), catalog) == []
     unknown_tool = TOML.replace('tools = ["propose_refund"]', 'tools = ["refund_everything"]')
-    (problem,) = check_policy_directory(with_budgets(tmp_path / "tool", unknown_tool), catalog)
+    tool_directory = regenerated(with_budgets(tmp_path / "tool", unknown_tool))
+    (problem,) = check_policy_directory(tool_directory, catalog)
     assert "budget refunds-daily: no tool 'refund_everything'" in str(problem)
     broken = TOML.replace('window = "day"', 'window = "fortnight"')
-    (problem,) = check_policy_directory(with_budgets(tmp_path / "bad", broken), catalog)
+    bad_directory = regenerated(with_budgets(tmp_path / "bad", broken))
+    (problem,) = check_policy_directory(bad_directory, catalog)
     assert "budget #1" in str(problem) and "window" in str(problem)
 
 
