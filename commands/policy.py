@@ -23,6 +23,7 @@ import cedarpy
 
 from commands.catalog import Catalog, Resource, Tool
 from commands.cedar_schema import entity_type, generate_schema
+from commands.limits import NO_LIMITS, LimitSet, load_limit_file
 from schemas.envelopes import Actor, Effect, ErrorInfo, Route
 from schemas.errors import ConfigurationError, ErrorCode, RefusalReason
 from telemetry.metrics import count_policy_evaluation_error
@@ -105,9 +106,11 @@ class PolicySet:
     # Parsed once: parsing dominates the cost of an evaluation.
     parsed: Any = field(default=None, repr=False, compare=False)
     parsed_schema: Any = field(default=None, repr=False, compare=False)
+    # Admission limits declared beside the policies (commands/limits.py), part of the version.
+    limits: LimitSet = NO_LIMITS
 
     @classmethod
-    def from_sources(cls, text: str, schema: str) -> PolicySet:
+    def from_sources(cls, text: str, schema: str, limits: LimitSet = NO_LIMITS) -> PolicySet:
         """Parse and validate; a broken set raises `ConfigurationError` with Cedar's words."""
         try:
             parsed = json.loads(cedarpy.policies_to_json_str(text))
@@ -136,7 +139,10 @@ class PolicySet:
             schema_canonical = json.dumps(json.loads(schema), sort_keys=True, separators=(",", ":"))
         except ValueError as exc:
             raise ConfigurationError(f"Cedar schema is not JSON: {exc}") from exc
-        digest = hashlib.sha256(f"{text}\0{schema_canonical}".encode()).hexdigest()[:16]
+        content = f"{text}\0{schema_canonical}"
+        if not limits.empty:  # a set without limits keeps the version it always had
+            content += f"\0limits\0{limits.canonical()}"
+        digest = hashlib.sha256(content.encode()).hexdigest()[:16]
         return cls(
             text=text,
             schema=schema,
@@ -146,6 +152,7 @@ class PolicySet:
             message_ranks={pid: message_rank(policy) for pid, policy in static.items()},
             parsed=cedarpy.PolicySet.from_str(text),
             parsed_schema=parsed_schema,
+            limits=limits,
         )
 
     @classmethod
@@ -157,7 +164,9 @@ class PolicySet:
         if len(schema_files) != 1:
             raise ConfigurationError(f"{directory} needs exactly one *{SCHEMA_SUFFIX} file")
         text = "\n".join(f.read_text(encoding="utf-8") for f in policy_files)
-        return cls.from_sources(text, schema_files[0].read_text(encoding="utf-8"))
+        return cls.from_sources(
+            text, schema_files[0].read_text(encoding="utf-8"), load_limit_file(directory)
+        )
 
     @property
     def current(self) -> PolicySet:

@@ -285,6 +285,13 @@ class ErrorInfo(Part):
     fields: tuple[FieldProblem, ...] = ()
     reason: RefusalReason | None = None
     policies: tuple[PolicyId, ...] = Field(default=(), max_length=16)
+    # v1.5: seconds after which the same call (same idempotency key) may be proposed again
+    # with a fair chance of admission (``rate_limited``); absent: no advice.
+    retry_after: float | None = Field(
+        default=None,
+        ge=0,
+        description="v1.5: seconds to wait before proposing the same call again",
+    )
 
     @classmethod
     def of(
@@ -295,6 +302,7 @@ class ErrorInfo(Part):
         *,
         reason: RefusalReason | None = None,
         policies: tuple[str, ...] = (),
+        retry_after: float | None = None,
     ) -> ErrorInfo:
         specific = " ".join((message or "").split())[:MAX_REASON_MESSAGE]
         return cls(
@@ -304,6 +312,7 @@ class ErrorInfo(Part):
             fields=fields,
             reason=reason,
             policies=tuple(p[:128] for p in policies[:16]),
+            retry_after=retry_after,
         )
 
     @classmethod
@@ -505,6 +514,8 @@ class PolicySetRecord(Record):
     cedar_schema: JsonObject
     version: str
     published_at: datetime
+    # v1.5: admission limits declared beside the policies (``limits.toml``); absent: none.
+    limits: JsonObject | None = None
 
 
 # A freeze's scope (the `controls` key): `tenant:T`, `agent:T:sub`, `subject:T:sub`,

@@ -30,6 +30,9 @@ class ErrorCode(StrEnum):
     INVALID_REPLY_ADDRESS = "invalid_reply_address"
     # v1.5: an operator froze a scope the call falls in (the kill switch, docs/kill-switch.md).
     FROZEN = "frozen"
+    # v1.5: a rate, concurrency or load limit refused the call at admission; nothing ran and
+    # nothing was queued. Retry the same call (same idempotency key) after ``retry_after``.
+    RATE_LIMITED = "rate_limited"
 
 
 class RefusalReason(StrEnum):
@@ -54,7 +57,9 @@ AWAITING_CONFIRMATION_MESSAGE = "This action waits for the customer's confirmati
 CUSTOMER_DECLINED_MESSAGE = "The customer declined this action."
 
 # Whether an agent may retry the same proposal unchanged.
-RETRYABLE_CODES: frozenset[ErrorCode] = frozenset({ErrorCode.TIMEOUT, ErrorCode.RETRYABLE_ERROR})
+RETRYABLE_CODES: frozenset[ErrorCode] = frozenset(
+    {ErrorCode.TIMEOUT, ErrorCode.RETRYABLE_ERROR, ErrorCode.RATE_LIMITED}
+)
 
 # Short messages that are safe to show a model: no SQL, paths, tokens or tenant data.
 SAFE_MESSAGES: dict[ErrorCode, str] = {
@@ -76,6 +81,7 @@ SAFE_MESSAGES: dict[ErrorCode, str] = {
     ErrorCode.CANCELLED: "The call was cancelled before its effect.",
     ErrorCode.INVALID_REPLY_ADDRESS: "The reply address is not a reply topic of this deployment.",
     ErrorCode.FROZEN: "Operators have paused this kind of action for now; try again later.",
+    ErrorCode.RATE_LIMITED: "Too many calls right now; retry the same call after retry_after.",
 }
 
 

@@ -46,6 +46,13 @@ REDIS_CLAIM_PREFIX = "ratifier:claim:"
 # is taken over at once instead of after its lease.
 REDIS_OWNER_PREFIX = "ratifier:owner:"
 
+# Fleet admission (streams/limiter.py): token buckets and concurrency slots by scope, and the
+# slots each admitted call holds (released when its final outcome is seen).
+REDIS_LIMIT_PREFIX = "ratifier:limit:"
+REDIS_SLOTS_PREFIX = "ratifier:slots:"
+# Releases concurrency slots when a call's final outcome is published.
+ADMISSION_RELEASE_GROUP = "ratifier-admission-release"
+
 TRACEPARENT_HEADER = "traceparent"
 
 # Approval notifications (webhooks, docs/notifications.md): the HMAC signature over timestamp

@@ -67,7 +67,9 @@ def test_every_code_has_a_safe_message_and_every_exception_one_code() -> None:
     assert set(SAFE_MESSAGES) == set(ErrorCode)
     for code in ErrorCode:
         info = ErrorInfo.of(code)
-        assert info.retryable == (code in {ErrorCode.TIMEOUT, ErrorCode.RETRYABLE_ERROR})
+        assert info.retryable == (
+            code in {ErrorCode.TIMEOUT, ErrorCode.RETRYABLE_ERROR, ErrorCode.RATE_LIMITED}
+        )
     # Codes a stage only ever writes into an outcome (malformed, unknown_tool, ...) need no
     # exception class; every class that exists is raised somewhere and means one code.
     for cls in _subclasses(RatifierError):
