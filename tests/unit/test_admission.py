@@ -175,10 +175,15 @@ def _admission(catalog: Catalog, limits: LimitSet, room: int) -> tuple[Admission
     return admission, limiter
 
 
-def _validated(call_id: str, **kw: object) -> tuple[Emit, ...]:
+def _validated(
+    call_id: str, tenant: str = "tenant-a", context: str | None = None
+) -> tuple[Emit, ...]:
     from schemas.names import Topic
 
-    return (Emit(topic=Topic.VALIDATED, key=call_id, value=validated(call_id=call_id, **kw)),)
+    value = validated(tenant=tenant, call_id=call_id)
+    if context is not None:
+        value = value.model_copy(update={"context": context})
+    return (Emit(topic=Topic.VALIDATED, key=call_id, value=value),)
 
 
 async def test_calls_over_the_limit_end_rate_limited_at_once(catalog: Catalog) -> None:
