@@ -14,6 +14,8 @@
     POST /api/freezes                        {"scope": "...", "frozen": true|false,
                                               "reason": "..."}: the kill switch (Bearer,
                                               operator rights by Cedar policy)
+    GET  /api/limits                         admission limits in force for the token's tenant
+                                             and its live buckets' usage (Bearer)
 
 Besides freezes (`controls` records, docs/kill-switch.md), the only thing it writes is a
 signed `approvals.decided` record, published exactly as the
@@ -35,15 +37,18 @@ from aiohttp import web
 from aiokafka.errors import KafkaError
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from pydantic import ValidationError
+from redis.exceptions import RedisError
 
 from approvals.inbox import HTTP_STATUS, approver_from, decision_for, publish_decision
 from approvals.operators import OperatorRights, operator_from, throw_switch, visible_to
 from approvals.signing import ApprovalKeys, approval_keys
 from commands.freezes import FleetFreezes
+from commands.policy_feed import PolicyFeed, local_policies
 from dashboard import shaping
 from dashboard.reads import DashboardReads
 from runtime.clients import database_conninfo, pg_pool
 from runtime.health import health_response
+from runtime.limit_usage import limit_usage
 from schemas.envelopes import Actor, ApprovalVerdict, FreezeRecord
 from schemas.errors import (
     InvalidArguments,
@@ -277,6 +282,35 @@ async def throw(request: web.Request) -> web.Response:
     return web.json_response({"published": True, "freeze": _freeze_json(record)}, status=202)
 
 
+# -- admission limits (docs/operations.md, "Admission and limits") ---------------------------
+
+_POLICY_FEED = web.AppKey("policy_feed", PolicyFeed)
+
+
+async def limits(request: web.Request) -> web.Response:
+    """The limits in force that apply to the token's tenant, and its live buckets' usage."""
+    operator = _operator(request)
+    feed = request.app[_POLICY_FEED]
+    try:
+        await feed.catch_up(announce=False)
+        live = await limit_usage(request.app[_SETTINGS], tenant=operator.tenant)
+    except (KafkaError, RedisError, OSError) as exc:
+        raise StorageUnavailable("Kafka or Redis is not reachable.") from exc
+    declared = feed.current.limits
+    rules = [
+        limit.model_dump(mode="json", exclude_none=True)
+        for limit in declared.limits
+        if limit.tenant in (None, operator.tenant)
+    ]
+    return web.json_response(
+        {
+            "policy_version": feed.current.version,
+            "limits": rules,
+            "usage": [{"bucket": bucket, "holds": held} for bucket, held in live],
+        }
+    )
+
+
 READY_TIMEOUT_SECONDS = 2.0
 
 
@@ -291,6 +325,7 @@ def create_app(settings: Settings, *, keys: ContextKeys | None = None) -> web.Ap
     app[_SIGNING] = approval_keys(settings)
     app[_FREEZES] = FleetFreezes(settings)
     app[_OPERATORS] = OperatorRights.from_directory()
+    app[_POLICY_FEED] = PolicyFeed(settings, local_policies(settings))
 
     async def lifecycle(_app: web.Application) -> Any:
         await pool.open(wait=False)
@@ -327,6 +362,7 @@ def create_app(settings: Settings, *, keys: ContextKeys | None = None) -> web.Ap
     app.router.add_post("/api/approvals/{call_id}/decision", decide)
     app.router.add_get("/api/freezes", freezes)
     app.router.add_post("/api/freezes", throw)
+    app.router.add_get("/api/limits", limits)
     app.router.add_get("/metrics", metrics_handler)
     return app
 
