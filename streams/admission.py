@@ -131,6 +131,10 @@ class Admission:
         self.shedding: Shedding | None = None
         self.refusals = 0
 
+    def counts_slots(self) -> bool:
+        """Whether a concurrency limit is in force (slots to release when calls end)."""
+        return any(limit.concurrency is not None for limit in self._limits().limits)
+
     async def admit(
         self,
         results: Sequence[tuple[Emit, ...]],
@@ -258,6 +262,8 @@ async def release_slots(settings: Settings, admission: Admission, stop: asyncio.
         settings.topic(Topic.OUTCOMES),
         group=settings.group(ADMISSION_RELEASE_GROUP),
         max_poll_records=1000,
+        # A new group starts at the end: slots of calls that ended before it expire.
+        auto_offset_reset="latest",
     )
     started = False
     try:
@@ -267,12 +273,17 @@ async def release_slots(settings: Settings, admission: Admission, stop: asyncio.
                     await consumer.start()
                     started = True
                 batches = await consumer.getmany(timeout_ms=500)
-                ended = [
-                    c
-                    for records in batches.values()
-                    for r in records
-                    if (c := ended_call(r.value)) is not None
-                ]
+                # Without a concurrency limit in force there is nothing to release.
+                ended = (
+                    [
+                        c
+                        for records in batches.values()
+                        for r in records
+                        if (c := ended_call(r.value)) is not None
+                    ]
+                    if admission.counts_slots()
+                    else []
+                )
                 if ended:
                     await admission.limiter.release(ended)
                 if batches:
