@@ -22,6 +22,7 @@ import pytest
 
 from bench.admission import FLOOD_FIGURES
 from commands.policy import DEFAULT_POLICY_DIR
+from ratifier.client import Pending, RatifierClient
 from ratifier.topics import delete_topics
 from runtime.clients import kafka_consumer, kafka_producer
 from schemas.envelopes import Outcome, Status
@@ -29,7 +30,7 @@ from schemas.errors import ErrorCode
 from schemas.names import Topic
 from schemas.settings import Settings
 from tests.e2e.conftest import Pipeline, SigningKeys, start_pipeline
-from tests.services import context_token, run
+from tests.services import context_token, read_to_end, run
 
 pytestmark = pytest.mark.e2e
 
@@ -48,6 +49,14 @@ scope = "tenant"
 tenant = "tenant-a"
 rate = {RATE}
 burst = {BURST}
+
+# One call per 10 s of get_refund_policy for tenant-a (the client's retry test).
+[[limits]]
+scope = "tenant_tool"
+tenant = "tenant-a"
+tool = "get_refund_policy"
+rate = 0.1
+burst = 1
 """
 
 
@@ -239,3 +248,33 @@ def test_a_flood_of_one_tenant_leaves_another_at_its_unloaded_latency(
         assert slowest_refusal <= 1.0, figures
         assert statistics.median(loaded) <= 2 * statistics.median(base), figures
         assert max(loaded) <= 2 * max(base), figures
+
+
+@pytest.mark.timeout(120)
+def test_the_client_retries_a_rate_limited_call_with_the_same_key(admitting: Pipeline) -> None:
+    settings = admitting.settings
+    token = context_token(settings, tenant="tenant-a")
+
+    async def scenario() -> tuple[Outcome | Pending, Outcome | Pending, int]:
+        async with RatifierClient.from_settings(settings) as client:
+            first = await client.call("get_refund_policy", {}, context=token, within=30)
+            again = await client.call(
+                "get_refund_policy", {}, context=token, idempotency_key=key, within=30
+            )
+            return first, again, client.rate_limited_retries
+
+    key = f"retry-{uuid.uuid4().hex[:8]}"
+    first, again, retries = run(scenario())
+    assert isinstance(first, Outcome) and _code(first) is not ErrorCode.RATE_LIMITED
+    # The second call met the empty bucket, waited its retry_after (≈ 10 s less the first
+    # call's time) and was admitted.
+    assert retries == 1
+    assert isinstance(again, Outcome) and _code(again) is not ErrorCode.RATE_LIMITED
+    proposals = [
+        json.loads(r.value)
+        for r in run(read_to_end(settings, [Topic.PROPOSED]))
+        if r.value and key.encode() in r.value
+    ]
+    assert len(proposals) == 2  # two proposals (two call ids), one idempotency key
+    assert {p["idempotency_key"] for p in proposals} == {key}
+    assert len({p["call_id"] for p in proposals}) == 2
