@@ -106,6 +106,9 @@ class FleetLimiter:
         self._release = redis.register_script(RELEASE_SCRIPT)
         self.unavailable = 0  # batches decided without Redis (a metric for operators)
 
+    async def close(self) -> None:
+        await self._redis.aclose()
+
     async def admit(self, asks: Sequence[Ask]) -> list[Verdict]:
         """One verdict per ask, in order; calls without buckets are admitted without Redis."""
         counted = [a for a in asks if a.buckets]

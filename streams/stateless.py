@@ -281,3 +281,4 @@ class StatelessStages:
             for consumer in consumers:
                 await consumer.stop()
             await producer.stop()
+            await self.admission.limiter.close()

@@ -62,6 +62,9 @@ async def test_three_limiters_share_one_rate_and_one_dying_keeps_it(settings: Se
         await c.aclose()
     expected = burst + rate * elapsed
     total = sum(admitted)
+    print(
+        f"fleet: {total} admitted in {elapsed:.1f} s, expected {expected:.0f}, by worker {admitted}"
+    )
     assert abs(total - expected) <= 0.10 * expected, (total, expected, admitted)
     assert all(n > 0 for n in admitted)  # each worker got a share: one budget, not three
 
