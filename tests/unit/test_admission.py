@@ -265,3 +265,13 @@ def test_the_bench_report_judges_admission_cost_and_the_noisy_neighbour() -> Non
     noisy = next(line for line in lines if "noisy neighbour" in line)
     assert "**met**" in cost and "**not met**" in noisy and "10.00" in noisy
     assert _admission_section({}) == []  # a run without the step has no section
+
+
+def test_the_audit_story_says_what_a_rate_limited_outcome_means() -> None:
+    from audit.story import _outcome as story_of
+
+    stage, text, facts, _rank = story_of(
+        _outcome(ErrorCode.RATE_LIMITED, 1.5).model_dump(mode="json")
+    )
+    assert stage == "validator" and text == "outcome: rejected (rate_limited)"
+    assert any(k == "meaning" and "nothing was executed or queued" in v for k, v in facts)
