@@ -204,6 +204,8 @@ _MEANINGS = {
     "precondition_failed": "the state changed between authorization and execution",
     "timeout": "the effect may or may not have happened; reconciliation decides",
     "conflict": "the idempotency key was already used with other arguments",
+    "rate_limited": "a rate, concurrency or load limit refused the call at admission; nothing "
+    "was executed or queued, and the agent was told when to retry (retry_after)",
 }
 
 

@@ -18,6 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from bench.admission import admission_costs
 from bench.common import RESULTS, BenchRun
 from bench.measure import (
     FULL,
@@ -80,6 +81,11 @@ async def measure(plan: Plan) -> Results:
         "T3 executor without/with dedup (3 + 3 drains interleaved, + 1 under py-spy)",
         420,
         lambda: executor_with_and_without_dedup(plan.executor_n),
+    )
+    await run.step(
+        "admission: CPU per call admitted / refused (validator + Redis)",
+        120,
+        lambda: admission_costs(2_000 if plan.quick else 10_000),
     )
     try:
         await asyncio.wait_for(whole_pipeline(run, plan), timeout=max(run.left() - 10, 30))

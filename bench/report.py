@@ -438,6 +438,7 @@ def render(results: Results) -> str:
     lines += _baselines_section(v)
     lines += _ratifier_section(v)
     lines += _other_checks(v, idle)
+    lines += _admission_section(v)
     lines += _cpu_budget(v, _cpu_of(v) or 0.0)
     lines += _approval_state_section()
     lines += replies_bench.section()
@@ -738,6 +739,36 @@ def _ratifier_section(v: dict[str, Any]) -> list[str]:
         ],
     ]
     return ["## ratifier", "", table(rows, ["what", "measured", "CPU / note"]), ""]
+
+
+def _admission_section(v: dict[str, Any]) -> list[str]:
+    """Issue 27: admission's CPU per call against a whole read call's, and the noisy
+    neighbour (B's median during A's flood over B's median alone)."""
+    if "admission_plain_cpu_us" not in v:
+        return []
+    cpu = _cpu_of(v)
+    admitted, refused = v.get("admission_cost_admitted_us"), v.get("admission_cost_refused_us")
+    share = ratio(admitted, cpu) if cpu else None
+    flood = v.get("noisy_neighbour") or {}
+    alone, loaded = flood.get("b_alone_p50_ms"), flood.get("b_flood_p50_ms")
+    noisy = ratio(loaded, alone)
+    return [
+        "",
+        "### Admission (issue 27)",
+        "",
+        "| figure | value | target | verdict |",
+        "|---|---|---|---|",
+        f"| admission CPU per admitted call (validator + one Lua call per batch) | "
+        f"{fmt(admitted, ' µs', 1)} = {_pct(share)} of a read call's {fmt(cpu, ' µs')} | "
+        f"≤ 5 % | {verdict(share <= 0.05 if share is not None else None)} |",
+        f"| validator CPU per refused record (parse, verify, Lua, `rate_limited` outcome) | "
+        f"{fmt(v.get('admission_refused_cpu_us'), ' µs', 1)} (+{fmt(refused, ' µs', 1)} over "
+        f"validating) | — | — |",
+        f"| noisy neighbour: B's p50 during A's flood ÷ B's p50 alone "
+        f"({flood.get('flood', '—')} reads, `make test-admission-flood`) | "
+        f"{fmt(noisy, '', 2)} ({fmt(loaded, ' ms')} / {fmt(alone, ' ms')}) | ≤ 2 | "
+        f"{verdict(noisy <= 2 if noisy is not None else None)} |",
+    ]
 
 
 def _other_checks(v: dict[str, Any], idle: dict[str, Any]) -> list[str]:

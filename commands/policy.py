@@ -29,6 +29,7 @@ from commands.budgets import (
 )
 from commands.catalog import Catalog, Resource, Tool
 from commands.cedar_schema import BUDGETS_CONTEXT, entity_type, generate_schema
+from commands.limits import NO_LIMITS, LimitSet, load_limit_file
 from schemas.envelopes import Actor, Effect, ErrorInfo, Route
 from schemas.errors import ConfigurationError, ErrorCode, RefusalReason
 from telemetry.metrics import count_policy_evaluation_error
@@ -117,8 +118,17 @@ class PolicySet:
     # a tool absent here has no ``context.budgets`` (a schema generated before v1.5).
     budget_context: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
+    # Admission limits declared beside the policies (commands/limits.py), part of the version.
+    limits: LimitSet = NO_LIMITS
+
     @classmethod
-    def from_sources(cls, text: str, schema: str, budgets: tuple[Budget, ...] = ()) -> PolicySet:
+    def from_sources(
+        cls,
+        text: str,
+        schema: str,
+        budgets: tuple[Budget, ...] = (),
+        limits: LimitSet = NO_LIMITS,
+    ) -> PolicySet:
         """Parse and validate; a broken set raises `ConfigurationError` with Cedar's words."""
         try:
             parsed = json.loads(cedarpy.policies_to_json_str(text))
@@ -151,6 +161,8 @@ class PolicySet:
         content = f"{text}\0{schema_canonical}"
         if budgets:  # a set without budgets keeps the version it always had
             content += f"\0{canonical_budgets(budgets)}"
+        if not limits.empty:  # a set without limits keeps the version it always had
+            content += f"\0limits\0{limits.canonical()}"
         digest = hashlib.sha256(content.encode()).hexdigest()[:16]
         return cls(
             text=text,
@@ -163,6 +175,7 @@ class PolicySet:
             parsed_schema=parsed_schema,
             budgets=budgets,
             budget_context=budget_context,
+            limits=limits,
         )
 
     @classmethod
@@ -175,7 +188,10 @@ class PolicySet:
             raise ConfigurationError(f"{directory} needs exactly one *{SCHEMA_SUFFIX} file")
         text = "\n".join(f.read_text(encoding="utf-8") for f in policy_files)
         return cls.from_sources(
-            text, schema_files[0].read_text(encoding="utf-8"), load_budget_file(directory)
+            text,
+            schema_files[0].read_text(encoding="utf-8"),
+            load_budget_file(directory),
+            limits=load_limit_file(directory),
         )
 
     @property

@@ -226,6 +226,31 @@ class Streams(BaseModel):
     http_port: int = Field(default=6066, ge=0, le=65535)
 
 
+class Admission(BaseModel):
+    """Fleet admission at the validator (docs/operations.md, "Admission and limits"): what to
+    do when Redis (the shared token buckets) cannot be reached, and load shedding by the
+    lag of the next stages' consumer groups."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # Redis away: admit reads anyway (open) and refuse writes (closed), by default.
+    fail_open_reads: bool = True
+    fail_open_writes: bool = False
+    # Records not yet read by the authorizer, approval-join and executor groups (the largest
+    # of the three): above ``shed_bulk_lag`` bulk calls are refused, above ``shed_all_lag``
+    # every call; 0 turns shedding off. Measured every ``lag_probe_seconds``.
+    shed_bulk_lag: int = Field(default=20_000, ge=0)
+    shed_all_lag: int = Field(default=100_000, ge=0)
+    lag_probe_seconds: float = Field(default=2.0, gt=0)
+    # The retry advice of a refusal by shedding or an unreachable Redis, and the most any
+    # refusal advises.
+    shed_retry_after_seconds: float = Field(default=2.0, gt=0)
+    max_retry_after_seconds: float = Field(default=60.0, gt=0)
+    # A call admitted under a concurrency limit holds its slot until its final outcome is
+    # seen, or this long at most (a lost outcome cannot keep the slot forever).
+    concurrency_lease_seconds: int = Field(default=300, ge=1)
+
+
 class Replies(BaseModel):
     """Reply routing (docs/agents.md, "Reply topics")."""
 
@@ -315,6 +340,7 @@ class Settings(BaseSettings):
     observability: Observability = Observability()
     replies: Replies = Replies()
     notifications: Notifications = Notifications()
+    admission: Admission = Admission()
     topic_prefix: str = Field(default="ratifier.", pattern=r"^[A-Za-z0-9._-]*$", max_length=100)
     topic_partitions: int = Field(default=12, ge=1, le=1000)
     catalog: str = "commands.reference:catalog"

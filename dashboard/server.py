@@ -20,6 +20,8 @@
     GET  /api/budgets                        the budgets of the set in force with the current
                                              window's usage per scope of the token's tenant
                                              (Bearer, any verified token)
+    GET  /api/limits                         admission limits in force for the token's tenant
+                                             and its live buckets' usage (Bearer)
 
 Besides freezes (`controls` records, docs/kill-switch.md), the only thing it writes is a
 signed `approvals.decided` record, published exactly as the approver CLI and HTTP endpoint
@@ -62,6 +64,7 @@ from runtime.breakers import BreakerStatus, FleetBreakers
 from runtime.clients import database_conninfo, pg_pool, redis_client
 from runtime.health import health_response
 from runtime.identity import ContextKeys, context_keys
+from runtime.limit_usage import limit_usage
 from schemas.envelopes import Actor, FreezeRecord
 from schemas.errors import (
     InvalidArguments,
@@ -342,6 +345,35 @@ async def budgets(request: web.Request) -> web.Response:
     )
 
 
+# -- admission limits (docs/operations.md, "Admission and limits") ---------------------------
+
+_POLICY_FEED = web.AppKey("policy_feed", PolicyFeed)
+
+
+async def limits(request: web.Request) -> web.Response:
+    """The limits in force that apply to the token's tenant, and its live buckets' usage."""
+    operator = _operator(request)
+    feed = request.app[_POLICY_FEED]
+    try:
+        await feed.catch_up(announce=False)
+        live = await limit_usage(request.app[_SETTINGS], tenant=operator.tenant)
+    except (KafkaError, RedisError, OSError) as exc:
+        raise StorageUnavailable("Kafka or Redis is not reachable.") from exc
+    declared = feed.current.limits
+    rules = [
+        limit.model_dump(mode="json", exclude_none=True)
+        for limit in declared.limits
+        if limit.tenant in (None, operator.tenant)
+    ]
+    return web.json_response(
+        {
+            "policy_version": feed.current.version,
+            "limits": rules,
+            "usage": [{"bucket": bucket, "holds": held} for bucket, held in live],
+        }
+    )
+
+
 READY_TIMEOUT_SECONDS = 2.0
 
 
@@ -370,6 +402,7 @@ def create_app(
     app[_BREAKERS] = FleetBreakers(
         redis, prefix=settings.topic_prefix, defaults=settings.breakers, by="dashboard"
     )
+    app[_POLICY_FEED] = PolicyFeed(settings, local_policies(settings))
 
     async def lifecycle(_app: web.Application) -> Any:
         await pool.open(wait=False)
@@ -410,6 +443,7 @@ def create_app(
     app.router.add_get("/api/budgets", budgets)
     app.router.add_get("/api/approvals/{call_id}/decisions/{decision_id}", decision_verdict)
     app.router.add_get("/api/breakers", breakers)
+    app.router.add_get("/api/limits", limits)
     app.router.add_get("/metrics", metrics_handler)
     return app
 

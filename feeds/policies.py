@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from commands.budgets import parse_budgets
 from commands.catalog import load_catalog
+from commands.limits import NO_LIMITS, parse_limits
 from commands.policy import DEFAULT_POLICY_DIR, PolicySet, catalog_mismatches
 from config.settings import Settings
 from runtime.clients import kafka_admin, kafka_producer, start_kafka_client
@@ -52,7 +53,17 @@ def policy_record(settings: Settings, policies: PolicySet) -> PolicySetRecord:
         version=policies.version,
         published_at=datetime.now(UTC),
         budgets=tuple(b.document() for b in policies.budgets) or None,
+        # Without limits the field is left out: older workers keep reading the record.
+        limits=None if policies.limits.empty else policies.limits.model_dump(mode="json"),
     )
+
+
+def _policies_bytes(record: PolicySetRecord) -> bytes:
+    """A set without limits is published without the field: workers of v1.4 keep reading it
+    during a rolling upgrade (their record model forbids unknown keys)."""
+    if record.limits is None:
+        return record.model_dump_json(exclude={"limits"}).encode()
+    return record.to_bytes()
 
 
 async def publish_policies(settings: Settings, record: PolicySetRecord) -> None:
@@ -60,7 +71,7 @@ async def publish_policies(settings: Settings, record: PolicySetRecord) -> None:
     await producer.start()
     try:
         await producer.send_and_wait(
-            settings.topic(Topic.POLICIES), key=record.name.encode(), value=record.to_bytes()
+            settings.topic(Topic.POLICIES), key=record.name.encode(), value=_policies_bytes(record)
         )
     finally:
         await producer.stop()
@@ -168,8 +179,13 @@ class PolicyFeed:
             return
         try:
             budgets = parse_budgets(record.budgets or (), source=f"budgets of {record.version}")
+            limits = (
+                NO_LIMITS
+                if record.limits is None
+                else parse_limits(record.limits, source=f"limits of {record.version}")
+            )
             candidate = PolicySet.from_sources(
-                record.policies, canonical_json(record.cedar_schema), budgets
+                record.policies, canonical_json(record.cedar_schema), budgets, limits=limits
             )
         except ConfigurationError as exc:
             self._refuse(record.version, exc.safe_message)

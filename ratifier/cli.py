@@ -261,6 +261,13 @@ def cmd_approvals(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_limits(settings: Settings, args: argparse.Namespace) -> int:
+    from ratifier.limits import report
+
+    print("\n".join(asyncio.run(report(settings, local=args.local, tenant=args.tenant))))
+    return 0
+
+
 def cmd_freeze(settings: Settings, args: argparse.Namespace) -> int:
     from ratifier.freeze import cmd_freeze as freeze
 
@@ -569,6 +576,14 @@ def build_parser() -> argparse.ArgumentParser:
         switch.add_argument("--token", required=True, help="an operator's token (role operator)")
         switch.set_defaults(func=cmd_freeze)
     sub.add_parser("freezes", help="list the frozen scopes").set_defaults(func=cmd_freezes)
+    limits = sub.add_parser(
+        "limits", help="admission limits in force and the fleet's usage of each live bucket"
+    )
+    limits.add_argument("--tenant", help="only this tenant's buckets")
+    limits.add_argument(
+        "--local", action="store_true", help="the local policy folder's limits, not the topic's"
+    )
+    limits.set_defaults(func=cmd_limits)
     sub.add_parser(
         "notifier", help="deliver approval requests to the tenants' webhooks (signed)"
     ).set_defaults(func=cmd_notifier)

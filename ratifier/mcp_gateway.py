@@ -175,9 +175,12 @@ class McpGateway:
         if params.request_state is not None:
             # 2026-07-28: the retry carrying the user's answer to our confirmation form.
             return await self._confirmed(params, context, owner)
-        handle = await self.client.submit(params.name, arguments, context=context)
+        # A `rate_limited` refusal is proposed again after its retry_after while the wait
+        # allows; the last one is answered as an error result naming retry_after.
+        handle = await self.client.submit_admitted(
+            params.name, arguments, context=context, within=self.wait_seconds
+        )
         self._owners[handle.call_id] = owner
-        await self.client.awaiting_approval(handle.call_id, within=self.wait_seconds)
         waiting = await self.client.wait(handle.call_id, within=0.05)
         if isinstance(waiting, Pending) and self._user_confirms(ctx, waiting, subject):
             return await self._elicit(ctx, waiting, context)

@@ -293,8 +293,14 @@ class ErrorInfo(Part):
     fields: tuple[FieldProblem, ...] = ()
     reason: RefusalReason | None = None
     policies: tuple[PolicyId, ...] = Field(default=(), max_length=16)
-    # v1.5, additive: when a retryable refusal (`unavailable`) may be retried, in seconds.
-    retry_after: float | None = Field(default=None, ge=0)
+    # v1.5: seconds after which the same call (same idempotency key) may be proposed again
+    # with a fair chance of admission (``rate_limited``), or a downstream whose breaker is
+    # open may be tried again (``unavailable``); absent: no advice.
+    retry_after: float | None = Field(
+        default=None,
+        ge=0,
+        description="v1.5: seconds to wait before proposing the same call again",
+    )
 
     @classmethod
     def of(
@@ -607,11 +613,15 @@ class PolicySetRecord(Record):
     # its declaration; part of the set's version. Absent: the set has none.
     budgets: tuple[JsonObject, ...] | None = None
 
+    # v1.5: admission limits declared beside the policies (``limits.toml``); absent: none.
+    limits: JsonObject | None = None
+
     def to_bytes(self) -> bytes:
         # A set without budgets is the v1.4 record exactly: workers not yet upgraded (which
         # refuse unknown fields) keep reading it during a rolling upgrade.
-        if self.budgets is None:
-            return self.model_dump_json(exclude={"budgets"}).encode()
+        absent = {name for name in ("budgets", "limits") if getattr(self, name) is None}
+        if absent:
+            return self.model_dump_json(exclude=absent).encode()
         return super().to_bytes()
 
 

@@ -35,6 +35,9 @@ class ErrorCode(StrEnum):
     # v1.5: the downstream's circuit breaker is open; nothing was attempted (docs/execution.md,
     # "Circuit breakers"). Retryable, after `ErrorInfo.retry_after` seconds.
     UNAVAILABLE = "unavailable"
+    # v1.5: a rate, concurrency or load limit refused the call at admission; nothing ran and
+    # nothing was queued. Retry the same call (same idempotency key) after ``retry_after``.
+    RATE_LIMITED = "rate_limited"
 
 
 class RefusalReason(StrEnum):
@@ -60,7 +63,12 @@ CUSTOMER_DECLINED_MESSAGE = "The customer declined this action."
 
 # Whether an agent may retry the same proposal unchanged.
 RETRYABLE_CODES: frozenset[ErrorCode] = frozenset(
-    {ErrorCode.TIMEOUT, ErrorCode.RETRYABLE_ERROR, ErrorCode.UNAVAILABLE}
+    {
+        ErrorCode.TIMEOUT,
+        ErrorCode.RETRYABLE_ERROR,
+        ErrorCode.UNAVAILABLE,
+        ErrorCode.RATE_LIMITED,
+    }
 )
 
 # Short messages that are safe to show a model: no SQL, paths, tokens or tenant data.
@@ -88,6 +96,7 @@ SAFE_MESSAGES: dict[ErrorCode, str] = {
         "The system this action needs is failing; nothing was attempted. Retry the same call "
         "after retry_after seconds."
     ),
+    ErrorCode.RATE_LIMITED: "Too many calls right now; retry the same call after retry_after.",
 }
 
 

@@ -52,6 +52,12 @@ REDIS_OWNER_PREFIX = "ratifier:owner:"
 # Circuit breakers shared by every executor: `<prefix><topic prefix><breaker>` holds its state,
 # `...:window` its per-second call counts (executors/breakers.py).
 REDIS_BREAKER_PREFIX = "ratifier:breaker:"
+# Fleet admission (streams/limiter.py): token buckets and concurrency slots by scope, and the
+# slots each admitted call holds (released when its final outcome is seen).
+REDIS_LIMIT_PREFIX = "ratifier:limit:"
+REDIS_SLOTS_PREFIX = "ratifier:slots:"
+# Releases concurrency slots when a call's final outcome is published.
+ADMISSION_RELEASE_GROUP = "ratifier-admission-release"
 
 TRACEPARENT_HEADER = "traceparent"
 

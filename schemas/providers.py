@@ -8,7 +8,9 @@ Pure functions, no I/O. What the model sees (the text) is the same for every pro
   error, its ``code``, its safe ``message`` (a policy's ``@message``, a handler's message
   marked for the model or an approver's reason when there is one, else the code's generic
   text), its ``reason`` (``forbid``, ``no_permit``, ``evaluation_error``, ``handler``,
-  ``approver``) and its ``fields`` (``reason`` and ``fields`` only when there are any).
+  ``approver``) and its ``fields`` (``reason`` and ``fields`` only when there are any), and
+  ``retry_after`` (seconds) when the refusal says when to propose the call again
+  (``rate_limited``, v1.5).
   ``awaiting_approval`` says ``"pending human approval"`` instead of an error message, or
   ``"pending the customer's confirmation"`` when the call waits for its subject to confirm.
 
@@ -68,6 +70,8 @@ def result_text(outcome: Outcome) -> str:
         body["reason"] = error["reason"]
     if error is not None and error["fields"]:
         body["fields"] = error["fields"]
+    if error is not None and error.get("retry_after") is not None:
+        body["retry_after"] = error["retry_after"]  # v1.5: when to propose it again
     return _compact(body)
 
 

@@ -32,7 +32,7 @@ from commands.freezes import FixedFreezes, FreezeSource
 from commands.validate import Limits
 from config.settings import Settings
 from feeds.policies import PolicyFeed
-from runtime.clients import kafka_admin, kafka_consumer, kafka_producer
+from runtime.clients import kafka_admin, kafka_consumer, kafka_producer, redis_client
 from runtime.emit import Emit
 from runtime.identity import ContextKeys
 from runtime.loop import Consumed, ConsumerLoop, Handled, position_of, text_key
@@ -41,7 +41,9 @@ from schemas.envelopes import ValidatedCall
 from schemas.errors import StorageUnavailable
 from schemas.names import AUTHORIZER_GROUP, STREAMS_APP_ID, VALIDATOR_GROUP, Topic
 from schemas.vocabulary import StreamStage
+from streams.admission import Admission, release_slots, watch_lag
 from streams.authorizer import BudgetsFetch, ResourcesFetch, on_validated_batch
+from streams.limiter import FleetLimiter
 from streams.repeats import OperationsSeen
 from streams.validator import on_proposed
 from telemetry.tracing import Tracer, trace_id_of
@@ -69,26 +71,29 @@ def _handled(emits: tuple[Emit, ...]) -> Handled:
 
 
 def validator_handler(
-    *, catalog: Catalog, limits: Limits, feed: PolicyFeed
+    *, catalog: Catalog, limits: Limits, feed: PolicyFeed, admission: Admission | None = None
 ) -> Callable[[Sequence[Consumed]], Awaitable[list[Handled]]]:
+    """``admission``: fleet limits and shedding (streams/admission.py); None: none."""
+
     async def handle(records: Sequence[Consumed]) -> list[Handled]:
         now = datetime.now(UTC)
         version = feed.current.version
-        return [
-            _handled(
-                on_proposed(
-                    record.value,
-                    source=position_of(record),
-                    key=text_key(record.key),
-                    catalog=catalog,
-                    limits=limits,
-                    now=now,
-                    trace_id=trace_id_of(record.headers),
-                    policy_version=version,
-                )
+        decided = [
+            on_proposed(
+                record.value,
+                source=position_of(record),
+                key=text_key(record.key),
+                catalog=catalog,
+                limits=limits,
+                now=now,
+                trace_id=trace_id_of(record.headers),
+                policy_version=version,
             )
             for record in records
         ]
+        if admission is not None:
+            decided = await admission.admit(decided, now=now, policy_version=version)
+        return [_handled(emits) for emits in decided]
 
     return handle
 
@@ -184,8 +189,19 @@ class StatelessStages:
         self._settings = settings
         self._tracer = tracer
         self._specs = [s for s in SPECS if s.name in stages]
+        # Fleet admission (streams/admission.py), shared through Redis by every validator.
+        self.admission = Admission(
+            limiter=FleetLimiter(
+                redis_client(settings), settings.admission, prefix=settings.topic_prefix
+            ),
+            catalog=catalog,
+            keys=keys,
+            limits=lambda: feed.current.limits,
+        )
         self._handlers = {
-            StreamStage.VALIDATOR: validator_handler(catalog=catalog, limits=limits, feed=feed),
+            StreamStage.VALIDATOR: validator_handler(
+                catalog=catalog, limits=limits, feed=feed, admission=self.admission
+            ),
             StreamStage.AUTHORIZER: authorizer_handler(
                 catalog=catalog,
                 keys=keys,
@@ -264,8 +280,18 @@ class StatelessStages:
             for consumer in consumers:
                 await consumer.start()
             log.info("stateless stages running: %s", ", ".join(s.name for s in self._specs))
-            await asyncio.gather(*(loop.run() for loop in self._loops))
+            admitting = any(s.name is StreamStage.VALIDATOR for s in self._specs)
+            helpers = (
+                [
+                    watch_lag(settings, self.admission, self._stopping),
+                    release_slots(settings, self.admission, self._stopping),
+                ]
+                if admitting
+                else []
+            )
+            await asyncio.gather(*(loop.run() for loop in self._loops), *helpers)
         finally:
             for consumer in consumers:
                 await consumer.stop()
             await producer.stop()
+            await self.admission.limiter.close()

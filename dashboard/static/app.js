@@ -805,6 +805,42 @@ async function refreshFreezes() {
   }
 }
 
+// ------------------------------------------------------------------ admission limits
+
+function renderLimits(payload) {
+  const rules = $("limits").querySelector("tbody");
+  rules.replaceChildren(
+    ...payload.limits.map((limit) =>
+      h(
+        "tr",
+        {},
+        h("td", {}, limit.scope + (limit.tenant ? "" : " (default)")),
+        h("td", {}, limit.tool || ""),
+        h("td", {}, limit.rate != null ? String(limit.rate) : ""),
+        h("td", {}, limit.burst != null ? String(limit.burst) : limit.rate != null ? String(limit.rate) : ""),
+        h("td", {}, limit.concurrency != null ? String(limit.concurrency) : ""),
+      ),
+    ),
+  );
+  if (!payload.limits.length) rules.append(h("tr", {}, h("td", { colspan: "5", class: "empty" }, "No limits: every call is admitted.")));
+  const usage = $("limits-usage").querySelector("tbody");
+  usage.replaceChildren(...payload.usage.map((u) => h("tr", {}, h("td", {}, h("code", {}, u.bucket)), h("td", {}, u.holds))));
+  if (!payload.usage.length) usage.append(h("tr", {}, h("td", { colspan: "2", class: "empty" }, "No live bucket.")));
+}
+
+async function refreshLimits() {
+  const signedIn = Boolean(state.token && state.me);
+  $("limits-panel").hidden = !signedIn;
+  $("limits-signin").hidden = signedIn;
+  if (!signedIn) return;
+  try {
+    renderLimits(await api("/api/limits", { auth: true }));
+  } catch (err) {
+    $("limits-signin").textContent = err.message;
+    $("limits-signin").hidden = false;
+  }
+}
+
 async function throwSwitch(scope, frozen, reason) {
   try {
     await api("/api/freezes", { method: "POST", auth: true, body: { scope, frozen, reason } });
@@ -962,6 +998,7 @@ async function refresh() {
     await refreshFreezes();
     await refreshBreakers();
     await refreshBudgets();
+    await refreshLimits();
   } catch (err) {
     if (err.status === 0) setHealth("down", "dashboard server unreachable");
     else if (err.status === 503) setHealth("down", "storage unavailable");

@@ -68,7 +68,13 @@ def test_every_code_has_a_safe_message_and_every_exception_one_code() -> None:
     for code in ErrorCode:
         info = ErrorInfo.of(code)
         assert info.retryable == (
-            code in {ErrorCode.TIMEOUT, ErrorCode.RETRYABLE_ERROR, ErrorCode.UNAVAILABLE}
+            code
+            in {
+                ErrorCode.TIMEOUT,
+                ErrorCode.RETRYABLE_ERROR,
+                ErrorCode.UNAVAILABLE,
+                ErrorCode.RATE_LIMITED,
+            }
         )
     # Codes a stage only ever writes into an outcome (malformed, unknown_tool, ...) need no
     # exception class; every class that exists is raised somewhere and means one code.

@@ -54,7 +54,9 @@ class WaitingCall:
     class Handle:
         call_id: str
 
-    async def submit(self, tool: str, arguments: Any, *, context: str) -> WaitingCall.Handle:
+    async def submit_admitted(
+        self, tool: str, arguments: Any, *, context: str, within: float
+    ) -> WaitingCall.Handle:
         return WaitingCall.Handle("call-1")
 
     async def awaiting_approval(self, call_id: str, *, within: float) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -85,3 +86,57 @@ def test_a_call_without_a_verified_token_is_refused_like_any_refusal() -> None:
     result = _ask(None, "get_payment", {"payment_id": "pay_A1001"})
     structured = _assert_refusal_shape(result, ErrorCode.UNAUTHENTICATED)
     assert structured["call_id"] is None
+
+
+class RateLimitedClient:
+    """A client whose every call was refused `rate_limited` even after its own retries."""
+
+    @dataclass(frozen=True)
+    class Handle:
+        call_id: str
+
+    async def submit_admitted(
+        self, tool: str, arguments: Any, *, context: str, within: float
+    ) -> RateLimitedClient.Handle:
+        return RateLimitedClient.Handle("call-1")
+
+    async def awaiting_approval(self, call_id: str, *, within: float) -> None:
+        return None
+
+    async def wait(self, call_id: str, *, within: float) -> Outcome:
+        return Outcome(
+            call_id=call_id,
+            tool="get_payment",
+            tenant="tenant-a",
+            status=Status.REJECTED,
+            stage=Stage.VALIDATE,
+            error=ErrorInfo.of(ErrorCode.RATE_LIMITED, retry_after=2.5),
+            at=datetime.now(UTC),
+        )
+
+    def forget(self, call_id: str) -> None:
+        pass
+
+
+def test_a_rate_limited_call_is_an_error_result_that_says_when_to_retry() -> None:
+    token = issue_context_token(KEYS, sub="agent-9", tenant="tenant-a", roles=("support",))
+    gateway = McpGateway(
+        catalog=load_catalog(SETTINGS.catalog),
+        client=cast(Any, RateLimitedClient()),
+        keys=KEYS,
+        fixed_context=token,
+        wait_seconds=0.1,
+    )
+
+    async def steps() -> types.CallToolResult:
+        async with Client(gateway.server()) as client:
+            return await client.call_tool("get_payment", {"payment_id": "pay_A1001"})
+
+    result = asyncio.run(steps())
+    assert result.is_error
+    text = json.loads(cast(types.TextContent, result.content[0]).text)
+    assert text["code"] == "rate_limited" and text["retry_after"] == 2.5
+    structured = result.structured_content
+    assert structured is not None
+    assert structured["error"]["retryable"] is True
+    assert structured["error"]["retry_after"] == 2.5

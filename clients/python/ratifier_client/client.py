@@ -30,6 +30,11 @@ ratifier without writing Kafka code.
   producer uses), so it never reads the whole topic, but it still reads the other clients'
   records on those partitions. Duplicate outcome records (at-least-once stages) are dropped
   by call id.
+- ``call`` and ``submit_admitted`` (which the adapters and the MCP gateway use) honour
+  ``rate_limited`` (contract v1.5): they wait the outcome's ``retry_after`` (plus up to 10 %
+  jitter) and propose the call again with the same idempotency key and a new call id, at
+  most ``rate_limit_retries`` times (default 3) and within ``within``; then the refusal is
+  the answer. ``submit`` never retries: its caller sees the refusal and decides.
 - The client starts a W3C trace per call (or continues the caller's ``traceparent``); the
   outcome's ``trace_id`` names it.
 
@@ -63,6 +68,7 @@ from ratifier_client.settings import ClientSettings
 from ratifier_client.topics import REPLY_RETENTION_MS, delete_reply_topic, ensure_reply_topic
 from schemas.connection import KafkaConnection
 from schemas.envelopes import ApprovalRequest, Outcome, ReplyAddress, Status
+from schemas.errors import ErrorCode
 from schemas.names import REPLY_OF_HEADER, TRACEPARENT_HEADER, Topic, reply_namespace, topic_name
 
 log = logging.getLogger("ratifier_client.client")
@@ -72,6 +78,22 @@ T = TypeVar("T")
 PUBLISH_ATTEMPTS = 5
 PUBLISH_BACKOFF_SECONDS = (0.2, 0.5, 1.0, 2.0)
 DEFAULT_WAIT_SECONDS = 60.0  # how long `call` and `result` wait before answering Pending
+# `call` proposes a call refused `rate_limited` again at most this many times (by default).
+RATE_LIMIT_RETRIES = 3
+RATE_LIMIT_JITTER = 0.1  # up to 10 % added to retry_after, so refused agents do not stampede
+# The wait advised when a `rate_limited` outcome carries no retry_after (an older stage).
+DEFAULT_RETRY_AFTER_SECONDS = 1.0
+
+
+def rate_limited_wait(result: Outcome | Pending) -> float | None:
+    """Seconds to wait before proposing a call again when ``result`` is a ``rate_limited``
+    refusal (its ``retry_after``); None for any other result."""
+    if not isinstance(result, Outcome) or result.error is None:
+        return None
+    if result.error.code is not ErrorCode.RATE_LIMITED:
+        return None
+    advised = result.error.retry_after
+    return DEFAULT_RETRY_AFTER_SECONDS if advised is None else advised
 
 
 class _Limits(Protocol):
@@ -182,6 +204,7 @@ class RatifierClient:
         create_reply_topic: bool | None = None,
         reply_retention_ms: int = REPLY_RETENTION_MS,
         max_message_bytes: int = 1_048_588,
+        rate_limit_retries: int = RATE_LIMIT_RETRIES,
     ) -> None:
         """``connection``: the broker and its security (TLS, SASL), as the services take it;
         ``bootstrap`` alone: a plaintext broker list (or, with ``connection``, its override).
@@ -222,6 +245,8 @@ class RatifierClient:
         self._calls: dict[str, _Tracked] = {}
         self._reader: asyncio.Task[None] | None = None
         self.records_fetched = 0  # outcome and approval records read (reply-routing figure)
+        self._rate_limit_retries = max(0, rate_limit_retries)
+        self.rate_limited_retries = 0  # calls proposed again after a rate_limited refusal
 
     @classmethod
     def from_settings(
@@ -454,15 +479,59 @@ class RatifierClient:
         traceparent: str | None = None,
         within: float = DEFAULT_WAIT_SECONDS,
     ) -> Outcome | Pending:
-        """Publish one call and wait for its final outcome (or `Pending`)."""
-        handle = await self.submit(
+        """Publish one call and wait for its final outcome (or `Pending`); a ``rate_limited``
+        refusal is proposed again as `submit_admitted` does."""
+        deadline = asyncio.get_running_loop().time() + within
+        handle = await self.submit_admitted(
             tool,
             arguments,
             context=context,
             idempotency_key=idempotency_key,
             traceparent=traceparent,
+            within=within,
         )
-        return await handle.result(within=within)
+        left = deadline - asyncio.get_running_loop().time()
+        return await handle.result(within=max(0.0, left))
+
+    async def submit_admitted(
+        self,
+        tool: str,
+        arguments: Mapping[str, Any],
+        *,
+        context: str,
+        idempotency_key: str | None = None,
+        traceparent: str | None = None,
+        within: float = DEFAULT_WAIT_SECONDS,
+    ) -> CallHandle:
+        """Publish one call and wait until it waits for an approval or ends (or ``within``
+        passes). A call refused ``rate_limited`` is proposed again after its ``retry_after``
+        (plus up to 10 % jitter), with the SAME idempotency key and a new call id, at most
+        ``rate_limit_retries`` times and only while ``within`` allows; the handle of the
+        last proposal is returned (its result is the last refusal when a bound was hit)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        retries = 0
+        while True:
+            handle = await self.submit(
+                tool,
+                arguments,
+                context=context,
+                idempotency_key=idempotency_key,
+                traceparent=traceparent,
+            )
+            idempotency_key = handle.idempotency_key  # every retry reuses the first key
+            await self.awaiting_approval(handle.call_id, within=max(0.0, deadline - loop.time()))
+            wait = rate_limited_wait(await handle.result(within=0))
+            if wait is None or retries >= self._rate_limit_retries:
+                return handle
+            wait *= 1 + random.uniform(0, RATE_LIMIT_JITTER)  # noqa: S311 - jitter, not a secret
+            if loop.time() + wait >= deadline:
+                return handle
+            retries += 1
+            self.rate_limited_retries += 1
+            log.info("%s rate_limited; proposing it again in %.2fs", handle.call_id, wait)
+            self.forget(handle.call_id)
+            await asyncio.sleep(wait)
 
     # -- waiting ------------------------------------------------------------------------------
 

@@ -114,15 +114,17 @@ class RatifierToolNode:
         if call is not None:
             return call
         context = self.context(state) if callable(self.context) else self.context
-        handle = await self.client.submit(
+        # A `rate_limited` refusal is proposed again after its retry_after (same key).
+        handle = await self.client.submit_admitted(
             tool,
             arguments,
             context=context,
             idempotency_key=idempotency_key_for(agent=self.agent, run=self.run, step=tool_call_id),
+            within=self.within,
         )
         call = _ToolCall(handle=handle)
         self._calls[tool_call_id] = call
-        call.awaiting = await handle.approval(within=self.within)
+        call.awaiting = await handle.approval(within=0)
         return call
 
     async def _decided(self, call: _ToolCall, decision: Any) -> None:

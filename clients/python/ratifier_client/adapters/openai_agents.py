@@ -183,18 +183,20 @@ class RatifierAgentTools:
         if call is not None:
             return call
         context = self._context(run_context) if callable(self._context) else self._context
-        handle = await self._client.submit(
+        # Returns at the first of: awaiting approval, final outcome, the wait ending; a
+        # `rate_limited` refusal is proposed again after its retry_after (same key).
+        handle = await self._client.submit_admitted(
             tool,
             arguments,
             context=context,
             idempotency_key=idempotency_key_for(
                 agent=self._agent, run=self._run, step=tool_call_id
             ),
+            within=self._within,
         )
         call = _ToolCall(handle=handle)
         self._calls[tool_call_id] = call
-        # Returns at the first of: awaiting approval, final outcome, the wait ending.
-        call.awaiting = await handle.approval(within=self._within)
+        call.awaiting = await handle.approval(within=0)
         return call
 
     def awaiting(self, item: ToolApprovalItem) -> AwaitingApproval | None:

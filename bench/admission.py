@@ -1,0 +1,117 @@
+"""Admission's cost (issue 27): CPU per call of the validator's handler without admission,
+with every call admitted, and with every call refused (`rate_limited`), on the reference
+catalog with real Redis (one Lua round trip per batch of 500); and the noisy-neighbour
+figures of the last `make test-admission-flood` (test-artifacts/admission-flood.json).
+
+`python -m bench.admission [N]` runs it alone and prints the figures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from aiokafka import ConsumerRecord
+
+from commands.catalog import load_catalog
+from commands.limits import parse_limits
+from commands.policy import DEFAULT_POLICY_DIR, PolicySet
+from commands.validate import Limits
+from config.settings import Settings
+from runtime.clients import redis_client
+from runtime.identity import context_keys, issue_context_token
+from streams.admission import Admission
+from streams.limiter import FleetLimiter
+from streams.stateless import validator_handler
+
+BATCH = 500
+# Written by tests/e2e/test_admission.py (`make test-admission-flood`).
+FLOOD_FIGURES = Path("test-artifacts") / "admission-flood.json"
+
+
+class _Feed:
+    def __init__(self, policies: PolicySet) -> None:
+        self.current = policies
+
+
+def _records(settings: Settings, n: int) -> list[ConsumerRecord[bytes, bytes]]:
+    token = issue_context_token(context_keys(settings), sub="bench", tenant="tenant-a")
+    records = []
+    for i in range(n):
+        value = json.dumps(
+            {
+                "v": 1,
+                "call_id": f"bench-{uuid.uuid4().hex[:12]}",
+                "tool": "get_payment",
+                "arguments": {"payment_id": "pay_A1001"},
+                "context": token,
+                "proposed_at": "2026-12-02T00:00:00+00:00",
+            }
+        ).encode()
+        records.append(ConsumerRecord("t", 0, i, 0, 0, b"k", value, None, 1, len(value), []))
+    return records
+
+
+async def admission_costs(n: int) -> dict[str, Any]:
+    """CPU µs per call of the validator handler: plain, admitting all, refusing all."""
+    settings = Settings()
+    catalog = load_catalog(settings.catalog)
+    feed = _Feed(PolicySet.from_directory(DEFAULT_POLICY_DIR))
+    redis = redis_client(settings)
+    figures: dict[str, Any] = {"admission_n": n}
+    try:
+        for label, rate in (("plain", None), ("admitted", 1e9), ("refused", 0.001)):
+            admission = None
+            if rate is not None:
+                limits = parse_limits(
+                    {
+                        "limits": [
+                            {"scope": "tenant", "rate": rate, "burst": 1 if rate < 1 else 1e9}
+                        ]
+                    },
+                    source="bench",
+                )
+                admission = Admission(
+                    limiter=FleetLimiter(
+                        redis, settings.admission, prefix=f"bench-{uuid.uuid4().hex[:6]}."
+                    ),
+                    catalog=catalog,
+                    keys=context_keys(settings),
+                    limits=lambda limits=limits: limits,  # type: ignore[misc]
+                )
+            handle = validator_handler(
+                catalog=catalog,
+                limits=Limits(),
+                feed=feed,  # type: ignore[arg-type]
+                admission=admission,
+            )
+            records = _records(settings, n)
+            await handle(records[:BATCH])  # warm: token cache, script loaded
+            cpu, wall = time.process_time(), time.perf_counter()
+            for i in range(0, n, BATCH):
+                await handle(records[i : i + BATCH])
+            figures[f"admission_{label}_cpu_us"] = (time.process_time() - cpu) / n * 1e6
+            figures[f"admission_{label}_wall_us"] = (time.perf_counter() - wall) / n * 1e6
+    finally:
+        await redis.aclose()
+    plain = figures["admission_plain_cpu_us"]
+    figures["admission_cost_admitted_us"] = figures["admission_admitted_cpu_us"] - plain
+    figures["admission_cost_refused_us"] = figures["admission_refused_cpu_us"] - plain
+    if FLOOD_FIGURES.is_file():
+        figures["noisy_neighbour"] = json.loads(FLOOD_FIGURES.read_text(encoding="utf-8"))
+    return figures
+
+
+def main() -> int:
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 10_000
+    print(json.dumps(asyncio.run(admission_costs(n)), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,300 @@
+"""Fleet admission at the first consumer of `calls.proposed` (the validator): a call over a
+limit, or shed under load, ends at once ``rejected/rate_limited`` with ``retry_after``;
+it is never authorized, executed or queued behind other tenants' calls.
+
+Agents publish to Kafka directly, so admission cannot live in the client. The validator
+decides a whole batch at once: its valid calls' verified context (the token cache makes
+that a dictionary lookup for an agent's reused token), their buckets (commands/limits.py),
+one Redis round trip for the batch (streams/limiter.py); a refusal is a small outcome
+record. A call whose context does not verify is passed on untouched: the authorizer refuses
+it ``unauthenticated`` as before, and an unverified claim never spends another tenant's
+budget. Load shedding (the lag of the next stages' groups) refuses the lowest class first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Callable, Sequence
+from datetime import datetime
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
+from redis.exceptions import RedisError
+
+from commands.catalog import Catalog
+from commands.limits import CallScope, LimitSet, Priority, Shedding, buckets_of, priority_of
+from config.settings import Settings
+from runtime.clients import kafka_admin, kafka_consumer
+from runtime.identity import ContextKeys, verify_context_token
+from schemas.envelopes import ErrorInfo, Stage, Status, ValidatedCall
+from schemas.errors import ErrorCode, Unauthenticated
+from schemas.names import (
+    ADMISSION_RELEASE_GROUP,
+    AUTHORIZER_GROUP,
+    EXECUTOR_GROUP,
+    STREAMS_APP_ID,
+    Topic,
+)
+from streams.emit import Emit, outcome
+from streams.limiter import ADMITTED, Ask, FleetLimiter, Verdict
+
+log = logging.getLogger("ratifier.admission")
+
+# The next stages whose backlog admission watches: (group, topic it reads).
+DOWNSTREAM: tuple[tuple[str, Topic], ...] = (
+    (AUTHORIZER_GROUP, Topic.VALIDATED),
+    (STREAMS_APP_ID, Topic.AUTHORIZED),  # the approval-join
+    (EXECUTOR_GROUP, Topic.COMMITTED),
+)
+
+
+def scope_of(call: ValidatedCall, catalog: Catalog, keys: ContextKeys) -> CallScope | None:
+    """Who asks for what, from the verified context; None when it does not verify."""
+    tool = catalog.get(call.tool)
+    if tool is None:
+        return None
+    try:
+        actor = verify_context_token(call.context, keys)
+    except Unauthenticated:
+        return None
+    return CallScope(
+        call_id=call.call_id,
+        tenant=actor.tenant,
+        agent=actor.sub,
+        tool=tool.name,
+        effect=tool.effect,
+    )
+
+
+def refused(
+    call: ValidatedCall,
+    scope: CallScope,
+    verdict: Verdict,
+    *,
+    now: datetime,
+    policy_version: str | None,
+) -> Emit:
+    """The ``rate_limited`` outcome of a call admission refused."""
+    message = (
+        "The system is overloaded; retry the same call after retry_after."
+        if verdict.reason in ("shed", "unavailable")
+        else None
+    )
+    return outcome(
+        call_id=call.call_id,
+        tool=call.tool,
+        tenant=scope.tenant,
+        status=Status.REJECTED,
+        stage=Stage.VALIDATE,
+        code=ErrorCode.RATE_LIMITED,
+        at=now,
+        policy_version=policy_version,
+        trace_id=call.trace_id,
+        error=ErrorInfo.of(ErrorCode.RATE_LIMITED, message, retry_after=verdict.retry_after),
+        reply_to=call.reply_to,
+    )
+
+
+def shed_verdicts(
+    scopes: Sequence[CallScope], limits: LimitSet, shedding: Shedding | None
+) -> list[Verdict | None]:
+    """Pure: the calls shedding refuses (a verdict), the others None."""
+    if shedding is None:
+        return [None] * len(scopes)
+    return [
+        Verdict(admitted=False, retry_after=shedding.retry_after, reason="shed")
+        if shedding.refuses(priority_of(limits, s))
+        else None
+        for s in scopes
+    ]
+
+
+class Admission:
+    """The validator's admission step: shared limiter, limits in force, shedding state."""
+
+    def __init__(
+        self,
+        *,
+        limiter: FleetLimiter,
+        catalog: Catalog,
+        keys: ContextKeys,
+        limits: Callable[[], LimitSet],
+    ) -> None:
+        self.limiter = limiter
+        self._catalog = catalog
+        self._keys = keys
+        self._limits = limits
+        self.shedding: Shedding | None = None
+        self.refusals = 0
+
+    def counts_slots(self) -> bool:
+        """Whether a concurrency limit is in force (slots to release when calls end)."""
+        return any(limit.concurrency is not None for limit in self._limits().limits)
+
+    async def admit(
+        self,
+        results: Sequence[tuple[Emit, ...]],
+        *,
+        now: datetime,
+        policy_version: str | None,
+    ) -> list[tuple[Emit, ...]]:
+        """``results`` (what the validator decided per record) with each valid call that is
+        refused replaced by its ``rate_limited`` outcome."""
+        limits = self._limits()
+        shedding = self.shedding
+        if limits.empty and shedding is None:
+            return list(results)
+        candidates: list[tuple[int, ValidatedCall, CallScope]] = []
+        for index, emits in enumerate(results):
+            if len(emits) == 1 and isinstance(emits[0].value, ValidatedCall):
+                call = emits[0].value
+                scope = scope_of(call, self._catalog, self._keys)
+                if scope is not None:
+                    candidates.append((index, call, scope))
+        if not candidates:
+            return list(results)
+        shed = shed_verdicts([s for _, _, s in candidates], limits, shedding)
+        asks = [
+            Ask(call=scope, buckets=buckets_of(limits, scope))
+            for (_, _, scope), verdict in zip(candidates, shed, strict=True)
+            if verdict is None
+        ]
+        counted = iter(await self.limiter.admit(asks))
+        out = list(results)
+        for (index, call, scope), verdict in zip(candidates, shed, strict=True):
+            final = verdict if verdict is not None else next(counted, ADMITTED)
+            if not final.admitted:
+                self.refusals += 1
+                out[index] = (refused(call, scope, final, now=now, policy_version=policy_version),)
+        return out
+
+
+async def downstream_lag(
+    admin: AIOKafkaAdminClient, probe: AIOKafkaConsumer, settings: Settings
+) -> int:
+    """The largest backlog (records not yet committed) of the next stages' groups."""
+    worst = 0
+    for group, topic in DOWNSTREAM:
+        committed = await admin.list_consumer_group_offsets(settings.group(group))
+        name = settings.topic(topic)
+        mine = {
+            TopicPartition(tp.topic, tp.partition): m.offset
+            for tp, m in committed.items()
+            if tp.topic == name
+        }
+        if not mine:
+            continue
+        ends = await probe.end_offsets(list(mine))
+        worst = max(worst, sum(max(0, ends[tp] - max(o, 0)) for tp, o in mine.items()))
+    return worst
+
+
+def shedding_for(settings: Settings, lag: int) -> Shedding | None:
+    """Pure: the shedding state for a measured ``lag`` (None: nothing is shed)."""
+    a = settings.admission
+    if a.shed_bulk_lag == 0 and a.shed_all_lag == 0:
+        return None
+    bulk = a.shed_bulk_lag or a.shed_all_lag
+    every = a.shed_all_lag or 10**12
+    if lag <= min(bulk, every):
+        return None
+    return Shedding(
+        lag=lag, bulk_bound=bulk, all_bound=every, retry_after=a.shed_retry_after_seconds
+    )
+
+
+async def watch_lag(settings: Settings, admission: Admission, stop: asyncio.Event) -> None:
+    """Keep ``admission.shedding`` current from the downstream lag until ``stop``."""
+    if settings.admission.shed_bulk_lag == 0 and settings.admission.shed_all_lag == 0:
+        return
+    period = settings.admission.lag_probe_seconds
+    admin = kafka_admin(settings)
+    probe = kafka_consumer(settings, group=None)
+    started = False
+    try:
+        while not stop.is_set():
+            try:
+                if not started:
+                    await admin.start()
+                    await probe.start()
+                    started = True
+                lag = await downstream_lag(admin, probe, settings)
+            except (KafkaError, OSError) as exc:
+                log.info("admission: downstream lag not measured (%s)", exc)
+            else:
+                before, admission.shedding = admission.shedding, shedding_for(settings, lag)
+                if (before is None) != (admission.shedding is None):
+                    log.warning(
+                        "admission: downstream lag %d; shedding %s",
+                        lag,
+                        "on" if admission.shedding else "off",
+                    )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), period)
+    finally:
+        if started:
+            await probe.stop()
+            await admin.close()
+
+
+def ended_call(raw: bytes | None) -> str | None:
+    """The call id of an `outcomes` record that is final (not ``awaiting_approval``)."""
+    try:
+        record = json.loads(raw or b"")
+    except ValueError:
+        return None
+    if not isinstance(record, dict) or record.get("status") == Status.AWAITING_APPROVAL.value:
+        return None
+    call_id = record.get("call_id")
+    return call_id if isinstance(call_id, str) else None
+
+
+async def release_slots(settings: Settings, admission: Admission, stop: asyncio.Event) -> None:
+    """Free the concurrency slots of calls whose final outcome was published (a consumer
+    group on `outcomes`; at least once, and releasing twice is harmless). A slot whose
+    outcome is never seen expires after ``concurrency_lease_seconds``."""
+    consumer = kafka_consumer(
+        settings,
+        settings.topic(Topic.OUTCOMES),
+        group=settings.group(ADMISSION_RELEASE_GROUP),
+        max_poll_records=1000,
+        # A new group starts at the end: slots of calls that ended before it expire.
+        auto_offset_reset="latest",
+    )
+    started = False
+    try:
+        while not stop.is_set():
+            try:
+                if not started:
+                    await consumer.start()
+                    started = True
+                batches = await consumer.getmany(timeout_ms=500)
+                # Without a concurrency limit in force there is nothing to release.
+                ended = (
+                    [
+                        c
+                        for records in batches.values()
+                        for r in records
+                        if (c := ended_call(r.value)) is not None
+                    ]
+                    if admission.counts_slots()
+                    else []
+                )
+                if ended:
+                    await admission.limiter.release(ended)
+                if batches:
+                    await consumer.commit()
+            except (KafkaError, OSError, RedisError) as exc:
+                log.info("admission: slots not released yet (%s)", exc)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 1.0)
+    finally:
+        if started:
+            await consumer.stop()
+
+
+__all__ = ["Admission", "Priority", "release_slots", "scope_of", "shedding_for", "watch_lag"]

@@ -1,0 +1,280 @@
+"""Fair admission end to end (issue 27): tenant A floods reads under a 200/s limit while
+tenant B sends one read every 250 ms (open loop); B keeps close to its unloaded latency, A's
+excess ends `rate_limited` within a second of publishing, every call has one final outcome.
+
+The flood is ``RATIFIER_TEST_FLOOD`` reads (default 2,000 so that `make test` stays short;
+`make test-admission-flood` runs the issue's 20,000 with the latency bounds asserted)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from bench.admission import FLOOD_FIGURES
+from commands.policy import DEFAULT_POLICY_DIR
+from config.settings import Settings
+from ratifier.topics import delete_topics
+from ratifier_client.client import Pending, RatifierClient
+from runtime.clients import kafka_consumer, kafka_producer
+from schemas.envelopes import Outcome, Status
+from schemas.errors import ErrorCode
+from schemas.names import Topic
+from tests.e2e.conftest import Pipeline, SigningKeys, start_pipeline
+from tests.services import context_token, read_to_end, run
+
+pytestmark = pytest.mark.e2e
+
+FLOOD = int(os.environ.get("RATIFIER_TEST_FLOOD", "2000"))
+# The latency bounds (B within 2x, refusals within 1 s) are asserted with
+# RATIFIER_TEST_FLOOD_STRICT=1 (`make test-admission-flood`); otherwise they are reported
+# (the test's `admission` property and stdout): wall-clock ratios on a CPU shared with other
+# suites measure the neighbours, not admission.
+STRICT = os.environ.get("RATIFIER_TEST_FLOOD_STRICT") == "1"
+RATE, BURST = 200, 200
+B_EVERY = 0.25
+LIMITS = f"""
+# tenant-a's reads are limited to {RATE}/s; tenant-b has no limit.
+[[limits]]
+scope = "tenant"
+tenant = "tenant-a"
+rate = {RATE}
+burst = {BURST}
+
+# One call per 10 s of get_refund_policy for tenant-a (the client's retry test).
+[[limits]]
+scope = "tenant_tool"
+tenant = "tenant-a"
+tool = "get_refund_policy"
+rate = 0.1
+burst = 1
+"""
+
+
+@pytest.fixture(scope="module")
+def admitting(
+    signing_keys: SigningKeys, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Pipeline]:
+    policies = tmp_path_factory.mktemp("admission-policies")
+    for f in DEFAULT_POLICY_DIR.iterdir():
+        if f.is_file():
+            shutil.copy(f, policies / f.name)
+    (policies / "limits.toml").write_text(LIMITS, encoding="utf-8")
+    started = start_pipeline(signing_keys, "admission", RATIFIER_POLICIES__DIRECTORY=str(policies))
+    try:
+        yield started
+    finally:
+        started.stop()
+        run(delete_topics(started.settings))
+
+
+def _proposal(settings: Settings, call_id: str, tenant: str, token: str) -> bytes:
+    payment = "pay_A1001" if tenant == "tenant-a" else "pay_B2001"
+    return json.dumps(
+        {
+            "v": 1,
+            "call_id": call_id,
+            "tool": "get_payment",
+            "arguments": {"payment_id": payment},
+            "context": token,
+            "proposed_at": "2026-12-02T00:00:00+00:00",
+        },
+        separators=(",", ":"),
+    ).encode()
+
+
+@dataclass
+class Watch:
+    """Publication and outcome times of every call (monotonic seconds)."""
+
+    sent: dict[str, float] = field(default_factory=dict)
+    ended: dict[str, float] = field(default_factory=dict)
+    outcomes: dict[str, list[Outcome]] = field(default_factory=dict)
+
+    def latency(self, call_id: str) -> float:
+        return self.ended[call_id] - self.sent[call_id]
+
+
+async def _follow(
+    settings: Settings, watch: Watch, stop: asyncio.Event, ready: asyncio.Event
+) -> None:
+    consumer = kafka_consumer(settings, settings.topic(Topic.OUTCOMES), group=None)
+    await consumer.start()
+    try:
+        await consumer.seek_to_end()
+        for tp in consumer.assignment():
+            await consumer.position(tp)
+        ready.set()
+        while not stop.is_set():
+            batches = await consumer.getmany(timeout_ms=100, max_records=5000)
+            now = time.monotonic()
+            for records in batches.values():
+                for record in records:
+                    outcome = Outcome.model_validate_json(record.value or b"")
+                    if outcome.terminal:
+                        watch.outcomes.setdefault(outcome.call_id, []).append(outcome)
+                        watch.ended.setdefault(outcome.call_id, now)
+    finally:
+        await consumer.stop()
+
+
+async def _scenario(
+    settings: Settings, *, flood: int, b_calls: int
+) -> tuple[Watch, list[str], list[str]]:
+    """Publish ``flood`` reads of tenant A at once and, meanwhile, ``b_calls`` reads of
+    tenant B one every 250 ms; wait for every outcome."""
+    watch, stop, ready = Watch(), asyncio.Event(), asyncio.Event()
+    follower = asyncio.create_task(_follow(settings, watch, stop, ready))
+    await ready.wait()
+    producer = kafka_producer(settings, linger_ms=5)
+    await producer.start()
+    token_a = context_token(settings, tenant="tenant-a")
+    token_b = context_token(settings, tenant="tenant-b")
+    topic = settings.topic(Topic.PROPOSED)
+    run_id = uuid.uuid4().hex[:8]
+    a_ids = [f"flood-{run_id}-a-{i}" for i in range(flood)]
+    b_ids = [f"flood-{run_id}-b-{i}" for i in range(b_calls)]
+
+    async def tenant_a() -> None:
+        for call_id in a_ids:
+            watch.sent[call_id] = time.monotonic()
+            await producer.send(
+                topic, key=call_id.encode(), value=_proposal(settings, call_id, "tenant-a", token_a)
+            )
+        await producer.flush()
+
+    async def tenant_b() -> None:
+        start = time.monotonic()
+        for n, call_id in enumerate(b_ids):
+            # Open loop: each read leaves on its schedule, whatever the others met.
+            await asyncio.sleep(max(0.0, start + n * B_EVERY - time.monotonic()))
+            watch.sent[call_id] = time.monotonic()
+            await (
+                await producer.send(
+                    topic,
+                    key=call_id.encode(),
+                    value=_proposal(settings, call_id, "tenant-b", token_b),
+                )
+            )
+
+    try:
+        await asyncio.gather(tenant_a(), tenant_b())
+        deadline = time.monotonic() + 90
+        every = set(a_ids) | set(b_ids)
+        while not every <= set(watch.ended) and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(1.0)  # a duplicate final outcome would show up meanwhile
+    finally:
+        stop.set()
+        await follower
+        await producer.stop()
+    return watch, a_ids, b_ids
+
+
+def _code(outcome: Outcome) -> ErrorCode | None:
+    return outcome.error.code if outcome.error is not None else None
+
+
+def _codes(watch: Watch, ids: list[str]) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for call_id in ids:
+        first = watch.outcomes[call_id][0]
+        key = first.error.code.value if first.error else first.status.value
+        found[key] = found.get(key, 0) + 1
+    return found
+
+
+@pytest.mark.timeout(300)
+def test_a_flood_of_one_tenant_leaves_another_at_its_unloaded_latency(
+    admitting: Pipeline, record_property: Any
+) -> None:
+    settings = admitting.settings
+    alone, _, b_alone = run(_scenario(settings, flood=0, b_calls=12))
+    base = [alone.latency(c) for c in b_alone]
+    flooded, a_ids, b_ids = run(_scenario(settings, flood=FLOOD, b_calls=12))
+    loaded = [flooded.latency(c) for c in b_ids]
+
+    # Every call has exactly one final outcome (repeats of the same outcome aside).
+    missing = [c for c in a_ids + b_ids if c not in flooded.outcomes]
+    assert not missing, f"{len(missing)} calls without a final outcome, e.g. {missing[:3]}"
+    for call_id in a_ids + b_ids:
+        statuses = {
+            (o.status, o.error.code if o.error else None) for o in flooded.outcomes[call_id]
+        }
+        assert len(statuses) == 1, (call_id, statuses)
+
+    codes = _codes(flooded, a_ids)
+    refused = [c for c in a_ids if _code(flooded.outcomes[c][0]) is ErrorCode.RATE_LIMITED]
+    admitted = [c for c in a_ids if flooded.outcomes[c][0].status is Status.SUCCEEDED]
+    assert len(refused) + len(admitted) == FLOOD, codes
+    flood_seconds = max(flooded.sent[c] for c in a_ids) - min(flooded.sent[c] for c in a_ids)
+    # The span over which admission decided A's calls (tokens refill meanwhile).
+    decided_seconds = max(flooded.ended[c] for c in refused) - min(flooded.sent[c] for c in a_ids)
+    slowest_refusal = max(flooded.latency(c) for c in refused)
+    figures = {
+        "flood": FLOOD,
+        "flood_seconds": round(flood_seconds, 3),
+        "decided_seconds": round(decided_seconds, 3),
+        "a_admitted": len(admitted),
+        "a_refused": len(refused),
+        "slowest_refusal_s": round(slowest_refusal, 3),
+        "b_alone_p50_ms": round(statistics.median(base) * 1000, 1),
+        "b_alone_max_ms": round(max(base) * 1000, 1),
+        "b_flood_p50_ms": round(statistics.median(loaded) * 1000, 1),
+        "b_flood_max_ms": round(max(loaded) * 1000, 1),
+    }
+    record_property("admission", figures)
+    # `make bench` reports the last run's noisy-neighbour row (bench/admission.py).
+    FLOOD_FIGURES.parent.mkdir(parents=True, exist_ok=True)
+    FLOOD_FIGURES.write_text(json.dumps(figures), encoding="utf-8")
+    print("admission figures:", json.dumps(figures))
+    # Admitted: the burst plus the rate over the span admission decided in, give or take a
+    # batch's timing.
+    assert len(admitted) <= BURST + RATE * (decided_seconds + 0.5), figures
+    for call_id in refused:
+        error = flooded.outcomes[call_id][0].error
+        assert error is not None and error.retryable and (error.retry_after or 0) > 0
+    assert all(flooded.outcomes[c][0].status is Status.SUCCEEDED for c in b_ids)
+    if STRICT:  # the issue's latency bounds: only meaningful on a machine not shared
+        assert slowest_refusal <= 1.0, figures
+        assert statistics.median(loaded) <= 2 * statistics.median(base), figures
+        assert max(loaded) <= 2 * max(base), figures
+
+
+@pytest.mark.timeout(120)
+def test_the_client_retries_a_rate_limited_call_with_the_same_key(admitting: Pipeline) -> None:
+    settings = admitting.settings
+    token = context_token(settings, tenant="tenant-a")
+
+    async def scenario() -> tuple[Outcome | Pending, Outcome | Pending, int]:
+        async with RatifierClient.from_settings(settings) as client:
+            first = await client.call("get_refund_policy", {}, context=token, within=30)
+            again = await client.call(
+                "get_refund_policy", {}, context=token, idempotency_key=key, within=30
+            )
+            return first, again, client.rate_limited_retries
+
+    key = f"retry-{uuid.uuid4().hex[:8]}"
+    first, again, retries = run(scenario())
+    assert isinstance(first, Outcome) and _code(first) is not ErrorCode.RATE_LIMITED
+    # The second call met the empty bucket, waited its retry_after (≈ 10 s less the first
+    # call's time) and was admitted.
+    assert retries == 1
+    assert isinstance(again, Outcome) and _code(again) is not ErrorCode.RATE_LIMITED
+    proposals = [
+        json.loads(r.value)
+        for r in run(read_to_end(settings, [Topic.PROPOSED]))
+        if r.value and key.encode() in r.value
+    ]
+    assert len(proposals) == 2  # two proposals (two call ids), one idempotency key
+    assert {p["idempotency_key"] for p in proposals} == {key}
+    assert len({p["call_id"] for p in proposals}) == 2

@@ -1,0 +1,277 @@
+"""Admission's pure parts: limits declared beside the policies, the buckets and class of a
+call, shedding, the Lua script's arguments, the validator's refusals (with an in-memory
+limiter), and what a refusal tells agents (client wait, model-facing text)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from commands.catalog import Catalog
+from commands.limits import (
+    NO_LIMITS,
+    Bucket,
+    CallScope,
+    LimitSet,
+    Priority,
+    Shedding,
+    buckets_of,
+    describe,
+    load_limit_file,
+    parse_limits,
+    priority_of,
+)
+from commands.policy import DEFAULT_POLICY_DIR, PolicySet
+from config.settings import Admission as AdmissionSettings
+from config.settings import Settings
+from ratifier_client.client import Pending, rate_limited_wait
+from schemas.envelopes import Effect, ErrorInfo, Outcome, Stage, Status, ValidatedCall
+from schemas.errors import ConfigurationError, ErrorCode
+from schemas.providers import result_text
+from streams.admission import Admission, shedding_for
+from streams.emit import Emit
+from streams.limiter import ADMITTED, Ask, Verdict, script_arguments
+from tests.unit.conftest import KEYS
+from tests.unit.test_stages import validated
+
+NOW = datetime(2026, 12, 2, 8, 0, tzinfo=UTC)
+
+LIMITS = parse_limits(
+    {
+        "limits": [
+            {"scope": "tenant", "rate": 200, "burst": 400},
+            {"scope": "tenant", "tenant": "tenant-b", "rate": 50},
+            {"scope": "agent", "rate": 20},
+            {"scope": "tool", "tool": "refund_payment", "rate": 100, "concurrency": 10},
+            {"scope": "tenant_tool", "tool": "get_payment", "concurrency": 5},
+        ],
+        "classes": [{"priority": "bulk", "agent": "batch-job"}],
+    },
+    source="test",
+)
+
+
+def _scope(tenant: str = "tenant-a", tool: str = "get_payment", agent: str = "bot") -> CallScope:
+    return CallScope(call_id="c-1", tenant=tenant, agent=agent, tool=tool, effect=Effect.READ)
+
+
+def test_a_tenant_rule_replaces_the_default_and_each_scope_has_its_key() -> None:
+    a = {b.key: b for b in buckets_of(LIMITS, _scope())}
+    assert a == {
+        "tenant:tenant-a": Bucket(key="tenant:tenant-a", rate=200, capacity=400, concurrency=None),
+        "agent:tenant-a:bot": Bucket(
+            key="agent:tenant-a:bot", rate=20, capacity=20, concurrency=None
+        ),
+        "tenant_tool:tenant-a:get_payment": Bucket(
+            key="tenant_tool:tenant-a:get_payment", rate=None, capacity=0, concurrency=5
+        ),
+    }
+    b = {k.key: k for k in buckets_of(LIMITS, _scope(tenant="tenant-b", tool="refund_payment"))}
+    assert b["tenant:tenant-b"].rate == 50
+    assert b["tool:refund_payment"].concurrency == 10  # one bucket for the tool, all tenants
+    assert "tenant_tool:tenant-b:refund_payment" not in b
+    assert buckets_of(NO_LIMITS, _scope()) == ()
+
+
+@pytest.mark.parametrize(
+    "rule",
+    [
+        {"scope": "tenant"},  # neither rate nor concurrency
+        {"scope": "tool", "rate": 1},  # a tool scope without its tool
+        {"scope": "tenant", "tool": "x", "rate": 1},
+        {"scope": "tenant", "burst": 5, "concurrency": 1},
+        {"scope": "tenant", "rate": 0},
+        {"scope": "planet", "rate": 1},
+    ],
+)
+def test_a_bad_rule_is_a_configuration_error(rule: dict[str, object]) -> None:
+    with pytest.raises(ConfigurationError):
+        parse_limits({"limits": [rule]}, source="test")
+
+
+def test_classes_and_shedding_refuse_the_lowest_class_first() -> None:
+    assert priority_of(LIMITS, _scope()) is Priority.INTERACTIVE
+    assert priority_of(LIMITS, _scope(agent="batch-job")) is Priority.BULK
+    mid = Shedding(lag=500, bulk_bound=100, all_bound=1000, retry_after=2)
+    assert mid.refuses(Priority.BULK) and not mid.refuses(Priority.INTERACTIVE)
+    high = Shedding(lag=5000, bulk_bound=100, all_bound=1000, retry_after=2)
+    assert high.refuses(Priority.INTERACTIVE)
+    settings = Settings(admission=AdmissionSettings(shed_bulk_lag=100, shed_all_lag=1000))
+    assert shedding_for(settings, 100) is None
+    assert shedding_for(settings, 101) == Shedding(
+        lag=101, bulk_bound=100, all_bound=1000, retry_after=2.0
+    )
+    off = Settings(admission=AdmissionSettings(shed_bulk_lag=0, shed_all_lag=0))
+    assert shedding_for(off, 10**9) is None
+
+
+def test_limits_travel_with_the_policy_set_and_change_its_version(tmp_path: Path) -> None:
+    plain = PolicySet.from_directory(DEFAULT_POLICY_DIR)
+    for f in DEFAULT_POLICY_DIR.iterdir():
+        if f.is_file():
+            (tmp_path / f.name).write_bytes(f.read_bytes())
+    (tmp_path / "limits.toml").write_text(
+        '[[limits]]\nscope = "tenant"\nrate = 200\nburst = 400\n', encoding="utf-8"
+    )
+    limited = PolicySet.from_directory(tmp_path)
+    assert limited.limits == load_limit_file(tmp_path)
+    assert limited.limits.limits[0].rate == 200
+    assert limited.version != plain.version
+    assert plain.limits.empty  # a set without limits keeps the version it always had
+    assert describe(limited.limits) == [
+        "tenant                           every tenant     200/s burst 400"
+    ]
+    (tmp_path / "limits.toml").write_text("[[limits]]\nscope = 3\n", encoding="utf-8")
+    with pytest.raises(ConfigurationError):
+        PolicySet.from_directory(tmp_path)
+
+
+def test_the_script_gets_each_bucket_once_and_each_call_its_indexes() -> None:
+    shared = Bucket(key="tenant:t", rate=10, capacity=20, concurrency=3)
+    asks = [
+        Ask(
+            call=CallScope(call_id=f"c-{i}", tenant="t", agent="a", tool="x", effect=Effect.READ),
+            buckets=(shared,),
+        )
+        for i in range(2)
+    ]
+    keys, argv = script_arguments(asks, prefix="p.", settings=AdmissionSettings())
+    assert keys == [
+        "ratifier:limit:p.tenant:t:r",
+        "ratifier:limit:p.tenant:t:c",
+        "ratifier:slots:p.c-0",
+        "ratifier:slots:p.c-1",
+    ]
+    assert argv == [2, 60.0, 300, "r", 10, 20, "c", 3, 3, 2, "c-0", 2, 1, 2, "c-1", 2, 1, 2]
+
+
+class MemoryLimiter:
+    """Admits the first ``room`` calls that have buckets, refuses the rest."""
+
+    def __init__(self, room: int) -> None:
+        self.room = room
+        self.asked: list[Ask] = []
+
+    async def admit(self, asks: Sequence[Ask]) -> list[Verdict]:
+        self.asked += asks
+        verdicts = []
+        for ask in asks:
+            if not ask.buckets:
+                verdicts.append(ADMITTED)
+            elif self.room > 0:
+                self.room -= 1
+                verdicts.append(ADMITTED)
+            else:
+                verdicts.append(Verdict(admitted=False, retry_after=0.25, reason="limit"))
+        return verdicts
+
+
+def _admission(catalog: Catalog, limits: LimitSet, room: int) -> tuple[Admission, MemoryLimiter]:
+    limiter = MemoryLimiter(room)
+    admission = Admission(limiter=limiter, catalog=catalog, keys=KEYS, limits=lambda: limits)  # type: ignore[arg-type]
+    return admission, limiter
+
+
+def _validated(
+    call_id: str, tenant: str = "tenant-a", context: str | None = None
+) -> tuple[Emit, ...]:
+    from schemas.names import Topic
+
+    value = validated(tenant=tenant, call_id=call_id)
+    if context is not None:
+        value = value.model_copy(update={"context": context})
+    return (Emit(topic=Topic.VALIDATED, key=call_id, value=value),)
+
+
+async def test_calls_over_the_limit_end_rate_limited_at_once(catalog: Catalog) -> None:
+    admission, limiter = _admission(catalog, LIMITS, room=1)
+    decided = [_validated("c-1"), _validated("c-2"), _validated("c-3", context="not-a-token")]
+    out = await admission.admit(decided, now=NOW, policy_version="sha256:x")
+    assert out[0] == decided[0]
+    (refusal,) = out[1]
+    assert isinstance(refusal.value, Outcome)
+    assert refusal.value.status is Status.REJECTED and refusal.value.stage is Stage.VALIDATE
+    assert refusal.value.tenant == "tenant-a"  # from the verified context
+    assert refusal.value.error == ErrorInfo.of(ErrorCode.RATE_LIMITED, retry_after=0.25)
+    assert refusal.value.error.retryable
+    # A context that does not verify spends no one's budget: the authorizer refuses it.
+    assert out[2] == decided[2]
+    assert [a.call.call_id for a in limiter.asked] == ["c-1", "c-2"]
+
+
+async def test_without_limits_or_shedding_admission_does_nothing(catalog: Catalog) -> None:
+    admission, limiter = _admission(catalog, NO_LIMITS, room=0)
+    decided = [_validated("c-1")]
+    assert await admission.admit(decided, now=NOW, policy_version=None) == decided
+    assert limiter.asked == []
+
+
+async def test_shedding_refuses_bulk_without_asking_redis(catalog: Catalog) -> None:
+    bulk = parse_limits({"classes": [{"priority": "bulk", "tenant": "tenant-a"}]}, source="t")
+    admission, limiter = _admission(catalog, bulk, room=10)
+    admission.shedding = Shedding(lag=500, bulk_bound=100, all_bound=1000, retry_after=2.0)
+    out = await admission.admit(
+        [_validated("c-1"), _validated("c-2", tenant="tenant-b")], now=NOW, policy_version=None
+    )
+    refused = out[0][0].value
+    assert isinstance(refused, Outcome) and refused.error is not None
+    assert refused.error.code is ErrorCode.RATE_LIMITED and refused.error.retry_after == 2.0
+    assert isinstance(out[1][0].value, ValidatedCall)  # tenant-b is interactive
+    assert [a.call.call_id for a in limiter.asked] == ["c-2"]
+
+
+def _outcome(code: ErrorCode, retry_after: float | None) -> Outcome:
+    return Outcome(
+        call_id="c-1",
+        tool="get_payment",
+        tenant="tenant-a",
+        status=Status.REJECTED,
+        stage=Stage.VALIDATE,
+        error=ErrorInfo.of(code, retry_after=retry_after),
+        at=NOW,
+    )
+
+
+def test_the_client_waits_retry_after_on_rate_limited_only() -> None:
+    assert rate_limited_wait(_outcome(ErrorCode.RATE_LIMITED, 1.5)) == 1.5
+    assert rate_limited_wait(_outcome(ErrorCode.RATE_LIMITED, None)) == 1.0
+    assert rate_limited_wait(_outcome(ErrorCode.POLICY_DENIED, None)) is None
+    assert rate_limited_wait(Pending(call_id="c-1", status=None, approval=None)) is None
+
+
+def test_the_model_reads_when_to_retry() -> None:
+    text = result_text(_outcome(ErrorCode.RATE_LIMITED, 1.5))
+    assert '"code":"rate_limited"' in text and '"retry_after":1.5' in text
+    assert "retry_after" not in result_text(_outcome(ErrorCode.POLICY_DENIED, None))
+
+
+def test_the_bench_report_judges_admission_cost_and_the_noisy_neighbour() -> None:
+    from bench.report import _admission_section
+
+    values = {
+        "admission_plain_cpu_us": 43.0,
+        "admission_admitted_cpu_us": 51.0,
+        "admission_refused_cpu_us": 73.0,
+        "admission_cost_admitted_us": 8.0,
+        "admission_cost_refused_us": 30.0,
+        "e2e_cpu_us": 1167.0,
+        "noisy_neighbour": {"flood": 2000, "b_alone_p50_ms": 74.0, "b_flood_p50_ms": 740.0},
+    }
+    lines = _admission_section(values)
+    cost = next(line for line in lines if "per admitted call" in line)
+    noisy = next(line for line in lines if "noisy neighbour" in line)
+    assert "**met**" in cost and "**not met**" in noisy and "10.00" in noisy
+    assert _admission_section({}) == []  # a run without the step has no section
+
+
+def test_the_audit_story_says_what_a_rate_limited_outcome_means() -> None:
+    from audit.story import _outcome as story_of
+
+    stage, text, facts, _rank = story_of(
+        _outcome(ErrorCode.RATE_LIMITED, 1.5).model_dump(mode="json")
+    )
+    assert stage == "validator" and text == "outcome: rejected (rate_limited)"
+    assert any(k == "meaning" and "nothing was executed or queued" in v for k, v in facts)
