@@ -370,6 +370,7 @@ def cluster(keys: SigningKeys, log_dir: Path) -> Iterator[Cluster]:
     if not FAKETIME_LIBRARY.exists():
         raise RuntimeError(f"{FAKETIME_LIBRARY} missing: apt-get install libfaketime")
     folder = Path(tempfile.mkdtemp(prefix="ratifier-partitions-"))
+    folder.chmod(0o755)  # PostgreSQL runs as `postgres` below it
     as_user: list[str] = []
     if os.geteuid() == 0:
         owner = pwd.getpwnam("postgres")

@@ -55,6 +55,8 @@ def violations(row: dict[str, Any]) -> list[str]:
         found.append("provider effects differ from the ledger")
     if any(row.get("streams_commit_lag", {}).values()):
         found.append(f"consumer lag {row['streams_commit_lag']}")
+    if row.get("fault_error"):
+        found.append(f"the fault failed: {row['fault_error']}")
     bound = row.get("answer_pause_bound_seconds")
     if bound is not None and row.get("max_answer_pause_seconds", 0) > bound:
         found.append(f"answers paused {row['max_answer_pause_seconds']} s > {bound} s")

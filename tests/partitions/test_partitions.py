@@ -185,7 +185,16 @@ class PartitionSuite(MixedLoad):
         self, name: str, fault: Callable[[], Awaitable[None]], seconds: float
     ) -> dict[str, Any]:
         started = time.monotonic()
-        row = await self.experiment(name, fault, seconds)
+        failed: list[str] = []
+
+        async def guarded() -> None:
+            # A fault that cannot be injected is a failed row, not the end of the run.
+            try:
+                await fault()
+            except Exception as exc:
+                failed.append(repr(exc))
+
+        row = await self.experiment(name, guarded, seconds)
         mine = self._mine(name)
         finals = [self.answers.final_at[c] for c in mine if c in self.answers.final_at]
         last_sent = max((call.sent_at for call in mine.values()), default=started)
@@ -193,6 +202,7 @@ class PartitionSuite(MixedLoad):
         row["max_answer_pause_seconds"] = report.max_pause(finals, started + 5, last_sent)
         row["answer_pause_bound_seconds"] = SCALE_PAUSE_BOUND if name == "scale_out" else None
         row["notes"] = self.notes.get(name)
+        row["fault_error"] = failed[0] if failed else None
         return row
 
 
