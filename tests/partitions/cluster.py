@@ -39,6 +39,7 @@ from tests.partitions.network import RUN_TAG, address, proxy_address
 
 REPO = Path(__file__).resolve().parents[2]
 CLIENT_PORT, INTERNAL_PORT, CONTROLLER_PORT, DIRECT_PORT = 9093, 9092, 9094, 9095
+EXECUTOR_HEALTH_PORT, STREAMS_HEALTH_PORT = 9102, 6066
 REDIS_PORT, PG_PORT, PROVIDER_PORT, PROXY_CONTROL_PORT = 6379, 5432, 8080, 7000
 # PostgreSQL refuses root; setpriv execs it as `postgres` (runuser would stay in between).
 SETPRIV = ["setpriv", "--reuid=postgres", "--regid=postgres", "--clear-groups"]
@@ -108,17 +109,28 @@ def wait_port(host: str, port: int, what: str, process: WorkerProcess, timeout: 
             time.sleep(0.3)
 
 
+def readiness_url(name: str) -> str | None:
+    """Where an operator would look: the worker's /readyz on its host (None: no endpoint)."""
+    host = WORKER_HOSTS[name]
+    if name.startswith("executor"):
+        return f"http://{address(host)}:{EXECUTOR_HEALTH_PORT}/readyz"
+    if name.startswith("streams"):
+        return f"http://{address(host)}:{STREAMS_HEALTH_PORT}/readyz"
+    return None
+
+
 @dataclass
 class NamespacedPipeline(Pipeline):
     """The e2e Pipeline whose workers each run on their own host (WORKER_HOSTS)."""
 
     def start(self, command: str, name: str, **env: str) -> WorkerProcess:
+        host = WORKER_HOSTS[name]
         worker = spawn(
-            WORKER_HOSTS[name],
+            host,
             [sys.executable, "-m", "ratifier.cli", command],
             name=name,
             log_dir=self.log_dir,
-            env={**self.env, **env},
+            env={**self.env, "RATIFIER_OBSERVABILITY__METRICS_HOST": address(host), **env},
         )
         self.workers.append(worker)
         return worker
@@ -351,10 +363,11 @@ def worker_environment(prefix: str, keys: SigningKeys) -> dict[str, str]:
         "RATIFIER_APPROVALS__TTL_SECONDS": "600",
         "RATIFIER_PROVIDER_URL": f"http://{proxy_address('provider')}:{PROVIDER_PORT}",
         "RATIFIER_EXECUTOR__CLAIM_LEASE_SECONDS": "10",
-        "RATIFIER_OBSERVABILITY__EXECUTOR_METRICS_PORT": "0",
-        "RATIFIER_OBSERVABILITY__RECONCILER_METRICS_PORT": "0",
+        # Each worker has a host of its own: the default ports, on the host's address.
+        "RATIFIER_OBSERVABILITY__EXECUTOR_METRICS_PORT": str(EXECUTOR_HEALTH_PORT),
+        "RATIFIER_OBSERVABILITY__RECONCILER_METRICS_PORT": "9103",
         "RATIFIER_OBSERVABILITY__AUDIT_METRICS_PORT": "0",
-        "RATIFIER_STREAMS__HTTP_PORT": "0",
+        "RATIFIER_STREAMS__HTTP_PORT": str(STREAMS_HEALTH_PORT),
         "RATIFIER_RECONCILER__BACKOFF_SECONDS": "0.5",
         "RATIFIER_RECONCILER__BACKOFF_CAP_SECONDS": "5",
         "RATIFIER_RECONCILER__ATTEMPTS": "1000",

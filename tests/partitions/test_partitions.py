@@ -27,6 +27,8 @@ import asyncio
 import json
 import os
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -41,7 +43,7 @@ from tests.e2e.executor_kit import seed_payments
 from tests.e2e.test_reconciliation import faults as provider_faults
 from tests.e2e.test_replicated_cluster import describe, wait_partitions
 from tests.partitions import network, proxy, report
-from tests.partitions.cluster import Cluster, clock_ahead, cluster
+from tests.partitions.cluster import Cluster, clock_ahead, cluster, readiness_url
 from tests.partitions.network import BROKERS, address, proxy_address
 from tests.services import run
 
@@ -179,6 +181,24 @@ class PartitionSuite(MixedLoad):
         await asyncio.to_thread(self.pipeline.stop_worker, "streams-2")
         await asyncio.to_thread(self.pipeline.stop_worker, "executor-2")
 
+    async def watch_readiness(self, stop: asyncio.Event) -> dict[str, Any]:
+        """What an operator sees during the experiment: every second, each executor's and
+        streams worker's /readyz; per worker, the seconds it answered 503 (or did not answer)
+        and why."""
+        seen: dict[str, dict[str, Any]] = {}
+        while not stop.is_set():
+            names = [w.name for w in self.pipeline.workers if w.process.poll() is None]
+            polls = [(n, url) for n in names if (url := readiness_url(n)) is not None]
+            answers = await asyncio.gather(*(asyncio.to_thread(_readiness, u) for _, u in polls))
+            for (name, _), why in zip(polls, answers, strict=True):
+                if why is not None:
+                    entry = seen.setdefault(name, {"not_ready_s": 0, "why": []})
+                    entry["not_ready_s"] += 1
+                    if why not in entry["why"] and len(entry["why"]) < 5:
+                        entry["why"].append(why)
+            await asyncio.sleep(1)
+        return seen
+
     # --- one row ----------------------------------------------------------------------------
 
     async def fault_row(
@@ -194,7 +214,13 @@ class PartitionSuite(MixedLoad):
             except Exception as exc:
                 failed.append(repr(exc))
 
-        row = await self.experiment(name, guarded, seconds)
+        stop = asyncio.Event()
+        watching = asyncio.create_task(self.watch_readiness(stop))
+        try:
+            row = await self.experiment(name, guarded, seconds)
+        finally:
+            stop.set()
+        row["operator_view"] = await watching
         mine = self._mine(name)
         finals = [self.answers.final_at[c] for c in mine if c in self.answers.final_at]
         last_sent = max((call.sent_at for call in mine.values()), default=started)
@@ -204,6 +230,23 @@ class PartitionSuite(MixedLoad):
         row["notes"] = self.notes.get(name)
         row["fault_error"] = failed[0] if failed else None
         return row
+
+
+def _readiness(url: str) -> str | None:
+    """None when ready, else why not (the body's `why`, or the transport error)."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            body = json.loads(response.read())
+    except urllib.error.HTTPError as refused:
+        try:
+            return str(json.loads(refused.read()).get("why"))
+        except ValueError:
+            return f"HTTP {refused.code}"
+        finally:
+            refused.close()
+    except (OSError, ValueError) as unreachable:
+        return f"no answer ({type(unreachable).__name__})"
+    return None if body.get("ready", True) else str(body.get("why"))
 
 
 FAULTS: list[tuple[str, Callable[[PartitionSuite], Callable[[], Awaitable[None]]], float]] = [
