@@ -383,6 +383,7 @@ def cluster(keys: SigningKeys, log_dir: Path) -> Iterator[Cluster]:
         raise RuntimeError("Kafka jars, PostgreSQL or redis-server missing: run `make up`")
     if not FAKETIME_LIBRARY.exists():
         raise RuntimeError(f"{FAKETIME_LIBRARY} missing: apt-get install libfaketime")
+    shutil.rmtree(log_dir, ignore_errors=True)  # this run's logs only
     folder = Path(tempfile.mkdtemp(prefix="ratifier-partitions-"))
     folder.chmod(0o755)  # PostgreSQL runs as `postgres` below it
     as_user: list[str] = []
