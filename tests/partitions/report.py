@@ -16,6 +16,7 @@ COLUMNS = (
     ("recovery (s)", "recovery_seconds"),
     ("max latency (s)", "max_latency_seconds"),
     ("max answer pause (s)", "max_answer_pause_seconds"),
+    ("commit lag", "commit_lag_total"),
 )
 
 

@@ -225,6 +225,7 @@ class PartitionSuite(MixedLoad):
         finals = [self.answers.final_at[c] for c in mine if c in self.answers.final_at]
         last_sent = max((call.sent_at for call in mine.values()), default=started)
         row["fault"] = name
+        row["commit_lag_total"] = sum(row["streams_commit_lag"].values())
         row["max_answer_pause_seconds"] = report.max_pause(finals, started + 5, last_sent)
         row["answer_pause_bound_seconds"] = SCALE_PAUSE_BOUND if name == "scale_out" else None
         row["notes"] = self.notes.get(name)

@@ -141,12 +141,13 @@ def test_the_table_has_a_row_per_fault() -> None:
             "recovery_seconds": 3.2,
             "max_latency_seconds": 12.5,
             "max_answer_pause_seconds": 4.0,
+            "commit_lag_total": 0,
         },
         {"fault": "slow_links", "recovery_seconds": None, "effects_equal_ledger": False},
     ]
     lines = report.render(rows).splitlines()
     assert lines[0].startswith("| fault | calls | lost | duplicates | two finals |")
-    assert lines[2] == "| broker_minority | 700 | 0 | 0 | 0 | yes | 3.2 | 12.5 | 4.0 |"
+    assert lines[2] == "| broker_minority | 700 | 0 | 0 | 0 | yes | 3.2 | 12.5 | 4.0 | 0 |"
     assert "| never |" in lines[3] and "| NO |" in lines[3]
 
 
