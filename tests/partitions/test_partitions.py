@@ -250,17 +250,19 @@ def _readiness(url: str) -> str | None:
     return None if body.get("ready", True) else str(body.get("why"))
 
 
+# The two faults that left the approval-join stuck in the first runs (docs/reliability.md,
+# "Findings") go last, so that what they leave behind is not counted against the others.
 FAULTS: list[tuple[str, Callable[[PartitionSuite], Callable[[], Awaitable[None]]], float]] = [
     ("broker_minority", lambda s: s.broker_minority, LOAD_SECONDS),
-    ("leader_isolated", lambda s: s.leader_isolated, LOAD_SECONDS),
     ("executor_no_redis", lambda s: s.executor_no_redis, LOAD_SECONDS),
     ("executor_no_postgres", lambda s: s.executor_no_postgres, LOAD_SECONDS),
     ("executor_no_kafka", lambda s: s.executor_no_kafka, LOAD_SECONDS),
-    ("streams_no_kafka", lambda s: s.streams_no_kafka, LOAD_SECONDS),
     ("slow_links", lambda s: s.slow_links, SLOW_SECONDS * 1.5 + 10),
     ("clock_skew", lambda s: s.clock_skew, LOAD_SECONDS),
     ("rolling_restart", lambda s: s.rolling_restart, LOAD_SECONDS * 1.5),
     ("scale_out", lambda s: s.scale_out, LOAD_SECONDS),
+    ("leader_isolated", lambda s: s.leader_isolated, LOAD_SECONDS),
+    ("streams_no_kafka", lambda s: s.streams_no_kafka, LOAD_SECONDS),
 ]
 
 
