@@ -3,20 +3,22 @@ namespaces (tests/partitions/network.py, cluster.py), under the chaos suite's mi
 checked by its history checker (tests/chaos/test_chaos.py: MixedLoad).
 
 This test runs inside the driver's namespace (rpt-ctl); `deploy/partitions/cluster run`
-builds the network first and removes it afterwards. Faults, in order:
+builds the network first and removes it afterwards. Faults, in order (the two that left the
+approval-join stuck in the first run go last, so that what they leave is not counted against
+the others):
 
   broker_minority      k3 cut from k1, k2 (both ways) but still reached by clients; healed
-  leader_isolated      the leader of proposed[0] cut from every host; healed
   executor_no_redis    executor e1 cut from Redis while it holds claims (provider slowed)
   executor_no_postgres e1 cut from PostgreSQL, the same way
   executor_no_kafka    e1 cut from every broker, longer than its session and claim lease
-  streams_no_kafka     streams worker s1 cut from every broker, longer than its session,
-                       with approvals pending
   slow_links           every link through the proxy: 300 ± 100 ms per chunk, 5 % resets
   clock_skew           e1 and s1 restarted with their clocks 20 s ahead (libfaketime)
   rolling_restart      k1, k2, k3 stopped (SIGTERM) and started one after the other
   scale_out            a third streams worker and a fourth executor added, then s2 and e2
                        removed; answers may pause at most SCALE_PAUSE_BOUND seconds
+  leader_isolated      the leader of proposed[0] cut from every host; healed
+  streams_no_kafka     streams worker s1 cut from every broker, longer than its session,
+                       with approvals pending
 
 RATIFIER_PARTITIONS_ONLY=name[,name] selects faults; RATIFIER_CHAOS_RATE sets the load.
 """
