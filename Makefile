@@ -13,7 +13,7 @@ export RATIFIER_BIN := $(CURDIR)/$(BIN)/ratifier
 # checks a start with real keys instead.
 export RATIFIER_DEVELOPMENT_MODE ?= true
 
-.PHONY: help install up down status lint contract format schemas unit client fuzz soak integration browser e2e cluster chaos manifests test dashboard demo bench bench-quick bench-idle bench-approvals bench-replies bench-validator bench-authorizer bench-executor clean
+.PHONY: help install up down status lint contract format schemas unit client fuzz soak integration browser e2e cluster chaos partitions manifests test dashboard demo bench bench-quick bench-idle bench-approvals bench-replies bench-validator bench-authorizer bench-executor clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -98,6 +98,9 @@ soak: up ## 10 min at half capacity, duplicates, approvals, invalid calls, resta
 
 chaos: install ## kill -9s, broker/Redis/PostgreSQL outages, provider faults, poison on PRIVATE services (~20 min) → test-artifacts/chaos.json
 	flock /tmp/ratifier-e2e.lock $(PYTEST) tests/chaos -m chaos -q -s -p no:cacheprovider
+
+partitions: install ## faults BETWEEN hosts in network namespaces (partitions, slow links, clock skew, rolling restarts; root, ~25 min) → test-artifacts/partitions.json
+	deploy/partitions/cluster run
 
 bench: up ## every baseline and ratifier benchmark in one run (< 20 min) → bench/RESULTS.md
 	$(BIN)/python -m bench

@@ -457,11 +457,12 @@ class Settings(BaseSettings):
 
 # RATIFIER_* variables that are not settings, so never refused: the knobs of deploy/local's
 # scripts (exact names; docs/operations.md, "Local deployment knobs") and of the test, fuzz,
-# chaos, soak and bench suites (reserved sub-prefixes no setting starts with).
+# chaos, partitions, soak and bench suites (reserved sub-prefixes no setting starts with).
 HARNESS_PREFIXES = (
     "RATIFIER_TEST_",
     "RATIFIER_FUZZ_",
     "RATIFIER_CHAOS_",
+    "RATIFIER_PARTITIONS_",
     "RATIFIER_SOAK_",
     "RATIFIER_BENCH_",
 )

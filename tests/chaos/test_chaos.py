@@ -172,13 +172,13 @@ def isolated_services(keys: SigningKeys) -> Iterator[Services]:
         yield Services(kafka=kafka, redis=cache, postgres=postgres, pipeline=pipeline)
 
 
-class Suite:
-    """The load, the answers and the faults, on one event loop."""
+class MixedLoad:
+    """The load, the answers and the history check, on one event loop, for any pipeline (the
+    partition suite, tests/partitions, runs it on its multi-host cluster)."""
 
-    def __init__(self, services: Services) -> None:
-        self.services = services
-        self.pipeline = services.pipeline
-        self.settings = services.pipeline.settings
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+        self.settings = pipeline.settings
         self.answers = Answers()
         self.reader_ctx = context_token(self.settings)
         self.refund_ctx = token(self.settings, "agent-1", roles=("refund",))
@@ -320,15 +320,17 @@ class Suite:
 
     # --- one experiment ---------------------------------------------------------------------
 
-    async def experiment(self, name: str, fault: Callable[[], Awaitable[None]]) -> dict[str, Any]:
+    async def experiment(
+        self, name: str, fault: Callable[[], Awaitable[None]], seconds: float = LOAD_SECONDS
+    ) -> dict[str, Any]:
         stop = asyncio.Event()
         background = [
             asyncio.create_task(self.read_answers(stop)),
             asyncio.create_task(self.decide_approvals(stop)),
         ]
         try:
-            load = asyncio.create_task(self.load(name, LOAD_SECONDS))
-            await asyncio.sleep(LOAD_SECONDS / 3)
+            load = asyncio.create_task(self.load(name, seconds))
+            await asyncio.sleep(seconds / 3)
             fault_started = time.monotonic()
             await fault()
             fault_ended = time.monotonic()
@@ -456,6 +458,14 @@ class Suite:
                 (f"chaos-{name}-refund-%",),
             ).fetchall()
         return {row[0] for row in rows}
+
+
+class Suite(MixedLoad):
+    """The mixed load on private single-host services, and the faults of `make chaos`."""
+
+    def __init__(self, services: Services) -> None:
+        super().__init__(services.pipeline)
+        self.services = services
 
     # --- faults -----------------------------------------------------------------------------
 
