@@ -46,7 +46,10 @@ class Admin:
         async with self.session.get(f"{self.base_url}/_stats") as response:
             assert response.status == 200
             stats: dict[str, Any] = await response.json()
-            return stats
+        # When each refund was applied (the kill-switch tests' clock): one per applied key.
+        applied_at = stats.pop("applied_at")
+        assert set(applied_at) == set(stats["by_key"])
+        return stats
 
     async def post_raw(self, body: Any, key: str | None) -> tuple[int, Any]:
         headers = {"Idempotency-Key": key} if key is not None else {}
