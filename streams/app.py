@@ -40,8 +40,8 @@ from schemas.names import STREAMS_APP_ID, Topic
 from schemas.settings import KafkaConnection, Settings
 from schemas.vocabulary import StreamStage
 from streams.approval_join import install_approval_join
+from streams.faust_patches import install_faust_patches
 from streams.observe import StageObserver
-from streams.offsets import install_rewind_fix
 from streams.publisher import StagePublisher, stage_replies
 from streams.stateless import StatelessStages
 from streams.storage import StreamStorage
@@ -117,7 +117,7 @@ def create_app(
     settings: Settings, *, catalog: Catalog, feed: PolicyFeed, **faust_options: Any
 ) -> faust.App:
     """A faust app with the validator, authorizer and approval-join agents."""
-    install_rewind_fix()
+    install_faust_patches()
     app = faust.App(
         settings.group(STREAMS_APP_ID),
         **faust_settings(settings),

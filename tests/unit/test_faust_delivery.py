@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from faust.types import TP
 
-from streams.offsets import Admission, InOrderDelivery
+from streams.faust_patches import Admission, InOrderDelivery
 
 AUTHORIZED = TP("t.calls.authorized", 2)
 DECIDED = TP("t.approvals.decided", 2)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from streams.offsets import _resume_streams_in_order
+from streams.faust_patches import _resume_streams_in_order
 
 STREAM, CHANGELOG = ("t.calls.authorized", 1), ("t-approvals-changelog", 1)
 
