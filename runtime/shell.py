@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 from aiokafka.errors import KafkaError
@@ -59,7 +60,7 @@ class StartupHook:
 
 
 Routes = Callable[[web.Application], None]
-Main = Callable[[asyncio.Event], Awaitable[object]]
+Main = Callable[[asyncio.Event], Coroutine[Any, Any, object]]
 
 
 @dataclass(kw_only=True)

@@ -33,6 +33,7 @@ from commands.policy_feed import PolicyFeed
 from commands.validate import Limits
 from runtime.clients import kafka_admin, kafka_consumer, kafka_producer
 from runtime.emit import Emit
+from runtime.health import Health
 from runtime.loop import Consumed, ConsumerLoop, Handled, position_of, text_key
 from runtime.retry import retrying
 from schemas.envelopes import ValidatedCall
@@ -173,8 +174,10 @@ class StatelessStages:
         fetch_many: ResourcesFetch,
         tracer: Tracer,
         freezes: FreezeSource | None = None,
+        health: Health | None = None,
     ) -> None:
         self._settings = settings
+        self._health = health
         self._tracer = tracer
         self._specs = [s for s in SPECS if s.name in stages]
         self._handlers = {
@@ -186,6 +189,11 @@ class StatelessStages:
         self._loops: list[ConsumerLoop] = []
         self._stopping = asyncio.Event()
         self.finished = asyncio.Event()  # the loops ended and the clients are closed
+
+    @property
+    def stages(self) -> tuple[StreamStage, ...]:
+        """The stages this process runs (none: it serves only the approval API)."""
+        return tuple(s.name for s in self._specs)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -242,6 +250,7 @@ class StatelessStages:
                     retry_on=(StorageUnavailable,),
                     max_records=BATCH_MAX,
                     poll_ms=100,
+                    health=self._health,
                 )
             )
         if self._stopping.is_set():
