@@ -66,24 +66,18 @@ def cmd_token(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_approval_join(settings: Settings, _args: argparse.Namespace) -> int:
     """The approval-join, the one process that hosts faust (streams/app.py)."""
-    import faust
-
     from commands.catalog import load_catalog
     from commands.policy_feed import PolicyFeed, local_policies
     from ratifier.migrate import require_current_schema
     from ratifier.topics import ensure_topics
-    from streams.app import create_app
+    from streams.app import create_app, run_worker
 
     require_current_schema(database_conninfo(settings), catalog=settings.catalog)
     asyncio.run(ensure_topics(settings))
     feed = PolicyFeed(settings, local_policies(settings))
     asyncio.run(feed.catch_up())  # start on the newest published policy set
-    app = create_app(settings, catalog=load_catalog(settings.catalog), feed=feed)
-    worker = faust.Worker(app, loglevel=settings.observability.log_level.upper(), quiet=True)
-    # The terminal spinner sets the root logger to DEBUG so that every log call spins it:
-    # each produced and consumed record then builds a DEBUG LogRecord (~7 % of a stage's CPU).
-    worker.spinner = None
-    worker.execute_from_commandline()  # runs until a signal stops it, then exits
+    run_worker(create_app(settings, catalog=load_catalog(settings.catalog), feed=feed), settings)
+    return 0
 
 
 def cmd_stages(settings: Settings, _args: argparse.Namespace) -> int:

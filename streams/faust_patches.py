@@ -76,6 +76,7 @@ if faust.__version__ != FAUST_VERSION:  # pragma: no cover - an upgrade must re-
     )
 
 _original_seek = AIOKafkaConsumer.seek_to_committed
+_original_on_recovery_completed = Recovery.on_recovery_completed
 _installed = False
 
 
