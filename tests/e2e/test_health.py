@@ -159,9 +159,17 @@ class Forwarder:
         asyncio.run_coroutine_threadsafe(start(), self.loop).result(timeout=10)
 
     def close(self) -> None:
-        if self.server is not None:
-            self.loop.call_soon_threadsafe(self.server.close)
-        self.loop.call_soon_threadsafe(self.loop.stop)
+        if self.thread.is_alive():
+
+            async def stop() -> None:
+                if self.server is not None:
+                    self.server.close()
+                    await self.server.wait_closed()
+
+            asyncio.run_coroutine_threadsafe(stop(), self.loop).result(timeout=10)
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout=10)
+        self.loop.close()
 
 
 def test_a_stages_worker_started_while_the_broker_is_unreachable_waits_then_serves(
