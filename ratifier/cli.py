@@ -334,8 +334,7 @@ def cmd_notifier(settings: Settings, args: argparse.Namespace) -> int:
 
     # A bad endpoints file (or a secret that is not set) stops the start: no unsigned sends.
     directory = load_directory(settings.notifications.endpoints_file)
-    asyncio.run(run_notifier(settings, directory, prepare=prepare))
-    return 0
+    return asyncio.run(run_notifier(settings, directory, prepare=prepare))
 
 
 def cmd_ops(settings: Settings, args: argparse.Namespace) -> int:
