@@ -375,10 +375,14 @@ def cmd_audit(settings: Settings, args: argparse.Namespace) -> int:
         from ratifier.migrate import require_current_schema
         from ratifier.topics import ensure_topics
 
-        require_current_schema(database_conninfo(settings), catalog=settings.catalog)
-        asyncio.run(ensure_topics(settings))
-        run_audit_sink(settings, load_catalog(settings.catalog))
-        return 0
+        async def prepare() -> None:
+            await asyncio.to_thread(
+                require_current_schema, database_conninfo(settings), catalog=settings.catalog
+            )
+            await ensure_topics(settings)
+
+        # The schema check and topics wait for PostgreSQL and the broker (runtime/shell.py).
+        return run_audit_sink(settings, load_catalog(settings.catalog), prepare)
     from audit.show import show_call
 
     return show_call(
