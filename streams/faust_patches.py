@@ -69,11 +69,18 @@ log = logging.getLogger("ratifier.streams")
 
 # The faust-streaming version every correction here was written against (see above).
 FAUST_VERSION = "0.15.3"
-if faust.__version__ != FAUST_VERSION:  # pragma: no cover - an upgrade must re-check the holes
-    raise ImportError(
-        f"streams.faust_patches corrects faust-streaming {FAUST_VERSION}, found "
-        f"{faust.__version__}: re-check each hole against the new version, then update it"
-    )
+
+
+def check_faust_version(found: str) -> None:
+    """Refuse any faust-streaming but the one every hole here was checked against."""
+    if found != FAUST_VERSION:
+        raise ImportError(
+            f"streams.faust_patches corrects faust-streaming {FAUST_VERSION}, found {found}: "
+            "re-check each hole against the new version, then update it"
+        )
+
+
+check_faust_version(faust.__version__)
 
 _original_seek = AIOKafkaConsumer.seek_to_committed
 _original_on_recovery_completed = Recovery.on_recovery_completed

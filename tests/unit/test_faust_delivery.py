@@ -1,6 +1,7 @@
-"""In-order delivery after a seek (streams/offsets.py, correction 3): a record fetched before
-the last seek is dropped and the partition sought back once, never taken as proof that the
-offsets before it do not exist; a hole that is still there after the seek back is accepted."""
+"""In-order delivery after a seek (streams/faust_patches.py, hole 3, faust-streaming 0.15.3): a
+record fetched before the last seek is dropped and the partition sought back once, never taken
+as proof that the offsets before it do not exist; a hole still there after the seek back is
+accepted."""
 
 from __future__ import annotations
 
