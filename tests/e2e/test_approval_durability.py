@@ -77,12 +77,17 @@ def test_restart_and_rebalance_keep_pending_approvals(own_pipeline: Pipeline) ->
     assert pipeline.alive()
 
 
+@pytest.mark.xfail(
+    reason="the lost decision (docs/reliability.md, issue 26): decisions already on "
+    "approvals.decided when a restarted join gets its partitions can be skipped; not fixed yet",
+    strict=False,
+)
 def test_decisions_published_while_the_join_restarts_are_all_handled(
     own_pipeline: Pipeline,
 ) -> None:
-    """The window of the lost decision (docs/reliability.md): decisions published from the
-    moment a new join process starts, through its group join, changelog recovery and the seek
-    to its committed offsets (faust's on_recovery_completed), are each handled once."""
+    """The reproduction of the lost decision (docs/reliability.md): decisions published from
+    the moment a new join process starts, through its group join, changelog recovery and the
+    seek to its committed offsets (faust's on_recovery_completed), are each handled once."""
     pipeline = own_pipeline
     requests = propose(pipeline, n=12)
     ids = {r["call_id"] for r in requests}
