@@ -7,13 +7,17 @@ each fix copies or wraps that version's internals. Importing this module asserts
 version, so an upgrade fails at once and forces every hole below to be re-checked against the
 new code (tests/unit/test_faust_patches.py has one test per hole).
 
-1. **Rewind never-committed partitions.** After every rebalance faust pauses the stream
-   partitions, restores tables, then calls `seek_to_committed()` to rewind anything fetched
-   meanwhile. aiokafka's implementation only seeks when the committed offset is > 0, so a
-   partition this group never committed (or committed at 0) is not rewound: a record fetched
-   during recovery and dropped with the buffers is lost — seen as an approval decision
-   published during a worker restart that was never processed. For such partitions the
-   committed position is the beginning, which is where we seek.
+1. **Rewind never-committed partitions, to an offset.** After every rebalance faust pauses
+   the stream partitions, restores tables, then calls `seek_to_committed()` to rewind anything
+   fetched meanwhile. aiokafka's implementation only seeks when the committed offset is > 0,
+   so a partition this group never committed (or committed at 0) is not rewound: a record
+   fetched during recovery and dropped with the buffers is lost. For such partitions the
+   committed position is the beginning: we look its offset up and seek there, and report it
+   as the committed offset, so that faust's read offset and `InOrderDelivery` (3.) expect
+   exactly it. A pending "reset to earliest" (what `seek_to_beginning` does) left them
+   expecting nothing: a record fetched before the seek, further on, was then taken as the
+   partition's first and the true first records were dropped as already read; issue 26's
+   reproduction lost offsets 0 and 1 of two `approvals.decided` partitions that way.
 
 2. **Resume fetching only once the streams take records again.** faust's
    `Recovery.on_recovery_completed` (the path of every app with a table, so the join's after
@@ -91,8 +95,15 @@ async def _seek_to_committed_or_beginning(self: Any, *partitions: Any) -> Any:
     committed = await _original_seek(self, *partitions)
     never = [tp for tp, offset in committed.items() if not offset]
     if never:
-        log.debug("rewinding %d never-committed partitions to their beginning", len(never))
-        await self.seek_to_beginning(*never)
+        # The beginning as an offset, not a pending reset: faust's read offset and
+        # `InOrderDelivery` then expect exactly it, so a record fetched before this seek
+        # (further on) is sought back instead of being taken as the partition's first and
+        # the true first records dropped as already read (the lost decision, issue 26).
+        beginnings = await self.beginning_offsets(never)
+        for tp in never:
+            self.seek(tp, beginnings[tp])
+            committed[tp] = beginnings[tp]
+        log.debug("rewound %d never-committed partitions to their beginning", len(never))
     return committed
 
 

@@ -77,11 +77,6 @@ def test_restart_and_rebalance_keep_pending_approvals(own_pipeline: Pipeline) ->
     assert pipeline.alive()
 
 
-@pytest.mark.xfail(
-    reason="the lost decision (docs/reliability.md, issue 26): decisions already on "
-    "approvals.decided when a restarted join gets its partitions can be skipped; not fixed yet",
-    strict=False,
-)
 def test_decisions_published_while_the_join_restarts_are_all_handled(
     own_pipeline: Pipeline,
 ) -> None:
