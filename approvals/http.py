@@ -1,6 +1,7 @@
-"""The approver HTTP endpoint, served by the streams worker (JSON). The dashboard serves the
-same decisions under /api (dashboard/server.py) with the same verification, signing and
-status map (`approvals.inbox`).
+"""The approver HTTP endpoint (JSON), an aiohttp route table mounted on the stateless stages'
+process's one HTTP server beside its health pages (`ratifier stages`, runtime/shell.py). The
+dashboard serves the same decisions under /api (dashboard/server.py) with the same
+verification, signing and status map (`approvals.inbox`).
 
     GET  /approvals                      pending requests of the approver's tenant
     GET  /approvals/{call_id}            one pending request
@@ -23,10 +24,11 @@ writes no state itself.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from typing import Any
 
-import faust
-from faust.web import Request, Response, View
+from aiohttp import web
 
 from approvals.inbox import (
     HTTP_STATUS,
@@ -49,20 +51,31 @@ from schemas.errors import InvalidArguments, RatifierError
 CONFIRMATION_VERDICTS = frozenset({ApprovalVerdict.APPROVE, ApprovalVerdict.REJECT})
 
 
-def _token(request: Request) -> str | None:
+def _token(request: web.Request) -> str | None:
     header = request.headers.get("Authorization", "")
     return header.removeprefix("Bearer ").strip() or None
 
 
-def install_approval_api(
-    app: faust.App,
-    settings: Settings,
-    *,
-    inbox: ApprovalInbox,
-    keys: ContextKeys,
-    catalog: Catalog,
-) -> JoinAudit:
-    """Register the views; the returned audit reader is the caller's to close."""
+def _json(body: Any, status: int = 200) -> web.Response:
+    return web.Response(status=status, text=json.dumps(body), content_type="application/json")
+
+
+def _failure(exc: RatifierError) -> web.Response:
+    return _json(error_json(exc), HTTP_STATUS.get(exc.code, 400))
+
+
+async def _body_of(request: web.Request) -> Any:
+    try:
+        return await request.json()
+    except ValueError as exc:
+        raise InvalidArguments("The body must be JSON.") from exc
+
+
+def approval_routes(
+    settings: Settings, *, inbox: ApprovalInbox, keys: ContextKeys, catalog: Catalog
+) -> Callable[[web.Application], None]:
+    """The approval API's routes, for the HTTP server of the process that serves them; the
+    join's audit reader they follow verdicts with is closed with that server's app."""
     audit = JoinAudit(
         pg_pool(
             database_conninfo(settings), max_size=2, dict_rows=True, autocommit=True, read_only=True
@@ -77,102 +90,97 @@ def install_approval_api(
         audit=audit,
     )
 
-    def failure(view: View, exc: RatifierError) -> Response:
-        return view.json(error_json(exc), status=HTTP_STATUS.get(exc.code, 400))
-
-    async def body_of(request: Request) -> Any:
+    async def pending(request: web.Request) -> web.Response:
         try:
-            return await request.json()
-        except ValueError as exc:
-            raise InvalidArguments("The body must be JSON.") from exc
+            approver = approver_from(_token(request), keys)
+        except RatifierError as exc:
+            return _failure(exc)
+        await inbox.catch_up()
+        items = [r.model_dump(mode="json") for r in inbox.pending(approver.tenant)]
+        return _json({"tenant": approver.tenant, "pending": items})
 
-    @app.page("/approvals")
-    class Pending(View):
-        async def get(self, request: Request) -> Response:
-            try:
-                approver = approver_from(_token(request), keys)
-            except RatifierError as exc:
-                return failure(self, exc)
+    async def one(request: web.Request) -> web.Response:
+        call_id = request.match_info["call_id"]
+        try:
+            approver = approver_from(_token(request), keys)
             await inbox.catch_up()
-            items = [r.model_dump(mode="json") for r in inbox.pending(approver.tenant)]
-            return self.json({"tenant": approver.tenant, "pending": items})
+            found = inbox.get(approver.tenant, call_id)
+        except RatifierError as exc:
+            return _failure(exc)
+        return _json(found.model_dump(mode="json"))
 
-    @app.page("/approvals/{call_id}")
-    class One(View):
-        async def get(self, request: Request, call_id: str) -> Response:
-            try:
-                approver = approver_from(_token(request), keys)
-                await inbox.catch_up()
-                found = inbox.get(approver.tenant, call_id)
-            except RatifierError as exc:
-                return failure(self, exc)
-            return self.json(found.model_dump(mode="json"))
+    async def decide(request: web.Request) -> web.Response:
+        call_id = request.match_info["call_id"]
+        try:
+            approver = approver_from(_token(request), keys)
+            verdict, reason, arguments = decision_body(await _body_of(request))
+            await inbox.catch_up()
+            found = inbox.get(approver.tenant, call_id)
+            decision = await desk.decide(
+                found, approver=approver, verdict=verdict, reason=reason, arguments=arguments
+            )
+        except RatifierError as exc:
+            return _failure(exc)
+        follow = f"/approvals/{call_id}/decisions/{decision.decision_id}"
+        return _json(published(decision, found, follow), 202)
 
-    @app.page("/approvals/{call_id}/decision")
-    class Decide(View):
-        async def post(self, request: Request, call_id: str) -> Response:
-            try:
-                approver = approver_from(_token(request), keys)
-                verdict, reason, arguments = decision_body(await body_of(request))
-                await inbox.catch_up()
-                found = inbox.get(approver.tenant, call_id)
-                decision = await desk.decide(
-                    found, approver=approver, verdict=verdict, reason=reason, arguments=arguments
-                )
-            except RatifierError as exc:
-                return failure(self, exc)
-            follow = f"/approvals/{call_id}/decisions/{decision.decision_id}"
-            return self.json(published(decision, found, follow), status=202)
-
-    @app.page("/approvals/{call_id}/decisions/{decision_id}")
-    class Verdict(View):
+    async def verdict(request: web.Request) -> web.Response:
         """The approval-join's verdict on one decision (of the approver's tenant)."""
+        call_id, decision_id = request.match_info["call_id"], request.match_info["decision_id"]
+        try:
+            approver = approver_from(_token(request), keys)
+            await inbox.catch_up()
+            answer = await desk.verdict(
+                approver.tenant, call_id, decision_id, outcome=inbox.outcome(call_id)
+            )
+        except RatifierError as exc:
+            return _failure(exc)
+        return _json(answer.to_json())
 
-        async def get(self, request: Request, call_id: str, decision_id: str) -> Response:
-            try:
-                approver = approver_from(_token(request), keys)
-                await inbox.catch_up()
-                answer = await desk.verdict(
-                    approver.tenant, call_id, decision_id, outcome=inbox.outcome(call_id)
-                )
-            except RatifierError as exc:
-                return failure(self, exc)
-            return self.json(answer.to_json())
-
-    @app.page("/confirmations/{call_id}")
-    class Confirmation(View):
+    async def confirmation(request: web.Request) -> web.Response:
         """End-user confirmation: the subject the call acts for (the resource's owner, with
-        the context token the agent runtime issued for them) sees the exact preview and
-        confirms or declines it. Anyone else's request looks absent."""
+        the context token the agent runtime issued for them) sees the exact preview. Anyone
+        else's request looks absent."""
+        call_id = request.match_info["call_id"]
+        try:
+            subject = subject_from(_token(request), keys)
+            await inbox.catch_up()
+            found = inbox.for_subject(subject, call_id)
+        except RatifierError as exc:
+            return _failure(exc)
+        return _json(found.model_dump(mode="json"))
 
-        async def get(self, request: Request, call_id: str) -> Response:
-            try:
-                subject = subject_from(_token(request), keys)
-                await inbox.catch_up()
-                found = inbox.for_subject(subject, call_id)
-            except RatifierError as exc:
-                return failure(self, exc)
-            return self.json(found.model_dump(mode="json"))
+    async def confirm(request: web.Request) -> web.Response:
+        call_id = request.match_info["call_id"]
+        try:
+            subject = subject_from(_token(request), keys)
+            verdict, reason, _ = decision_body(
+                await _body_of(request), allowed=CONFIRMATION_VERDICTS
+            )
+            await inbox.catch_up()
+            found = inbox.for_subject(subject, call_id)
+            decision = await desk.decide(
+                found,
+                approver=subject,
+                verdict=verdict,
+                reason=reason,
+                kind=DecisionKind.CONFIRMATION,
+            )
+        except RatifierError as exc:
+            return _failure(exc)
+        follow = f"/approvals/{call_id}/decisions/{decision.decision_id}"
+        return _json(published(decision, found, follow), 202)
 
-        async def post(self, request: Request, call_id: str) -> Response:
-            try:
-                subject = subject_from(_token(request), keys)
-                verdict, reason, _ = decision_body(
-                    await body_of(request), allowed=CONFIRMATION_VERDICTS
-                )
-                await inbox.catch_up()
-                found = inbox.for_subject(subject, call_id)
-                decision = await desk.decide(
-                    found,
-                    approver=subject,
-                    verdict=verdict,
-                    reason=reason,
-                    kind=DecisionKind.CONFIRMATION,
-                )
-            except RatifierError as exc:
-                return failure(self, exc)
-            follow = f"/approvals/{call_id}/decisions/{decision.decision_id}"
-            return self.json(published(decision, found, follow), status=202)
+    async def close_audit(_app: web.Application) -> None:
+        await audit.close()
 
-    del Pending, One, Decide, Verdict, Confirmation  # registered with the app
-    return audit
+    def mount(app: web.Application) -> None:
+        app.router.add_get("/approvals", pending)
+        app.router.add_get("/approvals/{call_id}", one)
+        app.router.add_post("/approvals/{call_id}/decision", decide)
+        app.router.add_get("/approvals/{call_id}/decisions/{decision_id}", verdict)
+        app.router.add_get("/confirmations/{call_id}", confirmation)
+        app.router.add_post("/confirmations/{call_id}", confirm)
+        app.on_cleanup.append(close_audit)
+
+    return mount

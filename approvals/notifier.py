@@ -56,10 +56,11 @@ from runtime.clients import (
     pg_pool,
     start_kafka_client,
 )
-from runtime.health import Health, serve_health
+from runtime.health import Health
 from runtime.loop import ConsumerLoop, Handled
 from runtime.retry import Stopped, pause, retrying
-from runtime.signals import stop_on_signals
+from runtime.shell import ServiceShell, StartupHook
+from runtime.supervision import SideTask
 from schemas.envelopes import ApprovalRequest, DecisionKind, NotificationDeadLetter
 from schemas.errors import StorageUnavailable
 from schemas.names import DELIVERY_HEADER, NOTIFIER_GROUP, SIGNATURE_HEADER, Topic
@@ -432,61 +433,82 @@ class Notifier:
             self._consumer = consumer
         await self._connect()
 
-    async def run(self, prepare: Callable[[], Awaitable[None]] | None = None) -> None:
-        """Start (retried until the database and the broker answer), then consume and
-        dispatch until stopped."""
+    def shell(
+        self,
+        prepare: Callable[[], Awaitable[None]] | None = None,
+        *,
+        http_port: int = 0,
+        handle_signals: bool = False,
+    ) -> ServiceShell:
+        """This notifier in the runtime's service shell: health at once, the database and
+        the broker waited for (retried, not ready meanwhile), one supervised dispatcher per
+        tenant (a dispatcher that dies stops the process), clients closed last."""
         settings = self._settings
-        dispatchers: list[asyncio.Task[None]] = []
+        shell = ServiceShell(
+            service="notifier",
+            health=self.health,
+            http_host=settings.observability.metrics_host,
+            http_port=http_port,
+            retry_on=DependencyError,
+            handle_signals=handle_signals,
+            stopping=self.stopping,
+        )
+        prepared = False
+
+        async def start() -> None:
+            nonlocal prepared
+            await self._start(None if prepared else prepare)
+            prepared = True
+
+        shell.on_startup.append(StartupHook(name="database and broker", run=start))
+        for tenant in self._directory.tenants:
+            shell.side_tasks.append(
+                SideTask(name=f"notify-{tenant}", run=partial(self._tenant_dispatcher, tenant))
+            )
+        shell.on_shutdown.append(self._close_clients)
+        return shell
+
+    async def consume(self, stop: asyncio.Event) -> None:
+        """The shell's main: the consumer loop until ``stop`` is set."""
+        settings = self._settings
+        assert self._consumer is not None
+        loop = self._loop = ConsumerLoop(
+            settings,
+            self._consumer,
+            self._producer,
+            stage="notify",
+            group=settings.group(NOTIFIER_GROUP),
+            handle=self._enqueue,
+            answers=None,
+            retry_on=(StorageUnavailable,),
+            poll_ms=500,
+            health=self.health,
+        )
+        log.info(
+            "notifier started on %s for %d tenant(s)",
+            settings.topic(Topic.APPROVALS_REQUESTED),
+            len(self._directory.tenants),
+        )
+        stopper = asyncio.create_task(stop.wait())
+        stopper.add_done_callback(lambda _done: loop.stop())
         try:
-            prepared = False
-
-            async def start() -> None:
-                nonlocal prepared
-                await self._start(None if prepared else prepare)
-                prepared = True
-
-            await retrying(
-                start, retry_on=DependencyError, what="notifier start", stop=self.stopping
-            )
-            assert self._consumer is not None
-            loop = self._loop = ConsumerLoop(
-                settings,
-                self._consumer,
-                self._producer,
-                stage="notify",
-                group=settings.group(NOTIFIER_GROUP),
-                handle=self._enqueue,
-                answers=None,
-                retry_on=(StorageUnavailable,),
-                poll_ms=500,
-                health=self.health,
-            )
-            if self.stopping.is_set():
-                loop.stop()
-            dispatchers = [
-                asyncio.create_task(self._tenant_dispatcher(t), name=f"notify-{t}")
-                for t in self._directory.tenants
-            ]
-            log.info(
-                "notifier started on %s for %d tenant(s)",
-                settings.topic(Topic.APPROVALS_REQUESTED),
-                len(dispatchers),
-            )
             await loop.run()
         finally:
-            self.stopping.set()
-            for task in dispatchers:
-                task.cancel()
-            for task in dispatchers:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-            if self._session is not None:
-                await self._session.close()
-            await self._drop_pool()
-            if self._consumer is not None:
-                await self._consumer.stop()
-            if self._producer is not None:
-                await self._producer.stop()
+            stopper.cancel()
+
+    async def _close_clients(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+        await self._drop_pool()
+        if self._consumer is not None:
+            await self._consumer.stop()
+        if self._producer is not None:
+            await self._producer.stop()
+
+    async def run(self, prepare: Callable[[], Awaitable[None]] | None = None) -> int:
+        """Start (retried until the database and the broker answer), then consume and
+        dispatch until stopped; the exit code."""
+        return await self.shell(prepare).run(self.consume)
 
 
 async def run_notifier(
@@ -494,17 +516,11 @@ async def run_notifier(
     directory: Directory,
     *,
     prepare: Callable[[], Awaitable[None]] | None = None,
-) -> None:
+) -> int:
     """Serve health at once; start (retried until the database and the broker answer); run
-    until SIGTERM / SIGINT."""
+    until SIGTERM / SIGINT; the exit code."""
     notifier = Notifier(settings, directory)
-    stop_on_signals(notifier.stop)
-    close = await serve_health(
-        settings.observability.metrics_host, settings.notifications.metrics_port, notifier.health
+    shell = notifier.shell(
+        prepare, http_port=settings.notifications.metrics_port, handle_signals=True
     )
-    try:
-        await notifier.run(prepare)
-    except Stopped:
-        log.info("notifier stopped before it connected")
-    finally:
-        await close()
+    return await shell.run(notifier.consume)

@@ -15,13 +15,13 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from functools import partial
 from typing import Any
 
 import psycopg
-from aiokafka import ConsumerRecord
+from aiokafka import AIOKafkaConsumer, ConsumerRecord
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from audit.masking import Masker, TokenVerifier
@@ -30,14 +30,17 @@ from commands.catalog import Catalog
 from commands.sql import named_query
 from config.settings import Settings
 from runtime.clients import database_conninfo, kafka_consumer, pg_pool
-from runtime.health import Health, serve_health
+from runtime.health import Health
 from runtime.identity import context_keys, verify_context_token
 from runtime.loop import ConsumerLoop, Handled
-from runtime.signals import stop_on_signals
+from runtime.shell import UNAVAILABLE, ServiceShell, StartupHook
 from schemas.envelopes import Actor
 from schemas.errors import RatifierError
 from schemas.names import AUDIT_SINK_GROUP, Topic
 from telemetry.metrics import count_records
+
+# How long one start-up attempt waits for PostgreSQL before the shell's backoff retries it.
+CONNECT_TIMEOUT_SECONDS = 10.0
 
 log = logging.getLogger("ratifier.audit")
 
@@ -91,6 +94,8 @@ class AuditSink:
         self.written = 0  # rows inserted by this process
         self.seen = 0  # records consumed (duplicates of earlier deliveries included)
         self._loop: ConsumerLoop | None = None
+        self._pool: AsyncConnectionPool[Any] | None = None
+        self._consumer: AIOKafkaConsumer | None = None
         self._reported = time.monotonic()
         self.health = Health.of("audit-sink", settings)
 
@@ -155,39 +160,91 @@ class AuditSink:
             self._progress()
         return [Handled(observe=False)] * len(records)
 
-    async def run(self) -> None:
+    def shell(
+        self,
+        prepare: Callable[[], Awaitable[None]] | None = None,
+        *,
+        http_port: int = 0,
+        handle_signals: bool = False,
+    ) -> ServiceShell:
+        """This sink in the runtime's service shell: health at once, the database and the
+        broker waited for (retried, not ready meanwhile), clients closed last."""
+        shell = ServiceShell(
+            service="audit-sink",
+            health=self.health,
+            http_host=self._settings.observability.metrics_host,
+            http_port=http_port,
+            retry_on=(*UNAVAILABLE, psycopg.OperationalError, PoolTimeout),
+            handle_signals=handle_signals,
+            stopping=self._stopping,
+        )
+        if prepare is not None:
+            shell.on_startup.append(StartupHook(name="schema and topics", run=prepare))
+        shell.on_startup.append(StartupHook(name="database and broker", run=self._connect))
+        shell.on_shutdown.append(self._close)
+        return shell
+
+    async def _connect(self) -> None:
         settings = self._settings
-        topics = [settings.topic(t) for t in AUDITED_TOPICS]
+        if self._pool is None:
+            pool = pg_pool(database_conninfo(settings), max_size=2)
+            try:
+                await pool.open(wait=True, timeout=CONNECT_TIMEOUT_SECONDS)
+            except BaseException:
+                await pool.close()
+                raise
+            self._pool = pool
+        if self._consumer is None:
+            topics = [settings.topic(t) for t in AUDITED_TOPICS]
+            group = settings.group(AUDIT_SINK_GROUP)
+            consumer = kafka_consumer(settings, *topics, group=group, max_poll_records=500)
+            try:
+                await consumer.start()
+            except BaseException:
+                await consumer.stop()
+                raise
+            self._consumer = consumer
+
+    async def consume(self, stop: asyncio.Event) -> None:
+        """The shell's main: the consumer loop until ``stop`` is set."""
+        settings = self._settings
+        assert self._pool is not None
+        assert self._consumer is not None
         group = settings.group(AUDIT_SINK_GROUP)
-        consumer = kafka_consumer(settings, *topics, group=group, max_poll_records=500)
-        pool = pg_pool(database_conninfo(settings), max_size=2)
         loop = self._loop = ConsumerLoop(
             settings,
-            consumer,
+            self._consumer,
             None,
             stage="audit",
             group=group,
-            handle=partial(self._handle, pool),
+            handle=partial(self._handle, self._pool),
             retry_on=(psycopg.OperationalError, PoolTimeout),
             poll_ms=500,
             max_records=500,
             health=self.health,
         )
-        if self._stopping.is_set():
-            loop.stop()
+        log.info(
+            "audit sink started on %d topics under prefix %r",
+            len(AUDITED_TOPICS),
+            settings.topic_prefix,
+        )
+        stopper = asyncio.create_task(stop.wait())
+        stopper.add_done_callback(lambda _done: loop.stop())
         try:
-            await pool.open(wait=True, timeout=30)
-            await consumer.start()
-            log.info(
-                "audit sink started on %d topics under prefix %r",
-                len(topics),
-                settings.topic_prefix,
-            )
             await loop.run()
         finally:
-            self._progress(final=True)
-            await consumer.stop()
-            await pool.close()
+            stopper.cancel()
+
+    async def _close(self) -> None:
+        self._progress(final=True)
+        if self._consumer is not None:
+            await self._consumer.stop()
+        if self._pool is not None:
+            await self._pool.close()
+
+    async def run(self) -> int:
+        """Connect (retried), consume until stopped, close; the exit code."""
+        return await self.shell().run(self.consume)
 
     def _progress(self, *, final: bool = False) -> None:
         log.info(
@@ -199,20 +256,12 @@ class AuditSink:
         )
 
 
-def run_audit_sink(settings: Settings, catalog: Catalog) -> None:
+def run_audit_sink(
+    settings: Settings, catalog: Catalog, prepare: Callable[[], Awaitable[None]] | None = None
+) -> int:
     masker = Masker.for_catalog(catalog, salt=settings.audit_salt, verify=token_verifier(settings))
     sink = AuditSink(settings, masker)
-
-    async def main() -> None:
-        stop_on_signals(sink.stop)
-        close_metrics = await serve_health(
-            settings.observability.metrics_host,
-            settings.observability.audit_metrics_port,
-            sink.health,
-        )
-        try:
-            await sink.run()
-        finally:
-            await close_metrics()
-
-    asyncio.run(main())
+    shell = sink.shell(
+        prepare, http_port=settings.observability.audit_metrics_port, handle_signals=True
+    )
+    return asyncio.run(shell.run(sink.consume))

@@ -41,10 +41,10 @@ from feeds.freezes import FleetFreezes
 from feeds.policies import PolicyFeed
 from runtime.clients import database_conninfo, kafka_consumer, kafka_producer, pg_pool, redis_client
 from runtime.emit import Emit
-from runtime.health import Health, connect_retrying, serve_health
+from runtime.health import Health
 from runtime.loop import ConsumerLoop, Handled, by_key
 from runtime.retry import Stopped, retrying
-from runtime.signals import stop_on_signals
+from runtime.shell import ServiceShell, StartupHook
 from runtime.supervision import SideTask, Supervisor
 from schemas.envelopes import CommittedCommand, Outcome, Stage
 from schemas.errors import StorageUnavailable
@@ -54,6 +54,8 @@ from telemetry.tracing import new_trace_id, traceparent_of, tracer_from
 log = logging.getLogger("ratifier.executor")
 
 POOL_SIZE = 8
+# How long a stop waits for the current batch (group commits, outcomes acknowledged).
+STOP_GRACE_SECONDS = 15.0
 
 # The claims a command may run under in a group: its own, or none to be had (Redis away or
 # the fast path off: the ledger decides alone). Busy, done and conflict are answered alone.
@@ -522,23 +524,28 @@ def run_executor(
             await prepare()
         await policies.catch_up()
 
-    async def main() -> None:
-        stop_on_signals(service.stop)
-        close = await serve_health(
-            settings.observability.metrics_host,
-            settings.observability.executor_metrics_port,
-            service.health,
-        )
-        try:
-            await connect_retrying(start, service.health, what="kafka", stop=service.stopping)
-            await service.run()
-        except Stopped:
-            log.info("executor stopped before it connected")
-        finally:
-            await close()
+    shell = ServiceShell(
+        service="executor",
+        health=service.health,
+        http_host=settings.observability.metrics_host,
+        http_port=settings.observability.executor_metrics_port,
+        stopping=service.stopping,
+        handle_signals=True,
+        # A batch's group commits finish and their outcomes are acknowledged before it exits.
+        grace_seconds=STOP_GRACE_SECONDS,
+    )
+    shell.on_startup.append(StartupHook(name="kafka", run=start))
 
-    asyncio.run(main())
+    async def consume(stop: asyncio.Event) -> None:
+        stopper = asyncio.create_task(stop.wait())
+        stopper.add_done_callback(lambda _done: service.stop())
+        try:
+            await service.run()
+        finally:
+            stopper.cancel()
+
+    code = asyncio.run(shell.run(consume))
     if service.failure is not None:
         log.error("executor stopped: %s", service.failure)
         return 1
-    return 0
+    return code

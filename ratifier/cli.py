@@ -64,25 +64,56 @@ def cmd_token(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_streams(settings: Settings, _args: argparse.Namespace) -> int:
-    import faust
-
+def cmd_approval_join(settings: Settings, _args: argparse.Namespace) -> int:
+    """The approval-join, the one process that hosts faust (streams/app.py)."""
     from commands.catalog import load_catalog
     from feeds.policies import PolicyFeed, local_policies
     from ratifier.migrate import require_current_schema
     from ratifier.topics import ensure_topics
-    from streams.app import create_app
+    from streams.app import create_app, run_worker
 
     require_current_schema(database_conninfo(settings), catalog=settings.catalog)
     asyncio.run(ensure_topics(settings))
     feed = PolicyFeed(settings, local_policies(settings))
     asyncio.run(feed.catch_up())  # start on the newest published policy set
-    app = create_app(settings, catalog=load_catalog(settings.catalog), feed=feed)
-    worker = faust.Worker(app, loglevel=settings.observability.log_level.upper(), quiet=True)
-    # The terminal spinner sets the root logger to DEBUG so that every log call spins it:
-    # each produced and consumed record then builds a DEBUG LogRecord (~7 % of a stage's CPU).
-    worker.spinner = None
-    worker.execute_from_commandline()  # runs until a signal stops it, then exits
+    run_worker(create_app(settings, catalog=load_catalog(settings.catalog), feed=feed), settings)
+    return 0
+
+
+def cmd_stages(settings: Settings, _args: argparse.Namespace) -> int:
+    """The stateless stages and the approval HTTP API, on the runtime (no faust)."""
+    from commands.catalog import load_catalog
+    from feeds.policies import PolicyFeed, local_policies
+    from ratifier.migrate import require_current_schema
+    from ratifier.topics import ensure_topics
+    from runtime.shell import StartupHook
+    from streams.stages_service import run_stages
+
+    async def prepare() -> None:
+        await asyncio.to_thread(
+            require_current_schema, database_conninfo(settings), catalog=settings.catalog
+        )
+        await ensure_topics(settings)
+
+    feed = PolicyFeed(settings, local_policies(settings))
+    hook = StartupHook(name="schema and topics", run=prepare)
+    return asyncio.run(
+        run_stages(settings, catalog=load_catalog(settings.catalog), feed=feed, prepare=hook)
+    )
+
+
+def cmd_streams(settings: Settings, _args: argparse.Namespace) -> int:
+    """`ratifier stages` and `ratifier approval-join` as two child processes (one runtime
+    each), for one host; the stages serve the HTTP port, the join none."""
+    from ratifier.processes import run_together
+
+    return run_together(
+        {
+            "stages": ["stages"],
+            "approval-join": ["approval-join"],
+        },
+        env={"approval-join": {"RATIFIER_STREAMS__HTTP_PORT": "0"}},
+    )
 
 
 def cmd_executor(settings: Settings, args: argparse.Namespace) -> int:
@@ -313,8 +344,7 @@ def cmd_notifier(settings: Settings, args: argparse.Namespace) -> int:
 
     # A bad endpoints file (or a secret that is not set) stops the start: no unsigned sends.
     directory = load_directory(settings.notifications.endpoints_file)
-    asyncio.run(run_notifier(settings, directory, prepare=prepare))
-    return 0
+    return asyncio.run(run_notifier(settings, directory, prepare=prepare))
 
 
 def cmd_ops(settings: Settings, args: argparse.Namespace) -> int:
@@ -362,10 +392,14 @@ def cmd_audit(settings: Settings, args: argparse.Namespace) -> int:
         from ratifier.migrate import require_current_schema
         from ratifier.topics import ensure_topics
 
-        require_current_schema(database_conninfo(settings), catalog=settings.catalog)
-        asyncio.run(ensure_topics(settings))
-        run_audit_sink(settings, load_catalog(settings.catalog))
-        return 0
+        async def prepare() -> None:
+            await asyncio.to_thread(
+                require_current_schema, database_conninfo(settings), catalog=settings.catalog
+            )
+            await ensure_topics(settings)
+
+        # The schema check and topics wait for PostgreSQL and the broker (runtime/shell.py).
+        return run_audit_sink(settings, load_catalog(settings.catalog), prepare)
     from audit.show import show_call
 
     return show_call(
@@ -490,8 +524,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("topics", help="create all topics (idempotent)").set_defaults(func=cmd_topics)
     sub.add_parser("migrate", help="apply database migrations").set_defaults(func=cmd_migrate)
     sub.add_parser(
-        "streams", help="run the faust worker (validator, authorizer, approval-join)"
+        "streams", help="run `stages` and `approval-join` together (two processes, one host)"
     ).set_defaults(func=cmd_streams)
+    sub.add_parser(
+        "stages", help="run the validator and authorizer, and the approval HTTP API"
+    ).set_defaults(func=cmd_stages)
+    sub.add_parser("approval-join", help="run the approval-join (the faust worker)").set_defaults(
+        func=cmd_approval_join
+    )
     sub.add_parser("executor", help="run an executor process").set_defaults(func=cmd_executor)
     token = sub.add_parser("token", help="issue a local context token (HS256)")
     token.add_argument("--tenant", required=True)
@@ -720,14 +760,14 @@ def main(argv: Sequence[str] | None = None, *, crash_points: CrashPoints = NO_CR
     except RatifierError as exc:
         print(f"ratifier {args.command}: {exc.safe_message}", file=sys.stderr)
         return 2
-    if args.command != "streams":  # faust configures its own logging
+    if args.command != "approval-join":  # faust configures its own logging
         _setup_logging(settings)
     if settings.development_mode and _needs_keys(args):
         warning = (
             f"development mode is on ({DEVELOPMENT_MODE_ENV}): built-in, publicly known keys "
             "are accepted; never run a deployment like this"
         )
-        if args.command == "streams":  # its logging is not set up yet
+        if args.command == "approval-join":  # its logging is not set up yet
             print(f"WARNING ratifier: {warning}", file=sys.stderr, flush=True)
         else:
             log.warning(warning)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -93,3 +94,65 @@ def wait_for_log(worker: WorkerProcess, needle: str, timeout: float) -> bool:
             return False
         time.sleep(0.1)
     return False
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    """The child gets SIGKILL when its parent dies (Linux), so a launcher killed with -9
+    takes its processes with it, as one process would have gone."""
+    pr_set_pdeathsig = 1
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
+def run_together(
+    commands: Mapping[str, list[str]],
+    *,
+    env: Mapping[str, Mapping[str, str]] | None = None,
+    grace_seconds: float = 30.0,
+) -> int:
+    """Run ``ratifier <args…>`` for each of ``commands`` as child processes sharing this
+    process's output; SIGTERM/SIGINT are passed on; when one child ends, the others are
+    stopped (SIGTERM, then SIGKILL after ``grace_seconds``). The first child's exit code that
+    is not 0, else 0."""
+    children: dict[str, subprocess.Popen[bytes]] = {}
+    stopping = False
+
+    def stop_all(*_args: object) -> None:
+        nonlocal stopping
+        stopping = True
+        for child in children.values():
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+
+    previous = {sig: signal.signal(sig, stop_all) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        for name, args in commands.items():
+            children[name] = subprocess.Popen(  # noqa: S603 - our own interpreter and module
+                [sys.executable, "-m", "ratifier.cli", *args],
+                env={**os.environ, **((env or {}).get(name) or {})},
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None,  # noqa: PLW1509
+            )
+        code = 0
+        while children:
+            for name, child in list(children.items()):
+                returned = child.poll()
+                if returned is None:
+                    continue
+                del children[name]
+                if returned != 0 and code == 0:
+                    code = returned
+                if not stopping:
+                    print(f"ratifier streams: {name} exited ({returned}); stopping the rest")
+                    stop_all()
+            time.sleep(0.2)
+            if stopping:
+                deadline = time.monotonic() + grace_seconds
+                for child in children.values():
+                    try:
+                        child.wait(timeout=max(0.0, deadline - time.monotonic()))
+                    except subprocess.TimeoutExpired:
+                        child.kill()
+        return code
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -1,9 +1,10 @@
-"""The streams worker: the approval-join as a faust app (its changelog-backed table is why
-faust is here), and the stateless stages, validator and authorizer, on the runtime's
-consumer loop in the same process (streams/stateless.py).
+"""`ratifier approval-join`: the approval-join as a faust app, and nothing else (its
+changelog-backed table is why faust is here). The stateless stages run in `ratifier stages`
+(streams/stages_service.py), the approval HTTP API there too; this process serves its health
+and metrics on the runtime's HTTP server (runtime/health.py), not on faust's web server.
 
-Both are at-least-once: outputs are acknowledged before offsets are committed, and every
-stage is idempotent by `call_id`, so a redelivered record is harmless.
+At-least-once: outputs are acknowledged before offsets are committed, and the join is
+idempotent by `call_id`, so a redelivered record is harmless.
 """
 
 from __future__ import annotations
@@ -18,10 +19,7 @@ from aiokafka.errors import KafkaError
 from faust.auth import OAuthCredentials, SASLCredentials, SSLCredentials
 from faust.types.auth import CredentialsT as Credentials
 
-from approvals.http import install_approval_api
-from approvals.inbox import ApprovalInbox
 from commands.catalog import Catalog
-from commands.validate import Limits
 from config.settings import KafkaConnection, Settings
 from feeds.freezes import FleetFreezes
 from feeds.policies import PolicyFeed
@@ -33,20 +31,17 @@ from runtime.clients import (
     kafka_ssl_context,
     token_provider,
 )
-from runtime.health import Health
+from runtime.health import Health, serve_health
 from runtime.identity import context_keys
 from runtime.retry import retrying
-from schemas.errors import ConfigurationError
 from schemas.names import STREAMS_APP_ID, Topic
-from schemas.vocabulary import StreamStage
 from streams.approval_join import install_approval_join
-from streams.budget_view import BudgetView
+from streams.faust_patches import install_faust_patches
 from streams.observe import StageObserver
-from streams.offsets import install_rewind_fix
 from streams.publisher import StagePublisher, stage_replies
-from streams.stateless import StatelessStages
+from streams.stages_service import known_stages, limits_from
 from streams.storage import StreamStorage
-from telemetry.metrics import metrics_body, refresh_consumer_lag
+from telemetry.metrics import refresh_consumer_lag
 from telemetry.tracing import tracer_from
 
 log = logging.getLogger("ratifier.streams")
@@ -54,17 +49,7 @@ log = logging.getLogger("ratifier.streams")
 # How the benchmark's faust identity hop batches (bench/faust_identity.py, the T1 baseline).
 BATCH_MAX = 500
 BATCH_WITHIN = 0.005  # seconds a partial batch waits for more records
-STAGES = frozenset(StreamStage)
 LAG_REFRESH_SECONDS = 5.0
-
-
-def limits_from(settings: Settings) -> Limits:
-    return Limits(
-        max_record_bytes=settings.limits.max_record_bytes,
-        max_nesting_depth=settings.limits.max_nesting_depth,
-        max_string_length=settings.limits.max_string_length,
-        reply_namespace=settings.reply_namespace,
-    )
 
 
 def broker_credentials(connection: KafkaConnection) -> Credentials | None:
@@ -117,17 +102,16 @@ def faust_settings(settings: Settings) -> dict[str, Any]:
 def create_app(
     settings: Settings, *, catalog: Catalog, feed: PolicyFeed, **faust_options: Any
 ) -> faust.App:
-    """A faust app with the validator, authorizer and approval-join agents."""
-    install_rewind_fix()
+    """A faust app with the approval-join agent, its table and timer, and nothing else."""
+    install_faust_patches()
     app = faust.App(
         settings.group(STREAMS_APP_ID),
         **faust_settings(settings),
         # Approval state is recovered from the changelog by the partition's new owner; no
         # standby copies, so a worker's timer only ever sees partitions it owns.
         table_standby_replicas=0,
-        web_enabled=settings.streams.http_port > 0,
-        web_port=settings.streams.http_port or 6066,
-        web_bind=settings.observability.metrics_host,
+        # Health and metrics are served by the runtime's HTTP server (below), not faust's.
+        web_enabled=False,
         **faust_options,
     )
     limits = limits_from(settings)
@@ -138,33 +122,24 @@ def create_app(
         for t in Topic
     }
 
-    health = Health.of("streams", settings)
+    health = Health.of("approval-join", settings)
     observer = StageObserver(tracer_from(settings, service="streams"))
     replies, reply_producer = stage_replies(settings)
     publisher = StagePublisher(topics, replies=replies)
-
-    stages = settings.streams.stages
-    unknown = stages - STAGES
-    if unknown:
-        raise ConfigurationError(
-            f"unknown stream stages {sorted(unknown)}; known: {sorted(STAGES)}"
-        )
-    # The kill switch (commands/freezes.py): the stages admit calls once the view is caught up.
+    known_stages(settings)
+    # The kill switch (commands/freezes.py): a frozen scope ends a call instead of committing.
     freezes = FleetFreezes(settings)
     freezes_ready = asyncio.Event()
-    stateless = StatelessStages(
-        settings,
-        stages=stages,
-        catalog=catalog,
-        feed=feed,
-        keys=keys,
-        limits=limits,
-        fetch_many=storage.fetch_many,
-        tracer=observer.tracer,
-        freezes=freezes,
-        operations=storage.operations_seen,
-        budgets=BudgetView(storage.budget_windows).with_budgets,
-    )
+    closers: list[Any] = []
+
+    async def serve_health_pages() -> None:
+        closers.append(
+            await serve_health(
+                settings.observability.metrics_host, settings.streams.http_port, health
+            )
+        )
+
+    app.task(serve_health_pages)
 
     async def follow_freezes() -> None:
         await retrying(
@@ -172,12 +147,6 @@ def create_app(
         )
 
     app.task(follow_freezes)
-
-    async def run_stateless_stages() -> None:
-        await freezes_ready.wait()
-        await stateless.run()
-
-    app.task(run_stateless_stages)
 
     async def follow_policies() -> None:
         await feed.follow()
@@ -198,57 +167,36 @@ def create_app(
 
     del refresh_lag  # registered with the app
 
-    if settings.streams.http_port > 0:
-        inbox = ApprovalInbox(settings)
-        approval_audit = install_approval_api(
-            app, settings, inbox=inbox, keys=keys, catalog=catalog
-        )
+    install_approval_join(
+        app,
+        settings,
+        topics=topics,
+        catalog=catalog,
+        feed=feed,
+        storage=storage,
+        keys=keys,
+        limits=limits,
+        publish=publisher.publish,
+        observer=observer,
+        freezes=freezes,
+    )
 
-        @app.page("/healthz")
-        async def healthz(view: Any, _request: Any) -> Any:
-            alive, body = health.liveness()
-            return view.json(body, status=200 if alive else 503)
-
-        @app.page("/readyz")
-        async def readyz(view: Any, _request: Any) -> Any:
-            ready, body = health.readiness()
-            return view.json(body, status=200 if ready else 503)
-
-        del healthz, readyz  # registered with the app
-
-        @app.page("/metrics")
-        async def metrics(view: Any, _request: Any) -> Any:
-            body, content_type = metrics_body()
-            return view.bytes(body, headers={"Content-Type": content_type})
-
-        del metrics  # registered with the app
-
-        async def _close_inbox(_app: Any, /, *_args: Any, signal: Any, **_kwargs: Any) -> None:
-            await inbox.close()
-            await approval_audit.close()
-
-        app.on_before_shutdown.connect(_close_inbox)
-    if StreamStage.APPROVAL_JOIN in stages:
-        install_approval_join(
-            app,
-            settings,
-            topics=topics,
-            catalog=catalog,
-            feed=feed,
-            storage=storage,
-            keys=keys,
-            limits=limits,
-            publish=publisher.publish,
-            observer=observer,
-            freezes=freezes,
-        )
-
-    async def _close_store(_app: Any, /, *_args: Any, signal: Any, **_kwargs: Any) -> None:
-        await stateless.stopped(grace_seconds=10.0)
+    async def _close(_app: Any, /, *_args: Any, signal: Any, **_kwargs: Any) -> None:
         await storage.close()
         await reply_producer.stop()
         observer.tracer.shutdown()
+        for close in reversed(closers):
+            await close()
 
-    app.on_before_shutdown.connect(_close_store)
+    app.on_before_shutdown.connect(_close)
 
     return app
+
+
+def run_worker(app: faust.App, settings: Settings) -> None:
+    """Run ``app`` in a faust worker until a signal stops it (faust's own signal handling)."""
+    worker = faust.Worker(app, loglevel=settings.observability.log_level.upper(), quiet=True)
+    # The terminal spinner sets the root logger to DEBUG so that every log call spins it:
+    # each produced and consumed record then builds a DEBUG LogRecord (~7 % of a stage's CPU).
+    worker.spinner = None
+    worker.execute_from_commandline()

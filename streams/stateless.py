@@ -34,6 +34,7 @@ from config.settings import Settings
 from feeds.policies import PolicyFeed
 from runtime.clients import kafka_admin, kafka_consumer, kafka_producer, redis_client
 from runtime.emit import Emit
+from runtime.health import Health
 from runtime.identity import ContextKeys
 from runtime.loop import Consumed, ConsumerLoop, Handled, position_of, text_key
 from runtime.retry import retrying
@@ -185,8 +186,10 @@ class StatelessStages:
         freezes: FreezeSource | None = None,
         operations: OperationsSeen | None = None,
         budgets: BudgetsFetch | None = None,
+        health: Health | None = None,
     ) -> None:
         self._settings = settings
+        self._health = health
         self._tracer = tracer
         self._specs = [s for s in SPECS if s.name in stages]
         # Fleet admission (streams/admission.py), shared through Redis by every validator.
@@ -215,6 +218,11 @@ class StatelessStages:
         self._loops: list[ConsumerLoop] = []
         self._stopping = asyncio.Event()
         self.finished = asyncio.Event()  # the loops ended and the clients are closed
+
+    @property
+    def stages(self) -> tuple[StreamStage, ...]:
+        """The stages this process runs (none: it serves only the approval API)."""
+        return tuple(s.name for s in self._specs)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -271,6 +279,7 @@ class StatelessStages:
                     retry_on=(StorageUnavailable,),
                     max_records=BATCH_MAX,
                     poll_ms=100,
+                    health=self._health,
                 )
             )
         if self._stopping.is_set():

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from ratifier.processes import wait_for_log
 from ratifier.topics import delete_topics
 from schemas.names import Topic
 from tests.e2e.approvals_kit import committed, decide, propose, terminal_outcomes, token
@@ -73,4 +74,31 @@ def test_restart_and_rebalance_keep_pending_approvals(own_pipeline: Pipeline) ->
         for r in run(read_to_end(pipeline.settings, [Topic.APPROVALS_REQUESTED]))
     )
     assert {c: requests[c] for c in ids} == dict.fromkeys(ids, 1)
+    assert pipeline.alive()
+
+
+def test_decisions_published_while_the_join_restarts_are_all_handled(
+    own_pipeline: Pipeline,
+) -> None:
+    """The reproduction of the lost decision (docs/reliability.md): decisions published from
+    the moment a new join process starts, through its group join, changelog recovery and the
+    seek to its committed offsets (faust's on_recovery_completed), are each handled once."""
+    pipeline = own_pipeline
+    requests = propose(pipeline, n=12)
+    ids = {r["call_id"] for r in requests}
+    pipeline.stop_worker("streams")
+    boss = token(pipeline.settings, "boss")
+    worker = pipeline.start("streams", "streams-restarted", RATIFIER_STREAMS__HTTP_PORT="0")
+    # Four before the new join has its partitions, four once its table is restored (the seek
+    # to the committed offsets follows at once), four once it is ready.
+    for n, request in enumerate(requests):
+        if n == 4:
+            assert wait_for_log(worker, "Restore complete!", timeout=60), worker.log_tail()
+        if n == 8:
+            assert wait_for_log(worker, "Worker ready", timeout=60), worker.log_tail()
+        decide(pipeline, request, boss)
+    outcomes = terminal_outcomes(pipeline, ids, timeout=90)
+    assert {c: [o["status"] for o in found] for c, found in outcomes.items()} == {
+        c: ["succeeded"] for c in ids
+    }
     assert pipeline.alive()

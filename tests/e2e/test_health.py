@@ -1,10 +1,14 @@
 """`/healthz` and `/readyz` of running workers (runtime/health.py): the executor and the
 streams worker are alive and become ready once they joined their groups; an executor whose
-broker cannot be reached is alive and not ready, and says why."""
+broker cannot be reached is alive and not ready, and says why; a worker in the service shell
+(runtime/shell.py) started while its broker is unreachable waits, then serves."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -62,9 +66,10 @@ def probed(signing_keys: SigningKeys) -> Iterator[tuple[Pipeline, int]]:
 
 def test_executor_and_streams_worker_are_alive_and_ready(probed: tuple[Pipeline, int]) -> None:
     pipeline, executor_port = probed
-    for name, base in (
-        ("executor", f"http://127.0.0.1:{executor_port}"),
-        ("streams", f"http://127.0.0.1:{pipeline.http_port}"),
+    for name, service, base in (
+        ("executor", "executor", f"http://127.0.0.1:{executor_port}"),
+        # `ratifier streams` runs `stages` (which serves this port) and `approval-join`.
+        ("streams", "stages", f"http://127.0.0.1:{pipeline.http_port}"),
     ):
         worker = pipeline.worker(name)
 
@@ -72,7 +77,7 @@ def test_executor_and_streams_worker_are_alive_and_ready(probed: tuple[Pipeline,
             return worker.process.poll() is None
 
         status, alive = probe(f"{base}/healthz")
-        assert status == 200 and alive["alive"] is True and alive["service"] == name, alive
+        assert status == 200 and alive["alive"] is True and alive["service"] == service, alive
         status, ready = wait_probe(
             f"{base}/readyz", lambda status, _body: status == 200, running, timeout=60
         )
@@ -116,3 +121,90 @@ def test_an_executor_without_a_broker_is_alive_and_not_ready(
     )
     assert status == 503 and running()
     assert "Unable to bootstrap" in worker.log_tail(200) or "unavailable" in worker.log_tail(200)
+
+
+class Forwarder:
+    """A TCP forwarder from a private port to the broker, opened when the test says so: a
+    broker that is unreachable at a worker's start and reachable later."""
+
+    def __init__(self, port: int, target: tuple[str, int]) -> None:
+        self.port = port
+        self.target = target
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.server: asyncio.Server | None = None
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError):
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        writer.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            upstream_reader, upstream_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            writer.close()
+            return
+        await asyncio.gather(
+            self._pipe(reader, upstream_writer), self._pipe(upstream_reader, writer)
+        )
+
+    def open(self) -> None:
+        async def start() -> None:
+            self.server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+
+        self.thread.start()
+        asyncio.run_coroutine_threadsafe(start(), self.loop).result(timeout=10)
+
+    def close(self) -> None:
+        if self.thread.is_alive():
+
+            async def stop() -> None:
+                if self.server is not None:
+                    self.server.close()
+                    await self.server.wait_closed()
+
+            asyncio.run_coroutine_threadsafe(stop(), self.loop).result(timeout=10)
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout=10)
+        self.loop.close()
+
+
+def test_a_stages_worker_started_while_the_broker_is_unreachable_waits_then_serves(
+    probed: tuple[Pipeline, int],
+) -> None:
+    pipeline, _ = probed
+    host, _, port = pipeline.settings.kafka_bootstrap.partition(":")
+    broker_port, http_port = free_port(), free_port()
+    forwarder = Forwarder(broker_port, (host, int(port)))
+    worker = pipeline.start(
+        "stages",
+        "stages-late-broker",
+        RATIFIER_KAFKA__BOOTSTRAP=f"127.0.0.1:{broker_port}",  # nothing listens there yet
+        RATIFIER_STREAMS__HTTP_PORT=str(http_port),
+    )
+    base = f"http://127.0.0.1:{http_port}"
+
+    def running() -> bool:
+        return worker.process.poll() is None
+
+    try:
+        status, waiting = wait_probe(
+            f"{base}/readyz",
+            lambda _status, body: "schema and topics" in str(body.get("why", "")),
+            running,
+            timeout=60,
+        )
+        assert status == 503 and waiting["ready"] is False, waiting
+        assert probe(f"{base}/healthz")[0] == 200
+        forwarder.open()
+        status, ready = wait_probe(
+            f"{base}/readyz", lambda status, _body: status == 200, running, timeout=90
+        )
+        assert ready["ready"] is True and ready["partitions"] >= 1, ready
+        assert "waits for schema and topics" in worker.log_tail(400)
+    finally:
+        pipeline.stop_worker("stages-late-broker")
+        forwarder.close()

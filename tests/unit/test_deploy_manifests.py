@@ -107,7 +107,7 @@ def test_one_deployment_per_stage_with_probes_on_its_port(rendered: list[Resourc
         assert requests["cpu"] and requests["memory"], deployment["metadata"]["name"]
         assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"]
         env = {e["name"]: e.get("value") for e in container.get("env", [])}
-        if container["args"] == ["streams"]:
+        if container["args"] in (["stages"], ["approval-join"]):
             stages.add(env["RATIFIER_STREAMS__STAGES"])
     assert stages == Settings().streams.stages
 
@@ -290,7 +290,7 @@ def test_compose_needs_the_generated_secrets() -> None:
     compose: dict[str, Any] = yaml.safe_load((REPO / "deploy" / "compose.yaml").read_text())
     text = (REPO / "deploy" / "compose.yaml").read_text()
     assert "CONTEXT__SECRET" not in text and "AUDIT_SALT" not in text
-    for name in ("streams", "executor", "reconciler", "audit-sink", "dashboard"):
+    for name in ("stages", "approval-join", "executor", "reconciler", "audit-sink", "dashboard"):
         service = compose["services"][name]
         (env_file,) = service["env_file"]
         assert env_file == {"path": "./secrets/ratifier.env", "required": True}, name
@@ -353,7 +353,8 @@ def test_compose_runs_every_stage_after_the_migration() -> None:
     services = compose["services"]
     commands = {name: tuple(s.get("command", ())) for name, s in services.items()}
     for wanted in [
-        ("streams",),
+        ("stages",),
+        ("approval-join",),
         ("executor",),
         ("reconciler",),
         ("audit", "sink"),

@@ -1,12 +1,13 @@
-"""In-order delivery after a seek (streams/offsets.py, correction 3): a record fetched before
-the last seek is dropped and the partition sought back once, never taken as proof that the
-offsets before it do not exist; a hole that is still there after the seek back is accepted."""
+"""In-order delivery after a seek (streams/faust_patches.py, hole 3, faust-streaming 0.15.3): a
+record fetched before the last seek is dropped and the partition sought back once, never taken
+as proof that the offsets before it do not exist; a hole still there after the seek back is
+accepted."""
 
 from __future__ import annotations
 
 from faust.types import TP
 
-from streams.offsets import Admission, InOrderDelivery
+from streams.faust_patches import Admission, InOrderDelivery
 
 AUTHORIZED = TP("t.calls.authorized", 2)
 DECIDED = TP("t.approvals.decided", 2)

@@ -1,12 +1,23 @@
-"""The corrected order of faust's resumption after a rebalance (streams/offsets.py): seek to
-the committed offsets, resume the flow, and only then fetch from the stream partitions again."""
+"""Hole 2 of streams/faust_patches.py (faust-streaming 0.15.3): the corrected order of
+faust's resumption after a rebalance: seek to the committed offsets, resume the flow, and only
+then fetch from the stream partitions again."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
-from streams.offsets import _resume_streams_in_order
+from faust.tables.recovery import Recovery
+
+from streams import faust_patches
+from streams.faust_patches import (
+    _on_recovery_completed_in_order,
+    _resume_streams_in_order,
+    install_faust_patches,
+)
+
+# faust's own method, as it was before any correction was installed in this process.
+ORIGINAL_ON_RECOVERY_COMPLETED = faust_patches._original_on_recovery_completed
 
 STREAM, CHANGELOG = ("t.calls.authorized", 1), ("t-approvals-changelog", 1)
 
@@ -83,6 +94,7 @@ def fake_recovery(steps: Recorder, generation: int = 3) -> Any:
                 (),
                 {
                     "info": staticmethod(lambda *a: None),
+                    "dev": staticmethod(lambda *a: None),
                     "warning": staticmethod(steps.step("stale")),
                 },
             ),
@@ -109,3 +121,42 @@ async def test_a_stale_generation_resumes_nothing() -> None:
     steps = Recorder()
     await _resume_streams_in_order(fake_recovery(steps, generation=4), generation_id=3)
     assert steps.steps == ["stale"]
+
+
+def completing_recovery(steps: Recorder, generation: int = 3) -> Any:
+    """``fake_recovery`` with what `Recovery.on_recovery_completed` also uses (no tables)."""
+    recovery = fake_recovery(steps, generation)
+    recovery.app.assignor = type("Assignor", (), {"assigned_standbys": staticmethod(set)})
+    recovery.tables.values = staticmethod(lambda: [])
+    recovery.actives_for_table = {}
+    recovery.standbys_for_table = {}
+    recovery._set_recovery_ended = lambda: None
+    return recovery
+
+
+async def test_faust_0_15_3_resumes_partitions_before_the_seek_after_a_table_recovery() -> None:
+    """The hole, in faust-streaming 0.15.3's own `Recovery.on_recovery_completed` (the path
+    of every app with a table: the join's): a later faust that fixed it fails this test, so
+    the correction is re-checked."""
+    steps = Recorder()
+    await ORIGINAL_ON_RECOVERY_COMPLETED(completing_recovery(steps), generation_id=3)
+    assert steps.steps.index(f"resume_partitions {[STREAM]}") < steps.steps.index("seek")
+
+
+async def test_after_a_table_recovery_partitions_resume_after_the_seek_and_the_flow() -> None:
+    steps = Recorder()
+    await _on_recovery_completed_in_order(completing_recovery(steps), generation_id=3)
+    assert steps.steps == [
+        "seek",
+        "flow",
+        "resume_flow",
+        f"resume_partitions {[STREAM]}",
+        "fetcher",
+        "end",
+    ]
+
+
+def test_the_join_runs_the_corrected_resumption() -> None:
+    install_faust_patches()
+    assert Recovery.on_recovery_completed is _on_recovery_completed_in_order
+    assert Recovery._resume_streams is _resume_streams_in_order

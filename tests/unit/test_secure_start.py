@@ -283,6 +283,8 @@ def test_executor_without_key_material_exits_naming_the_missing_settings() -> No
     "command",
     [
         ["streams"],
+        ["stages"],
+        ["approval-join"],
         ["executor"],
         ["reconciler"],
         ["audit", "sink"],

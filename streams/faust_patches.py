@@ -1,24 +1,36 @@
-"""Three corrections to faust's delivery around a rebalance, so that no record is skipped and
-no partition stops committing.
+"""Every correction this project makes to faust-streaming, in one place. faust hosts only the
+approval-join (streams/approval_join.py); these corrections keep its delivery around a
+rebalance from skipping a record or stopping a partition's commits.
 
-1. **Rewind never-committed partitions.** After every rebalance faust pauses the stream
-   partitions, restores tables, then calls `seek_to_committed()` to rewind anything fetched
-   meanwhile. aiokafka's implementation only seeks when the committed offset is > 0, so a
-   partition this group never committed (or committed at 0) is not rewound: a record fetched
-   during recovery and dropped with the buffers is lost — seen as an approval decision
-   published during a worker restart that was never processed. For such partitions the
-   committed position is the beginning, which is where we seek.
+Each hole was found in faust-streaming **0.15.3** (the version pinned in pyproject.toml) and
+each fix copies or wraps that version's internals. Importing this module asserts the installed
+version, so an upgrade fails at once and forces every hole below to be re-checked against the
+new code (tests/unit/test_faust_patches.py has one test per hole).
+
+1. **Rewind never-committed partitions, to an offset.** After every rebalance faust pauses
+   the stream partitions, restores tables, then calls `seek_to_committed()` to rewind anything
+   fetched meanwhile. aiokafka's implementation only seeks when the committed offset is > 0,
+   so a partition this group never committed (or committed at 0) is not rewound: a record
+   fetched during recovery and dropped with the buffers is lost. For such partitions the
+   committed position is the beginning: we look its offset up and seek there, and report it
+   as the committed offset, so that faust's read offset and `InOrderDelivery` (3.) expect
+   exactly it. A pending "reset to earliest" (what `seek_to_beginning` does) left them
+   expecting nothing: a record fetched before the seek, further on, was then taken as the
+   partition's first and the true first records were dropped as already read; issue 26's
+   reproduction lost offsets 0 and 1 of two `approvals.decided` partitions that way.
 
 2. **Resume fetching only once the streams take records again.** faust's
-   `Recovery._resume_streams` resumes the stream partitions, *then* seeks them to their
-   committed offsets, and only after that resumes the flow. A record fetched between the
-   seek and the resumed flow is dropped (the flow is suspended) and never fetched again (the
-   seek is behind it); if it sits exactly at the committed offset, the records after it are
-   acked and faust commits past it (`Consumer._new_offset` accepts one missing offset at the
-   committed position). The soak saw exactly that: one call authorized during a rebalance that
-   kept its partition on the same worker, never committed, the join's offset past it. Here the
-   seek comes first, then the flow, then the partitions: nothing is fetched while nothing is
-   taken.
+   `Recovery.on_recovery_completed` (the path of every app with a table, so the join's after
+   every rebalance) and `Recovery._resume_streams` (apps without tables) resume the stream
+   partitions, *then* seek them to their committed offsets, and only after that resume the flow.
+   Until issue 26 only `_resume_streams` was corrected, which the join never runs. A record
+   fetched between the seek and the resumed flow is dropped (the flow is suspended) and never
+   fetched again (the seek is behind it); if it sits exactly at the committed offset, the
+   records after it are acked and faust commits past it (`Consumer._new_offset` accepts one
+   missing offset at the committed position). The soak saw exactly that: one call authorized
+   during a rebalance that kept its partition on the same worker, never committed, the join's
+   offset past it. Here the seek comes first, then the flow, then the partitions: nothing is
+   fetched while nothing is taken.
 
 3. **Deliver each partition in offset order after a seek.** After a broker restart the
    broker-restart test saw, right after the seek to the committed offsets, a record from
@@ -44,12 +56,14 @@ exactly.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, cast
 
+import faust
 from aiokafka import AIOKafkaConsumer
 from faust.tables.recovery import Recovery
 from faust.transport.consumer import Consumer
@@ -57,7 +71,23 @@ from faust.types import TP
 
 log = logging.getLogger("ratifier.streams")
 
+# The faust-streaming version every correction here was written against (see above).
+FAUST_VERSION = "0.15.3"
+
+
+def check_faust_version(found: str) -> None:
+    """Refuse any faust-streaming but the one every hole here was checked against."""
+    if found != FAUST_VERSION:
+        raise ImportError(
+            f"streams.faust_patches corrects faust-streaming {FAUST_VERSION}, found {found}: "
+            "re-check each hole against the new version, then update it"
+        )
+
+
+check_faust_version(faust.__version__)
+
 _original_seek = AIOKafkaConsumer.seek_to_committed
+_original_on_recovery_completed = Recovery.on_recovery_completed
 _installed = False
 
 
@@ -65,8 +95,15 @@ async def _seek_to_committed_or_beginning(self: Any, *partitions: Any) -> Any:
     committed = await _original_seek(self, *partitions)
     never = [tp for tp, offset in committed.items() if not offset]
     if never:
-        log.debug("rewinding %d never-committed partitions to their beginning", len(never))
-        await self.seek_to_beginning(*never)
+        # The beginning as an offset, not a pending reset: faust's read offset and
+        # `InOrderDelivery` then expect exactly it, so a record fetched before this seek
+        # (further on) is sought back instead of being taken as the partition's first and
+        # the true first records dropped as already read (the lost decision, issue 26).
+        beginnings = await self.beginning_offsets(never)
+        for tp in never:
+            self.seek(tp, beginnings[tp])
+            committed[tp] = beginnings[tp]
+        log.debug("rewound %d never-committed partitions to their beginning", len(never))
     return committed
 
 
@@ -95,6 +132,46 @@ async def _resume_streams_in_order(self: Any, generation_id: int = 0) -> None:
     self.tables.on_actives_ready()
     self.tables.on_standbys_ready()
     app.on_rebalance_end()
+    self.log.info("Worker ready")
+
+
+async def _on_recovery_completed_in_order(self: Any, generation_id: int = 0) -> None:
+    """faust 0.15.3's `Recovery.on_recovery_completed` with its steps reordered (see 2.)."""
+    consumer = self.app.consumer
+    self.log.info("Restore complete!")
+    await self.app.on_rebalance_complete.send()
+    self._set_recovery_ended()
+    callback_coros = [
+        asyncio.ensure_future(
+            table.on_recovery_completed(
+                self.actives_for_table[table], self.standbys_for_table[table]
+            )
+        )
+        for table in self.tables.values()
+    ]
+    if callback_coros:
+        await asyncio.wait(callback_coros)
+    assignment = consumer.assignment()
+    if self.app.consumer_generation_id != generation_id:
+        self.log.warning(
+            f"Recovery rebalancing again app id {self.app.consumer_generation_id} "
+            f"param {generation_id}"
+        )
+        return
+    streams = {tp for tp in assignment if not self._is_changelog_tp(tp)}
+    if assignment:
+        self.log.info("Seek stream partitions to committed offsets.")
+        await self._wait(consumer.perform_seek(), timeout=self.app.conf.broker_request_timeout)
+    self.completed.set()
+    self.app.flow_control.resume()
+    consumer.resume_flow()
+    if streams:
+        consumer.resume_partitions(streams)
+    await cast(Any, self.app)._fetcher.maybe_start()
+    self.tables.on_actives_ready()
+    if not self.app.assignor.assigned_standbys():
+        self.tables.on_standbys_ready()
+    self.app.on_rebalance_end()
     self.log.info("Worker ready")
 
 
@@ -205,8 +282,13 @@ async def _perform_seek_tracked(self: Any) -> None:
     # None: never committed, rewound to its beginning, whose offset is not known here) as
     # faust's read offset.
     delivery = _delivery_of(self)
+    positions = []
     for tp in self.assignment():
         delivery.sought(tp, self._read_offset.get(tp))
+        positions.append(f"{tp.topic}[{tp.partition}]@{self._read_offset.get(tp)}")
+    # Where each partition starts after a rebalance (None: never committed, its beginning):
+    # what a lost record's investigation needs first.
+    log.info("stream partitions sought to: %s", ", ".join(sorted(positions)))
 
 
 async def _seek_tracked(self: Any, partition: TP, offset: int) -> None:
@@ -227,12 +309,13 @@ def _new_offset_without_duplicates(self: Any, tp: TP) -> int | None:
     return result
 
 
-def install_rewind_fix() -> None:
-    """Install the three corrections in this process (idempotent)."""
+def install_faust_patches() -> None:
+    """Install the corrections in this process (idempotent)."""
     global _installed  # noqa: PLW0603 - one process-wide patch
     if not _installed:
         AIOKafkaConsumer.seek_to_committed = _seek_to_committed_or_beginning
         Recovery._resume_streams = _resume_streams_in_order  # type: ignore[method-assign]
+        Recovery.on_recovery_completed = _on_recovery_completed_in_order  # type: ignore[method-assign]
         Consumer.getmany = _getmany_in_order  # type: ignore[method-assign]
         Consumer.perform_seek = _perform_seek_tracked  # type: ignore[method-assign]
         Consumer.seek = _seek_tracked  # type: ignore[method-assign]

@@ -1,0 +1,190 @@
+"""The one service shell every worker runs in: health served at once, start-up hooks waited
+out with one policy, supervised side tasks, signals, and a close in reverse order.
+
+    shell = ServiceShell("stages", health=health, http_port=port)
+    shell.on_startup.append(StartupHook(name="Kafka topics", run=create_topics))
+    shell.side_tasks.append(SideTask(name="policy feed", run=feed.follow))
+    shell.on_shutdown.append(storage.close)
+    return await shell.run(consume)   # consume(stop_event) is the service itself
+
+The policy for a service that is down at start (broker, database): the hook is retried with
+the runtime's backoff (runtime/retry.py) for as long as it takes, meanwhile the process is
+alive, `/readyz` says not ready and why, and the log says what it waits for. A hook that fails
+with anything else (a ConfigurationError: a schema behind the build, a refused login) stops
+the start. A side task that dies stops the service (or restarts, if declared restartable;
+runtime/supervision.py). SIGTERM/SIGINT stop the service: ``main`` gets its stop event set and
+``grace_seconds`` to finish its batch, then side tasks and ``on_shutdown`` closers run, last
+registered first.
+
+The shape is FastStream's on_startup/after_startup/on_shutdown lists, procrastinate's side
+tasks and Temporal's Worker.run()/shutdown().
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from aiokafka.errors import KafkaError
+
+from runtime.health import Health, add_health_routes
+from runtime.retry import Stopped, backoff, pause
+from runtime.signals import stop_on_signals
+from runtime.supervision import SideTask, Supervisor
+from schemas.errors import StorageUnavailable
+from telemetry.metrics import serve_metrics
+
+log = logging.getLogger("ratifier.runtime")
+
+# What "a service is down" looks like to a start-up hook: retried, never fatal.
+UNAVAILABLE: tuple[type[BaseException], ...] = (
+    KafkaError,
+    OSError,
+    TimeoutError,
+    StorageUnavailable,
+)
+GRACE_SECONDS = 10.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class StartupHook:
+    """``run`` must succeed before the service starts; ``name`` says what it waits for
+    (shown on `/readyz` and in the log while it does)."""
+
+    name: str
+    run: Callable[[], Awaitable[object]]
+
+
+Routes = Callable[[web.Application], None]
+Main = Callable[[asyncio.Event], Coroutine[Any, Any, object]]
+
+
+@dataclass(kw_only=True)
+class ServiceShell:
+    """One worker process's lifecycle around its ``main`` (see the module docstring)."""
+
+    service: str
+    health: Health
+    http_host: str = "127.0.0.1"
+    http_port: int = 0
+    routes: list[Routes] = field(default_factory=list)
+    on_startup: list[StartupHook] = field(default_factory=list)
+    after_startup: list[Callable[[], Awaitable[object]]] = field(default_factory=list)
+    side_tasks: list[SideTask] = field(default_factory=list)
+    on_shutdown: list[Callable[[], Awaitable[object]]] = field(default_factory=list)
+    grace_seconds: float = GRACE_SECONDS
+    retry_on: tuple[type[BaseException], ...] = UNAVAILABLE
+    backoff_of: Callable[[int], float] = backoff
+    handle_signals: bool = True
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    # Why the service stopped on its own (a dead side task, a failed main), else None.
+    failure: str | None = None
+
+    def shutdown(self) -> None:
+        """Ask the service to stop (as SIGTERM does)."""
+        self.stopping.set()
+
+    async def run(self, main: Main) -> int:
+        """Serve health, wait out the start-up hooks, run ``main`` with the side tasks until
+        it ends or a stop is asked, then close; the exit code (0: stopped as asked)."""
+        if self.handle_signals:
+            stop_on_signals(self.shutdown)
+        close_http = await serve_metrics(
+            self.http_host, self.http_port, more_routes=self._mount, what=self.service
+        )
+        supervisor = Supervisor(
+            service=self.service,
+            stopping=self.stopping,
+            on_death=self.shutdown,
+            backoff_of=self.backoff_of,
+        )
+        try:
+            if not await self._start_up():
+                return 0 if self.failure is None else 1
+            for side in self.side_tasks:
+                supervisor.start(side)
+            log.info("%s started", self.service)
+            await self._run_main(main)
+        finally:
+            await supervisor.close()
+            await self._close()
+            await close_http()
+        if supervisor.failure is not None and self.failure is None:
+            self.failure = supervisor.failure
+        if self.failure is not None:
+            log.error("%s stopped: %s", self.service, self.failure)
+            return 1
+        log.info("%s stopped", self.service)
+        return 0
+
+    def _mount(self, app: web.Application) -> None:
+        add_health_routes(app, self.health)
+        for routes in self.routes:
+            routes(app)
+
+    async def _start_up(self) -> bool:
+        """Run every hook until it passes; False if a stop came first (or a hook refused)."""
+        for hook in self.on_startup:
+            attempt = 0
+            while True:
+                if self.stopping.is_set():
+                    return False
+                try:
+                    await hook.run()
+                    break
+                except self.retry_on as exc:
+                    why = f"{hook.name}: {str(exc) or type(exc).__name__}"
+                    self.health.waiting_for(why)
+                    delay = self.backoff_of(attempt)
+                    attempt += 1
+                    log.warning(
+                        "%s waits for %s; retry %d in %.1fs", self.service, why, attempt, delay
+                    )
+                    try:
+                        await pause(delay, self.stopping)
+                    except Stopped:
+                        return False
+        for after in self.after_startup:
+            await after()
+        return True
+
+    async def _run_main(self, main: Main) -> None:
+        task = asyncio.create_task(main(self.stopping), name=f"{self.service} main")
+        stop = asyncio.create_task(self.stopping.wait())
+        try:
+            await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+            if not task.done():
+                # Asked to stop: main sees the event and gets the grace period to finish.
+                done, _ = await asyncio.wait({task}, timeout=self.grace_seconds)
+                if not done:
+                    log.warning(
+                        "%s still busy after %.0fs; cancelled", self.service, self.grace_seconds
+                    )
+                    task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise
+            except Exception as exc:
+                self.failure = f"{type(exc).__name__}: {exc}"
+                log.exception("%s failed", self.service)
+            else:
+                if not self.stopping.is_set() and self.failure is None:
+                    self.failure = "its main task returned"
+        finally:
+            stop.cancel()
+            self.stopping.set()
+
+    async def _close(self) -> None:
+        """``on_shutdown`` closers, last registered first; one failing does not skip the rest."""
+        for close in reversed(self.on_shutdown):
+            try:
+                await close()
+            except Exception:
+                log.exception("%s: closing failed", self.service)
