@@ -1,4 +1,5 @@
-# One image for every stage: `ratifier streams|executor|reconciler|audit sink|dashboard|migrate`
+# One image for every stage: `ratifier stages|approval-join|executor|reconciler|audit sink|
+# dashboard|notifier|migrate`
 # (deploy/k8s, deploy/compose.yaml). Build: docker build -t ratifier:dev .
 FROM python:3.11-slim AS build
 WORKDIR /src
@@ -8,6 +9,8 @@ COPY schemas/ schemas/
 COPY config/ config/
 COPY commands/ commands/
 COPY feeds/ feeds/
+COPY runtime/ runtime/
+COPY approvals/ approvals/
 COPY streams/ streams/
 COPY executors/ executors/
 COPY audit/ audit/

@@ -348,6 +348,19 @@ def test_dockerfile_lints_clean_and_installs_this_version() -> None:
     assert "\nUSER 10001" in text
 
 
+def test_the_image_builds_from_every_package_the_wheel_installs() -> None:
+    """A package missing from the build stage's COPY lines is missing from the wheel: the
+    image would fail at its first import (runtime/ and approvals/ once were)."""
+    text = (REPO / "Dockerfile").read_text()
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    found = pyproject["tool"]["setuptools"]["packages"]["find"]
+    for pattern in found["include"]:
+        package = pattern.rstrip("*")
+        where = next(w for w in found["where"] if (REPO / w / package).is_dir())
+        folder = package if where == "." else f"{where}/{package}"
+        assert f"COPY {folder}/ {folder}/" in text, package
+
+
 def test_compose_runs_every_stage_after_the_migration() -> None:
     compose: dict[str, Any] = yaml.safe_load((REPO / "deploy" / "compose.yaml").read_text())
     services = compose["services"]
