@@ -224,6 +224,10 @@ class Streams(BaseModel):
     )
     # The approver HTTP endpoint (and the worker's /metrics, /healthz); 0: none.
     http_port: int = Field(default=6066, ge=0, le=65535)
+    # Under `ratifier streams` (stages and approval-join launched together), the join's own
+    # /metrics, /healthz and /readyz port; 0: none (`ratifier approval-join` alone serves
+    # http_port).
+    join_http_port: int = Field(default=0, ge=0, le=65535)
 
 
 class Admission(BaseModel):

@@ -104,7 +104,7 @@ def cmd_stages(settings: Settings, _args: argparse.Namespace) -> int:
 
 def cmd_streams(settings: Settings, _args: argparse.Namespace) -> int:
     """`ratifier stages` and `ratifier approval-join` as two child processes (one runtime
-    each), for one host; the stages serve the HTTP port, the join none."""
+    each), for one host; the stages serve the HTTP port, the join `streams.join_http_port`."""
     from ratifier.processes import run_together
 
     return run_together(
@@ -112,7 +112,9 @@ def cmd_streams(settings: Settings, _args: argparse.Namespace) -> int:
             "stages": ["stages"],
             "approval-join": ["approval-join"],
         },
-        env={"approval-join": {"RATIFIER_STREAMS__HTTP_PORT": "0"}},
+        env={
+            "approval-join": {"RATIFIER_STREAMS__HTTP_PORT": str(settings.streams.join_http_port)}
+        },
     )
 
 

@@ -86,6 +86,8 @@ class Pipeline:
     log_dir: Path
     http_port: int = 0
     provider_url: str = ""
+    # The approval-join's /metrics and health under the `ratifier streams` launcher.
+    join_http_port: int = 0
 
     def alive(self) -> bool:
         return all(w.process.poll() is None for w in self.workers)
@@ -180,7 +182,7 @@ def start_pipeline(
     migrate(settings.storage.database_url)
     reset_refundable(settings)
     run(ensure_topics(settings))
-    port, provider_port = free_port(), free_port()
+    port, provider_port, join_port = free_port(), free_port(), free_port()
     provider_url = f"http://127.0.0.1:{provider_port}"
     pipeline = Pipeline(
         settings=settings.model_copy(update={"provider_url": provider_url}),
@@ -199,6 +201,7 @@ def start_pipeline(
         log_dir=ARTIFACTS / f"{name}-logs",
         http_port=port,
         provider_url=provider_url,
+        join_http_port=join_port,
     )
     provider = start_worker_args(
         ["--port", str(provider_port)],
@@ -211,7 +214,12 @@ def start_pipeline(
     try:
         wait_http(provider_url + "/_stats", provider)
         if streams:
-            pipeline.start("streams", "streams", RATIFIER_STREAMS__HTTP_PORT=str(port))
+            pipeline.start(
+                "streams",
+                "streams",
+                RATIFIER_STREAMS__HTTP_PORT=str(port),
+                RATIFIER_STREAMS__JOIN_HTTP_PORT=str(join_port),
+            )
         for n in range(executors):
             pipeline.start("executor", "executor" if n == 0 else f"executor-{n}")
         if audit_sink:

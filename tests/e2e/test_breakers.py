@@ -184,7 +184,10 @@ def test_a_provider_outage_under_load(outage: Pipeline) -> None:
     unavailable = 0
     for call_id, kind in sent.items():
         found = outcomes[call_id]
-        assert len(found) == 1, found
+        # Stages are at-least-once: a record redelivered after a rebalance may repeat an
+        # identical outcome (readers dedup by call id); two different ones would be a bug.
+        finals = {(o["status"], (o.get("error") or {}).get("code")) for o in found}
+        assert len(finals) == 1, found
         outcome = found[0]
         code = (outcome.get("error") or {}).get("code")
         if kind == "read":  # the write breaker leaves reads alone

@@ -75,6 +75,7 @@ def observed(
             spans=spans,
             metrics={
                 "streams": f"http://127.0.0.1:{pipeline.http_port}/metrics",
+                "join": f"http://127.0.0.1:{pipeline.join_http_port}/metrics",
                 "executor": f"http://127.0.0.1:{executor_port}/metrics",
                 "reconciler": f"http://127.0.0.1:{reconciler_port}/metrics",
                 "audit": f"http://127.0.0.1:{audit_port}/metrics",
@@ -295,26 +296,62 @@ def test_metrics_move_and_one_trace_follows_each_call(observed: Observed) -> Non
     assert validate["attributes"]["ratifier.error_code"] == "unknown_tool"
     assert validate["attributes"]["ratifier.call_id"] == ids["bad"]
 
-    # The counters moved on every service, and the lag gauges exist.
+    # The counters moved on every service, and the lag gauges exist. `ratifier streams` runs
+    # the stages and the approval-join as two processes, each with its own /metrics.
     streams_group = pipeline.settings.group(STREAMS_APP_ID)
-    streams = scrape_until(
-        observed.metrics["streams"],
+    join = scrape_until(
+        observed.metrics["join"],
         lambda s: any(
             n == "ratifier_consumer_lag" and ("group", streams_group) in labels for n, labels in s
         ),
     )
-    old = before["streams"]
-    for name, labels in [
-        ("ratifier_records_total", {"stage": "validate", "status": "rejected"}),
-        ("ratifier_records_total", {"stage": "validate", "status": "forwarded"}),
-        ("ratifier_records_total", {"stage": "authorize", "status": "forwarded"}),
-        ("ratifier_records_total", {"stage": "authorize", "status": "committed"}),
-        ("ratifier_records_total", {"stage": "approve", "status": "awaiting_approval"}),
-        ("ratifier_records_total", {"stage": "approve", "status": "committed"}),
-        ("ratifier_errors_total", {"stage": "validate", "code": "unknown_tool"}),
-        ("ratifier_stage_seconds_count", {"stage": "authorize"}),
+    streams = scrape(observed.metrics["streams"])
+    for now, old, name, labels in [
+        (
+            streams,
+            before["streams"],
+            "ratifier_records_total",
+            {"stage": "validate", "status": "rejected"},
+        ),
+        (
+            streams,
+            before["streams"],
+            "ratifier_records_total",
+            {"stage": "validate", "status": "forwarded"},
+        ),
+        (
+            streams,
+            before["streams"],
+            "ratifier_records_total",
+            {"stage": "authorize", "status": "forwarded"},
+        ),
+        (
+            streams,
+            before["streams"],
+            "ratifier_records_total",
+            {"stage": "authorize", "status": "committed"},
+        ),
+        (
+            join,
+            before["join"],
+            "ratifier_records_total",
+            {"stage": "approve", "status": "awaiting_approval"},
+        ),
+        (
+            join,
+            before["join"],
+            "ratifier_records_total",
+            {"stage": "approve", "status": "committed"},
+        ),
+        (
+            streams,
+            before["streams"],
+            "ratifier_errors_total",
+            {"stage": "validate", "code": "unknown_tool"},
+        ),
+        (streams, before["streams"], "ratifier_stage_seconds_count", {"stage": "authorize"}),
     ]:
-        assert value(streams, name, **labels) > value(old, name, **labels), (name, labels)
+        assert value(now, name, **labels) > value(old, name, **labels), (name, labels)
 
     executor_group = pipeline.settings.group(EXECUTOR_GROUP)
     executor = scrape_until(
