@@ -195,19 +195,12 @@ def _ended(
 def _awaiting(
     call: AuthorizedCall, now: datetime, *, error: ErrorInfo, repeats: str | None = None
 ) -> Emit:
-    return outcome(
-        call_id=call.call_id,
-        tool=call.tool,
-        tenant=call.tenant,
-        status=Status.AWAITING_APPROVAL,
-        stage=Stage.APPROVE,
-        code=ErrorCode.APPROVAL_REQUIRED,
-        at=now,
-        policy_version=call.policy_version,
-        operation_id=call.operation_id,
-        trace_id=call.trace_id,
+    return _ended(
+        call,
+        Status.AWAITING_APPROVAL,
+        ErrorCode.APPROVAL_REQUIRED,
+        now,
         error=error,
-        reply_to=call.reply_to,
         repeats=repeats,
     )
 

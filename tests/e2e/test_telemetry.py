@@ -306,52 +306,30 @@ def test_metrics_move_and_one_trace_follows_each_call(observed: Observed) -> Non
         ),
     )
     streams = scrape(observed.metrics["streams"])
-    for now, old, name, labels in [
-        (
+    moved = {
+        "streams": (
             streams,
-            before["streams"],
-            "ratifier_records_total",
-            {"stage": "validate", "status": "rejected"},
+            [
+                ("ratifier_records_total", {"stage": "validate", "status": "rejected"}),
+                ("ratifier_records_total", {"stage": "validate", "status": "forwarded"}),
+                ("ratifier_records_total", {"stage": "authorize", "status": "forwarded"}),
+                ("ratifier_records_total", {"stage": "authorize", "status": "committed"}),
+                ("ratifier_errors_total", {"stage": "validate", "code": "unknown_tool"}),
+                ("ratifier_stage_seconds_count", {"stage": "authorize"}),
+            ],
         ),
-        (
-            streams,
-            before["streams"],
-            "ratifier_records_total",
-            {"stage": "validate", "status": "forwarded"},
-        ),
-        (
-            streams,
-            before["streams"],
-            "ratifier_records_total",
-            {"stage": "authorize", "status": "forwarded"},
-        ),
-        (
-            streams,
-            before["streams"],
-            "ratifier_records_total",
-            {"stage": "authorize", "status": "committed"},
-        ),
-        (
+        "join": (
             join,
-            before["join"],
-            "ratifier_records_total",
-            {"stage": "approve", "status": "awaiting_approval"},
+            [
+                ("ratifier_records_total", {"stage": "approve", "status": "awaiting_approval"}),
+                ("ratifier_records_total", {"stage": "approve", "status": "committed"}),
+            ],
         ),
-        (
-            join,
-            before["join"],
-            "ratifier_records_total",
-            {"stage": "approve", "status": "committed"},
-        ),
-        (
-            streams,
-            before["streams"],
-            "ratifier_errors_total",
-            {"stage": "validate", "code": "unknown_tool"},
-        ),
-        (streams, before["streams"], "ratifier_stage_seconds_count", {"stage": "authorize"}),
-    ]:
-        assert value(now, name, **labels) > value(old, name, **labels), (name, labels)
+    }
+    for service, (now, counters) in moved.items():
+        old = before[service]
+        for name, labels in counters:
+            assert value(now, name, **labels) > value(old, name, **labels), (name, labels)
 
     executor_group = pipeline.settings.group(EXECUTOR_GROUP)
     executor = scrape_until(
