@@ -173,6 +173,44 @@ def audit(pipeline: Pipeline, call_id: str) -> list[tuple[str, dict[str, Any]]]:
     return [(kind, detail) for kind, detail in rows]
 
 
+def call_history(pipeline: Pipeline, call_id: str, *, since: float) -> str:
+    """What happened to one call, for a failed assertion: its audit rows (seconds after
+    ``since``, a `time.time()`) and what each worker's log says about partitions and seeks."""
+    with psycopg.connect(pipeline.settings.storage.database_url) as conn:
+        rows = conn.execute(
+            "SELECT extract(epoch FROM at), kind, detail FROM audit_log"
+            " WHERE call_id = %s ORDER BY id",
+            (call_id,),
+        ).fetchall()
+    lines = [f"audit of {call_id}:"]
+    lines += [
+        f"  +{float(at) - since:7.2f}s {kind} {json.dumps(detail)[:300]}"
+        for at, kind, detail in rows
+    ]
+    for worker in pipeline.workers:
+        noted = [
+            line
+            for line in worker.log_tail(2000).splitlines()
+            if any(mark in line for mark in _PARTITION_MARKS)
+        ]
+        lines.append(f"--- {worker.name} ({len(noted)} partition lines)")
+        lines += noted[-30:]
+    return "\n".join(lines)
+
+
+_PARTITION_MARKS = (
+    "sought to",
+    "Worker ready",
+    "Restore complete",
+    "seeking back",
+    "no longer exist",
+    "Joined group",
+    "Stopping...",
+    "ERROR",
+    "Traceback",
+)
+
+
 def http(
     pipeline: Pipeline, path: str, auth: str, body: dict[str, Any] | None = None
 ) -> tuple[int, Any]:
