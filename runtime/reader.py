@@ -39,12 +39,18 @@ class TopicReader:
         if self._consumer is None:
             # Subscribing without a group assigns every partition of the topics at start().
             consumer = kafka_consumer(self._settings, *self._topics, group=None)
-            await consumer.start()
-            for tp in consumer.assignment():
-                if tp in self._positions:
-                    consumer.seek(tp, self._positions[tp])
-                else:
-                    await consumer.seek_to_beginning(tp)
+            try:
+                await consumer.start()
+                for tp in consumer.assignment():
+                    if tp in self._positions:
+                        consumer.seek(tp, self._positions[tp])
+                    else:
+                        await consumer.seek_to_beginning(tp)
+            except BaseException:
+                # A consumer whose start failed still holds its client's sockets and tasks;
+                # the caller retries with a new one.
+                await consumer.stop()
+                raise
             self._consumer = consumer
         return self._consumer
 
