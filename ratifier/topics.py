@@ -11,7 +11,7 @@ from ratifier_client.topics import REPLY_RETENTION_MS as REPLY_RETENTION_MS
 from ratifier_client.topics import delete_reply_topic as delete_reply_topic
 from ratifier_client.topics import ensure_reply_topic as ensure_reply_topic
 from runtime.clients import kafka_admin, start_kafka_client
-from schemas.names import COMPACTED_TOPICS, Topic
+from schemas.names import APPROVAL_TABLE, COMPACTED_TOPICS, STREAMS_APP_ID, Topic
 
 
 async def ensure_topics(
@@ -25,14 +25,14 @@ async def ensure_topics(
     try:
         existing = set(await admin.list_topics())
         wanted = []
-        for topic in Topic:
-            name = settings.topic(topic)
+        compacted = {settings.topic(t) for t in COMPACTED_TOPICS} | {approvals_changelog(settings)}
+        for name in [*(settings.topic(t) for t in Topic), approvals_changelog(settings)]:
             if name in existing:
                 continue
             # Every topic takes records up to the size every producer may send and every
             # consumer fetches (docs/reliability.md, "Limits").
             configs = {"max.message.bytes": str(settings.limits.kafka_max_message_bytes)}
-            if topic in COMPACTED_TOPICS:
+            if name in compacted:
                 configs["cleanup.policy"] = "compact"
             if min_insync_replicas is not None:
                 configs["min.insync.replicas"] = str(min_insync_replicas)
@@ -52,6 +52,15 @@ async def ensure_topics(
         return [t.name for t in wanted]
     finally:
         await admin.close()
+
+
+def approvals_changelog(settings: Settings) -> str:
+    """The approval-join's table changelog, named as faust names it. Created here with the
+    pipeline's topics (and their replication) rather than by faust at the join's start: a
+    changelog faust created a moment after its consumer read the cluster's metadata showed
+    0 partitions to that consumer until the next metadata refresh, and the join crashed on
+    every table write meanwhile ("PartitionsMismatch"), minutes at a time."""
+    return f"{settings.group(STREAMS_APP_ID)}-{APPROVAL_TABLE}-changelog"
 
 
 async def delete_topics(settings: Settings) -> None:

@@ -37,6 +37,8 @@ PIPELINE_TOPICS: tuple[Topic, ...] = tuple(Topic)
 COMPACTED_TOPICS: frozenset[Topic] = frozenset({Topic.POLICIES, Topic.CONTROLS})
 
 STREAMS_APP_ID = "ratifier-streams"  # the approval-join's faust app
+# The join's faust table; its changelog is `<app id>-approvals-changelog` (ratifier/topics.py).
+APPROVAL_TABLE = "approvals"
 VALIDATOR_GROUP = "ratifier-validator"
 AUTHORIZER_GROUP = "ratifier-authorizer"
 EXECUTOR_GROUP = "ratifier-executor"

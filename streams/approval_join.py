@@ -40,7 +40,7 @@ from schemas.envelopes import (
 )
 from schemas.errors import ErrorCode, StorageUnavailable
 from schemas.fingerprint import fingerprint
-from schemas.names import Topic
+from schemas.names import APPROVAL_TABLE, Topic
 from schemas.vocabulary import StreamStage
 from streams.approval import (
     ApprovalState,
@@ -86,7 +86,7 @@ def install_approval_join(
 ) -> None:
     frozen = freezes or FixedFreezes()
     table = app.Table(
-        "approvals",
+        APPROVAL_TABLE,
         default=None,
         key_type=bytes,
         value_type=bytes,

@@ -4,9 +4,9 @@ import pytest
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from config.settings import Settings
-from ratifier.topics import ensure_topics
+from ratifier.topics import approvals_changelog, ensure_topics
 from runtime.clients import kafka_admin
-from schemas.names import Topic
+from schemas.names import COMPACTED_TOPICS, Topic
 
 pytestmark = pytest.mark.integration
 
@@ -14,16 +14,15 @@ pytestmark = pytest.mark.integration
 async def test_topics_created_once_with_configured_partitions(
     settings: Settings, topics: list[str]
 ) -> None:
-    assert sorted(topics) == sorted(settings.topic(t) for t in Topic)
+    names = [*(settings.topic(t) for t in Topic), approvals_changelog(settings)]
+    assert sorted(topics) == sorted(names)
     assert await ensure_topics(settings) == []
     admin = kafka_admin(settings)
     await admin.start()
     try:
-        described = await admin.describe_topics([settings.topic(t) for t in Topic])
-        wanted = {"max.message.bytes": None}
-        resources = [
-            ConfigResource(ConfigResourceType.TOPIC, settings.topic(t), wanted) for t in Topic
-        ]
+        described = await admin.describe_topics(names)
+        wanted = {"max.message.bytes": None, "cleanup.policy": None}
+        resources = [ConfigResource(ConfigResourceType.TOPIC, name, wanted) for name in names]
         configs = await admin.describe_configs(resources)
     finally:
         await admin.close()
@@ -35,5 +34,14 @@ async def test_topics_created_once_with_configured_partitions(
         for response in configs
         for resource in response.resources
     }
-    expected = {"max.message.bytes": str(settings.limits.kafka_max_message_bytes)}
-    assert limits == {settings.topic(t): expected for t in Topic}
+    size = str(settings.limits.kafka_max_message_bytes)
+    compacted = {settings.topic(t) for t in COMPACTED_TOPICS} | {approvals_changelog(settings)}
+    assert limits == {
+        name: {
+            "max.message.bytes": size,
+            "cleanup.policy": "compact" if name in compacted else "delete",
+        }
+        for name in names
+    }
+    # The join's changelog is named as faust names it (streams/approval_join.py's table).
+    assert approvals_changelog(settings).endswith(".ratifier-streams-approvals-changelog")

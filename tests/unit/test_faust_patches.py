@@ -72,3 +72,16 @@ def test_duplicate_acknowledged_offsets_are_removed_before_the_commit_offset() -
     consumer._gap = {AT_FIVE: []}
     consumer._committed_offset = {AT_FIVE: 5}
     assert _new_offset_without_duplicates(consumer, AT_FIVE) == 8
+
+
+def test_the_changelog_created_with_the_topics_is_the_one_faust_uses() -> None:
+    """`ratifier topics` creates the join's changelog before faust starts (ratifier/topics.py);
+    a name that drifted from faust's would leave faust creating its own again."""
+    from config.settings import Settings
+    from ratifier.topics import approvals_changelog
+    from schemas.names import APPROVAL_TABLE, STREAMS_APP_ID
+
+    settings = Settings(topic_prefix="u.")
+    app = faust.App(settings.group(STREAMS_APP_ID), broker="kafka://127.0.0.1:1")
+    table = app.Table(APPROVAL_TABLE, default=None, partitions=settings.topic_partitions)
+    assert table.changelog_topic.get_topic_name() == approvals_changelog(settings)
