@@ -8,7 +8,9 @@ holds (the provider's count per idempotency key), every outcome published. Check
 - timeouts are indeterminate: an `unknown` outcome may be followed by either result, but
   once settled, an operation's final outcome agrees with the downstream record — succeeded
   if and only if the effect exists;
-- one settlement: an operation never has two different settled outcomes.
+- one settlement: an operation never has two different settled outcomes. A call turned away
+  before any effect with a "try again later" (`rate_limited`, `unavailable`: admission or an
+  open breaker) settles the call, not its operation, whose retry may end otherwise.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SETTLED = {"succeeded", "failed", "conflict", "expired", "cancelled", "rejected", "denied"}
+TRY_AGAIN_LATER = {"rate_limited", "unavailable"}  # error codes: nothing was attempted
 
 
 @dataclass
@@ -47,7 +50,8 @@ class History:
                     found.append(f"still unknown: {call_id}")
                 continue
             final = done[-1]["status"]
-            final_by_operation.setdefault(operation_id, set()).add(final)
+            if (done[-1].get("error") or {}).get("code") not in TRY_AGAIN_LATER:
+                final_by_operation.setdefault(operation_id, set()).add(final)
             applied = self.effects.get(operation_id, 0) > 0
             if final == "succeeded" and not applied:
                 found.append(f"succeeded without an effect: {call_id}")
