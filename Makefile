@@ -67,13 +67,13 @@ client: install ## the agent-side distribution (clients/python, ratifier-client)
 	cd clients/python && ../../.venv-client/bin/pytest -q tests
 
 integration: up ## tests against real Kafka, Redis and PostgreSQL
-	$(PYTEST) tests/integration -m integration
+	$(PYTEST) tests/integration -m integration --durations=10
 
 browser: ## install Debian's chromium for the dashboard's browser test, when it is missing
 	deploy/local/browser
 
 e2e: up browser ## the whole pipeline through Kafka with real worker processes
-	$(PYTEST) tests/e2e -m e2e
+	$(PYTEST) tests/e2e -m e2e --durations=15
 
 manifests: install ## validate deploy/k8s, deploy/compose.yaml and the Dockerfile offline (also in `make unit`)
 	$(PYTEST) tests/unit/test_deploy_manifests.py -q
