@@ -59,7 +59,7 @@ from runtime.clients import (
 from runtime.health import Health
 from runtime.loop import ConsumerLoop, Handled
 from runtime.retry import Stopped, pause, retrying
-from runtime.shell import ServiceShell, StartupHook
+from runtime.shell import ServiceShell, StartupHook, run_until
 from runtime.supervision import SideTask
 from schemas.envelopes import ApprovalRequest, DecisionKind, NotificationDeadLetter
 from schemas.errors import StorageUnavailable
@@ -489,12 +489,7 @@ class Notifier:
             settings.topic(Topic.APPROVALS_REQUESTED),
             len(self._directory.tenants),
         )
-        stopper = asyncio.create_task(stop.wait())
-        stopper.add_done_callback(lambda _done: loop.stop())
-        try:
-            await loop.run()
-        finally:
-            stopper.cancel()
+        await run_until(loop, stop)
 
     async def _close_clients(self) -> None:
         if self._session is not None:

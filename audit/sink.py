@@ -33,7 +33,7 @@ from runtime.clients import database_conninfo, kafka_consumer, pg_pool
 from runtime.health import Health
 from runtime.identity import context_keys, verify_context_token
 from runtime.loop import ConsumerLoop, Handled
-from runtime.shell import UNAVAILABLE, ServiceShell, StartupHook
+from runtime.shell import UNAVAILABLE, ServiceShell, StartupHook, run_until
 from schemas.envelopes import Actor
 from schemas.errors import RatifierError
 from schemas.names import AUDIT_SINK_GROUP, Topic
@@ -228,12 +228,7 @@ class AuditSink:
             len(AUDITED_TOPICS),
             settings.topic_prefix,
         )
-        stopper = asyncio.create_task(stop.wait())
-        stopper.add_done_callback(lambda _done: loop.stop())
-        try:
-            await loop.run()
-        finally:
-            stopper.cancel()
+        await run_until(loop, stop)
 
     async def _close(self) -> None:
         self._progress(final=True)

@@ -26,7 +26,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 from aiokafka.errors import KafkaError
@@ -57,6 +57,25 @@ class StartupHook:
 
     name: str
     run: Callable[[], Awaitable[object]]
+
+
+class Stoppable(Protocol):
+    """A loop that runs until asked to stop (runtime/loop.py's ConsumerLoop)."""
+
+    def stop(self) -> None: ...
+
+    async def run(self) -> None: ...
+
+
+async def run_until(loop: Stoppable, stop: asyncio.Event) -> None:
+    """Run ``loop`` as a shell's main: ``stop`` (the shell's stop event) asks it to stop,
+    and it finishes its batch within the shell's grace period."""
+    stopper = asyncio.create_task(stop.wait())
+    stopper.add_done_callback(lambda _done: loop.stop())
+    try:
+        await loop.run()
+    finally:
+        stopper.cancel()
 
 
 Routes = Callable[[web.Application], None]
