@@ -32,7 +32,7 @@ from typing import Any
 
 import aiohttp
 import psycopg
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
+from aiokafka import ConsumerRecord
 from aiokafka.errors import KafkaError
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from pydantic import ValidationError
@@ -51,15 +51,13 @@ from commands.sql import named_query
 from config.settings import Settings
 from runtime.clients import (
     database_conninfo,
-    kafka_consumer,
-    kafka_producer,
     pg_pool,
-    start_kafka_client,
 )
 from runtime.health import Health
 from runtime.loop import ConsumerLoop, Handled
 from runtime.retry import Stopped, pause, retrying
 from runtime.shell import ServiceShell, StartupHook, run_until
+from runtime.startup import KafkaClients, open_pool
 from runtime.supervision import SideTask
 from schemas.envelopes import ApprovalRequest, DecisionKind, NotificationDeadLetter
 from schemas.errors import StorageUnavailable
@@ -129,8 +127,11 @@ class Notifier:
         self.stopping = asyncio.Event()
         self._loop: ConsumerLoop | None = None
         self._pool: AsyncConnectionPool[Any] | None = None
-        self._producer: AIOKafkaProducer | None = None
-        self._consumer: AIOKafkaConsumer | None = None
+        self._kafka = KafkaClients(
+            settings,
+            settings.topic(Topic.APPROVALS_REQUESTED),
+            group=settings.group(NOTIFIER_GROUP),
+        )
         self._session: aiohttp.ClientSession | None = None
         self._pending: dict[str, tuple[int, float]] = {}
         self._wake: dict[str, asyncio.Event] = {}
@@ -353,7 +354,7 @@ class Notifier:
             ).fetchall()
         if not rows:
             return
-        producer = self._producer
+        producer = self._kafka.producer
         assert producer is not None
         topic = self._settings.topic(Topic.NOTIFICATIONS_DEADLETTER)
         sent = []
@@ -402,36 +403,13 @@ class Notifier:
                 autocommit=True,
                 connect_timeout=CONNECT_TIMEOUT_SECONDS,
             )
-            try:
-                await pool.open(wait=True, timeout=CONNECT_TIMEOUT_SECONDS)
-            except BaseException:
-                await pool.close(timeout=1.0)
-                raise
-            self._pool = pool
+            self._pool = await open_pool(pool, wait_seconds=CONNECT_TIMEOUT_SECONDS)
         return self._pool
 
     async def _drop_pool(self) -> None:
         pool, self._pool = self._pool, None
         if pool is not None:
             await pool.close(timeout=1.0)
-
-    async def _start(self, prepare: Callable[[], Awaitable[None]] | None) -> None:
-        settings = self._settings
-        if prepare is not None:
-            await prepare()
-        if self._producer is None:
-            producer = kafka_producer(settings)
-            await start_kafka_client(producer, settings.kafka)
-            self._producer = producer
-        if self._consumer is None:
-            consumer = kafka_consumer(
-                settings,
-                settings.topic(Topic.APPROVALS_REQUESTED),
-                group=settings.group(NOTIFIER_GROUP),
-            )
-            await start_kafka_client(consumer, settings.kafka)
-            self._consumer = consumer
-        await self._connect()
 
     def shell(
         self,
@@ -453,14 +431,10 @@ class Notifier:
             handle_signals=handle_signals,
             stopping=self.stopping,
         )
-        prepared = False
-
-        async def start() -> None:
-            nonlocal prepared
-            await self._start(None if prepared else prepare)
-            prepared = True
-
-        shell.on_startup.append(StartupHook(name="database and broker", run=start))
+        if prepare is not None:
+            shell.on_startup.append(StartupHook(name="schema and topics", run=prepare))
+        shell.on_startup.append(StartupHook(name="broker", run=self._kafka.start))
+        shell.on_startup.append(StartupHook(name="database", run=self._connect))
         for tenant in self._directory.tenants:
             shell.side_tasks.append(
                 SideTask(name=f"notify-{tenant}", run=partial(self._tenant_dispatcher, tenant))
@@ -471,11 +445,11 @@ class Notifier:
     async def consume(self, stop: asyncio.Event) -> None:
         """The shell's main: the consumer loop until ``stop`` is set."""
         settings = self._settings
-        assert self._consumer is not None
+        assert self._kafka.consumer is not None
         loop = self._loop = ConsumerLoop(
             settings,
-            self._consumer,
-            self._producer,
+            self._kafka.consumer,
+            self._kafka.producer,
             stage="notify",
             group=settings.group(NOTIFIER_GROUP),
             handle=self._enqueue,
@@ -495,10 +469,7 @@ class Notifier:
         if self._session is not None:
             await self._session.close()
         await self._drop_pool()
-        if self._consumer is not None:
-            await self._consumer.stop()
-        if self._producer is not None:
-            await self._producer.stop()
+        await self._kafka.stop()
 
     async def run(self, prepare: Callable[[], Awaitable[None]] | None = None) -> int:
         """Start (retried until the database and the broker answer), then consume and

@@ -34,6 +34,7 @@ from runtime.health import Health
 from runtime.identity import context_keys, verify_context_token
 from runtime.loop import ConsumerLoop, Handled
 from runtime.shell import UNAVAILABLE, ServiceShell, StartupHook, run_until
+from runtime.startup import open_pool
 from schemas.envelopes import Actor
 from schemas.errors import RatifierError
 from schemas.names import AUDIT_SINK_GROUP, Topic
@@ -188,12 +189,7 @@ class AuditSink:
         settings = self._settings
         if self._pool is None:
             pool = pg_pool(database_conninfo(settings), max_size=2)
-            try:
-                await pool.open(wait=True, timeout=CONNECT_TIMEOUT_SECONDS)
-            except BaseException:
-                await pool.close()
-                raise
-            self._pool = pool
+            self._pool = await open_pool(pool, wait_seconds=CONNECT_TIMEOUT_SECONDS)
         if self._consumer is None:
             topics = [settings.topic(t) for t in AUDITED_TOPICS]
             group = settings.group(AUDIT_SINK_GROUP)

@@ -44,7 +44,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import psycopg
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
+from aiokafka import ConsumerRecord
 from aiokafka.errors import KafkaError
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
@@ -56,14 +56,12 @@ from executors.reconciler_store import Reconciler as Reconciler
 from executors.reconciliation import publications
 from runtime.clients import (
     database_conninfo,
-    kafka_consumer,
-    kafka_producer,
     pg_pool,
-    start_kafka_client,
 )
 from runtime.health import Health
 from runtime.loop import ConsumerLoop, Handled
 from runtime.shell import ServiceShell, StartupHook, run_until
+from runtime.startup import KafkaClients, open_pool
 from schemas.envelopes import Stage
 from schemas.errors import (
     StorageUnavailable,
@@ -108,9 +106,9 @@ class ReconcilerService:
         self._pool: AsyncConnectionPool[Any] | None = None
         self._reconciler: Reconciler | None = None
         self._outbox: Outbox | None = None
-        # Created (again) until they start: the broker may be down when the reconciler starts.
-        self._producer: AIOKafkaProducer | None = None
-        self._consumer: AIOKafkaConsumer | None = None
+        self._kafka = KafkaClients(
+            settings, settings.topic(Topic.UNKNOWN), group=settings.group(RECONCILER_GROUP)
+        )
         self._failures = 0
         self._metrics_due = 0.0
 
@@ -137,17 +135,15 @@ class ReconcilerService:
 
     async def _connect(self) -> Reconciler:
         if self._reconciler is None:
-            pool = pg_pool(
-                database_conninfo(self._settings),
-                max_size=2,
-                dict_rows=True,
-                connect_timeout=CONNECT_TIMEOUT_SECONDS,
+            pool = await open_pool(
+                pg_pool(
+                    database_conninfo(self._settings),
+                    max_size=2,
+                    dict_rows=True,
+                    connect_timeout=CONNECT_TIMEOUT_SECONDS,
+                ),
+                wait_seconds=CONNECT_TIMEOUT_SECONDS,
             )
-            try:
-                await pool.open(wait=True, timeout=CONNECT_TIMEOUT_SECONDS)
-            except BaseException:
-                await pool.close(timeout=1.0)
-                raise
             self._pool, self._outbox = pool, Outbox(pool)
             self._reconciler = Reconciler(
                 pool=pool,
@@ -164,20 +160,6 @@ class ReconcilerService:
         if self._pool is not None:
             await self._pool.close(timeout=1.0)
         self._pool = self._reconciler = self._outbox = None
-
-    async def _start_broker(self) -> None:
-        """Start the Kafka clients; one that failed to start is built anew on the next try."""
-        settings = self._settings
-        if self._producer is None:
-            producer = kafka_producer(settings)
-            await start_kafka_client(producer, settings.kafka)
-            self._producer = producer
-        if self._consumer is None:
-            consumer = kafka_consumer(
-                settings, settings.topic(Topic.UNKNOWN), group=settings.group(RECONCILER_GROUP)
-            )
-            await start_kafka_client(consumer, settings.kafka)
-            self._consumer = consumer
 
     async def _start_database(self) -> None:
         await self._connect()
@@ -233,7 +215,7 @@ class ReconcilerService:
         if prepare is not None:
             shell.on_startup.append(StartupHook(name="schema and topics", run=prepare))
         shell.on_startup.append(StartupHook(name="tool hooks", run=self._start_catalog))
-        shell.on_startup.append(StartupHook(name="broker", run=self._start_broker))
+        shell.on_startup.append(StartupHook(name="broker", run=self._kafka.start))
         shell.on_startup.append(StartupHook(name="database", run=self._start_database))
         shell.on_shutdown.append(self._stop_tracer)
         shell.on_shutdown.append(self._catalog.stop)
@@ -248,19 +230,16 @@ class ReconcilerService:
 
     async def _close_clients(self) -> None:
         await self._drop_pool()
-        if self._consumer is not None:
-            await self._consumer.stop()
-        if self._producer is not None:
-            await self._producer.stop()
+        await self._kafka.stop()
 
     async def consume(self, stop: asyncio.Event) -> None:
         """The shell's main: the consumer loop until ``stop`` is set."""
         settings = self._settings
-        assert self._consumer is not None
+        assert self._kafka.consumer is not None
         loop = ConsumerLoop(
             settings,
-            self._consumer,
-            self._producer,
+            self._kafka.consumer,
+            self._kafka.producer,
             stage=Stage.RECONCILE,
             group=settings.group(RECONCILER_GROUP),
             handle=self._wake_up,

@@ -252,8 +252,8 @@ def cmd_policy_replay(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_approvals(settings: Settings, args: argparse.Namespace) -> int:
     import json
 
-    from approvals.inbox import ApprovalInbox, approver_from, decision_for, publish_decision
-    from approvals.signing import approval_keys
+    from approvals.inbox import ApprovalInbox, approver_from, publish_decision, statement_of
+    from approvals.signing import approval_keys, sign_decision
     from runtime.identity import context_keys
     from schemas.envelopes import ApprovalVerdict
 
@@ -285,14 +285,16 @@ def cmd_approvals(settings: Settings, args: argparse.Namespace) -> int:
         return 0
     verdict = ApprovalVerdict(args.approvals_command)
     arguments = json.loads(args.arguments) if verdict is ApprovalVerdict.EDIT else None
-    decision = decision_for(
+    keys = approval_keys(settings)
+    statement = statement_of(
         request,
         approver=approver,
-        keys=approval_keys(settings),
+        keys=keys,
         verdict=verdict,
         reason=args.reason,
         arguments=arguments,
     )
+    decision = sign_decision(statement, keys)
     asyncio.run(publish_decision(settings, decision))
     print(
         f"published {verdict.value} for {request.call_id} (fingerprint "
