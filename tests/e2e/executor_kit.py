@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -15,6 +16,8 @@ from commands.policy import PolicySet
 from config.settings import Settings
 from schemas.envelopes import CommittedCommand, Effect
 from schemas.names import Topic
+from tests.e2e.conftest import Pipeline
+from tests.e2e.history import History
 from tests.services import outcomes_by_call, publish, read_until, run
 from testsupport.records import approved_command
 
@@ -76,6 +79,24 @@ def wait_terminal(
     )
     found = outcomes_by_call(records)
     return {c: found[c] for c in call_ids}
+
+
+def reconciled_history(
+    pipeline: Pipeline, commands: list[CommittedCommand], *, seconds: float, wait_seconds: float
+) -> History:
+    """Start a reconciler (checking every 0.2 s) on ``pipeline``; the history of ``commands``
+    once it holds with every unknown settled, else as it is after ``seconds``."""
+    pipeline.start("reconciler", "reconciler", RATIFIER_RECONCILER__BACKOFF_SECONDS="0.2")
+    history = History(proposed={c.call_id: c.operation_id for c in commands})
+    deadline = time.monotonic() + seconds
+    while True:
+        history.outcomes = wait_terminal(
+            pipeline.settings, set(history.proposed), timeout=wait_seconds
+        )
+        history.effects = provider_stats(pipeline.provider_url)["by_key"]
+        if not history.problems(settled=True) or time.monotonic() > deadline:
+            return history
+        time.sleep(1)
 
 
 def provider_stats(provider_url: str) -> dict[str, Any]:

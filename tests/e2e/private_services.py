@@ -17,7 +17,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -220,6 +220,30 @@ def kafka_jars() -> Path | None:
     return found[-1] if found and shutil.which("java") else None
 
 
+def kafka_java(jars: Path, logs: Path, *args: str, jvm: Sequence[str] = ("-Xmx512m",)) -> list[str]:
+    """The command line of a Kafka tool or broker (``args``: main class and its arguments)
+    from the local jars, logging to ``logs``."""
+    return [
+        "java",
+        "-Xms128m",
+        *jvm,
+        "-Djava.awt.headless=true",
+        f"-Dlog4j2.configurationFile={REPO / 'deploy/local/kafka-log4j2.xml'}",
+        f"-Dkafka.logs.dir={logs}",
+        "-cp",
+        f"{jars}/*",
+        *args,
+    ]
+
+
+def kafka_cluster_id() -> str:
+    """A new KRaft cluster id."""
+    cluster = "-"
+    while cluster.startswith("-"):  # StorageTool would read "-…" as an option
+        cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    return cluster
+
+
 @dataclass
 class PrivateKafka:
     jars: Path
@@ -233,17 +257,7 @@ class PrivateKafka:
         return f"127.0.0.1:{self.port}"
 
     def _java(self, *args: str) -> list[str]:
-        return [
-            "java",
-            "-Xms128m",
-            "-Xmx512m",
-            "-Djava.awt.headless=true",
-            f"-Dlog4j2.configurationFile={REPO / 'deploy/local/kafka-log4j2.xml'}",
-            f"-Dkafka.logs.dir={self.folder}",
-            "-cp",
-            f"{self.jars}/*",
-            *args,
-        ]
+        return kafka_java(self.jars, self.folder, *args)
 
     def format(self) -> None:
         props = self.folder / "server.properties"
@@ -252,11 +266,10 @@ class PrivateKafka:
                 port=self.port, controller=self.controller_port, data=self.folder / "data"
             )
         )
-        cluster = "-"
-        while cluster.startswith("-"):  # StorageTool would read "-…" as an option
-            cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         subprocess.run(
-            self._java("kafka.tools.StorageTool", "format", "-t", cluster, "-c", str(props)),
+            self._java(
+                "kafka.tools.StorageTool", "format", "-t", kafka_cluster_id(), "-c", str(props)
+            ),
             check=True,
             capture_output=True,
             timeout=120,

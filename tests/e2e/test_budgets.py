@@ -25,13 +25,11 @@ from ratifier.processes import wait_for_log
 from ratifier.topics import delete_topics
 from tests.e2e.conftest import Pipeline, SigningKeys, start_pipeline
 from tests.e2e.executor_kit import (
-    provider_stats,
     publish_commands,
+    reconciled_history,
     refund_command,
     seed_payments,
-    wait_terminal,
 )
-from tests.e2e.history import History
 from tests.services import run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
@@ -101,18 +99,8 @@ def test_a_thousand_concurrent_refunds_never_pass_a_daily_budget(fleet: Pipeline
         time.sleep(0.1)
     assert victim.process.poll() == -9, f"no crash:\n{victim.log_tail()}"
     # What it left in flight ends `unknown` and is settled by reconciliation.
-    fleet.start("reconciler", "reconciler", RATIFIER_RECONCILER__BACKOFF_SECONDS="0.2")
-
-    history = History(proposed={c.call_id: c.operation_id for c in commands})
-    deadline = time.monotonic() + 240
-    while True:
-        history.outcomes = wait_terminal(fleet.settings, set(history.proposed), timeout=240)
-        history.effects = provider_stats(fleet.provider_url)["by_key"]
-        problems = history.problems(settled=True)
-        if not problems or time.monotonic() > deadline:
-            break
-        time.sleep(1)
-    assert problems == []
+    history = reconciled_history(fleet, commands, seconds=240, wait_seconds=240)
+    assert history.problems(settled=True) == []
 
     executed = sum(amount[key] for key in history.effects)
     assert executed <= CAP

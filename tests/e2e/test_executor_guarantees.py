@@ -21,11 +21,11 @@ from tests.e2e.executor_kit import (
     distinct_statuses,
     provider_stats,
     publish_commands,
+    reconciled_history,
     refund_command,
     seed_payments,
     wait_terminal,
 )
-from tests.e2e.history import History
 from tests.services import run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -125,17 +125,8 @@ def test_kill_minus_nine_at_each_point(executors_only: Pipeline, point: str) -> 
     assert succeeded <= set(stats["by_key"])
 
     # Reconciliation settles what the crash left unknown; then the whole history must hold.
-    pipeline.start("reconciler", "reconciler", RATIFIER_RECONCILER__BACKOFF_SECONDS="0.2")
-    history = History(proposed={c.call_id: c.operation_id for c in commands})
-    deadline = time.monotonic() + 90
-    while True:
-        history.outcomes = wait_terminal(pipeline.settings, set(history.proposed), timeout=60)
-        history.effects = provider_stats(pipeline.provider_url)["by_key"]
-        problems = history.problems(settled=True)
-        if not problems or time.monotonic() > deadline:
-            break
-        time.sleep(1)
-    assert problems == []
+    history = reconciled_history(pipeline, commands, seconds=90, wait_seconds=60)
+    assert history.problems(settled=True) == []
 
 
 def flush_and_restart(

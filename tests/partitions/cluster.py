@@ -10,7 +10,6 @@ the link proxy) and DIRECT (the test driver's own view, not through the proxy).
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import os
 import pwd
@@ -33,7 +32,7 @@ from config.settings import Settings
 from ratifier.migrate import migrate
 from ratifier.processes import FAKE_PROVIDER_MODULE, WorkerProcess
 from tests.e2e.conftest import Pipeline, SigningKeys
-from tests.e2e.private_services import kafka_jars, server_binaries
+from tests.e2e.private_services import kafka_cluster_id, kafka_jars, kafka_java, server_binaries
 from tests.partitions import network
 from tests.partitions.network import RUN_TAG, address, proxy_address
 
@@ -179,24 +178,15 @@ replica.lag.time.max.ms=8000
 """
 
     def _java(self, host: str, *args: str) -> list[str]:
-        return [
-            "java",
-            "-Xms128m",
-            "-Xmx384m",
-            "-XX:+UseSerialGC",
-            "-XX:TieredStopAtLevel=1",
-            "-Djava.awt.headless=true",
-            f"-Dlog4j2.configurationFile={REPO / 'deploy/local/kafka-log4j2.xml'}",
-            f"-Dkafka.logs.dir={self.folder / host}",
-            "-cp",
-            f"{self.jars}/*",
+        return kafka_java(
+            self.jars,
+            self.folder / host,
             *args,
-        ]
+            jvm=("-Xmx384m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"),
+        )
 
     def format(self) -> None:
-        cluster = "-"
-        while cluster.startswith("-"):  # StorageTool would read "-…" as an option
-            cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster = kafka_cluster_id()
         for node, host in enumerate(network.BROKERS, 1):
             (self.folder / host).mkdir(parents=True)
             props = self.folder / host / "server.properties"
