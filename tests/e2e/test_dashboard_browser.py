@@ -31,7 +31,8 @@ from tests.e2e.conftest import (
     wait_http,
 )
 from tests.services import run
-from tests.unit.test_budget_context import BUDGETS, NEAR_BUDGET, budgeted_directory
+from tests.unit.test_budget_context import NEAR_BUDGET, budgeted_directory
+from tests.unit.test_budgets import REFUNDS_DAILY
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -198,7 +199,7 @@ def test_the_budgets_panel_shows_usage_reserved_cap_and_reset(
     directory = budgeted_directory(
         tmp_path,
         NEAR_BUDGET.replace("refunds-daily", name),
-        budgets=BUDGETS.replace("refunds-daily", name),
+        budgets=REFUNDS_DAILY.replace("refunds-daily", name),
     )
     (budget,) = load_budget_file(directory)
     window = window_of(budget, datetime.now(UTC)).key

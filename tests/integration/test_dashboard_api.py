@@ -511,10 +511,13 @@ async def test_budgets_show_the_tenants_usage_of_the_set_in_force(
     dash_settings: Settings, tmp_path: Any
 ) -> None:
     from commands.budgets import load_budget_file, window_of
-    from tests.unit.test_budget_context import BUDGETS, budgeted_directory
+    from tests.unit.test_budget_context import budgeted_directory
+    from tests.unit.test_budgets import REFUNDS_DAILY
 
     name = f"refunds-{uuid.uuid4().hex[:10]}"  # the test database outlives sessions
-    directory = budgeted_directory(tmp_path, "", budgets=BUDGETS.replace("refunds-daily", name))
+    directory = budgeted_directory(
+        tmp_path, "", budgets=REFUNDS_DAILY.replace("refunds-daily", name)
+    )
     (directory / "budgets.cedar").unlink()
     (budget,) = load_budget_file(directory)
     settings = dash_settings.model_copy(
