@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from playwright.sync_api import ConsoleMessage, sync_playwright
+from playwright.sync_api import Browser, ConsoleMessage, Page, sync_playwright
 
 from commands.budgets import load_budget_file, window_of
 from ratifier.topics import delete_topics
@@ -48,6 +48,16 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 SCREENSHOT = ARTIFACTS / "dashboard-approval.png"
+
+
+def signed_in(browser: Browser, url: str, auth: str, problems: list[str]) -> Page:
+    """A dashboard tab signed in with ``auth``; its page errors are added to ``problems``."""
+    page = browser.new_page(viewport={"width": 1440, "height": 1250})
+    page.on("pageerror", lambda exc: problems.append(str(exc)))
+    page.goto(url)
+    page.fill("#token", auth)
+    page.click("#signin button[type=submit]")
+    return page
 
 
 @pytest.fixture(scope="module")
@@ -110,11 +120,7 @@ def test_approver_approves_a_refund_and_sees_it_succeed(dashboard: tuple[Pipelin
 
             # The requester, signed in as an approver in another tab, approves their own
             # refund: the card says why it was refused, and nothing was published.
-            own = browser.new_page(viewport={"width": 1440, "height": 1250})
-            own.on("pageerror", lambda exc: problems.append(str(exc)))
-            own.goto(url)
-            own.fill("#token", token(pipeline.settings, "agent-1"))
-            own.click("#signin button[type=submit]")
+            own = signed_in(browser, url, token(pipeline.settings, "agent-1"), problems)
             theirs = own.locator(f"article.req[data-call-id='{second['call_id']}']")
             theirs.wait_for(timeout=30_000)
             theirs.locator("button[data-action='approve']").click()
@@ -168,11 +174,7 @@ def test_operator_freezes_and_unfreezes_a_scope_from_the_page(
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1440, "height": 1250})
-            page.on("pageerror", lambda exc: problems.append(str(exc)))
-            page.goto(url)
-            page.fill("#token", operator)
-            page.click("#signin button[type=submit]")
+            page = signed_in(browser, url, operator, problems)
             page.locator("#freezes-panel").wait_for(state="visible", timeout=30_000)
             page.fill("#freeze-scope", "tool:tenant-a:add_payout_account")
             page.fill("#freeze-reason", "browser test")
@@ -225,11 +227,7 @@ def test_the_budgets_panel_shows_usage_reserved_cap_and_reset(
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
             try:
-                page = browser.new_page(viewport={"width": 1440, "height": 1250})
-                page.on("pageerror", lambda exc: problems.append(str(exc)))
-                page.goto(url)
-                page.fill("#token", token(pipeline.settings, "boss"))
-                page.click("#signin button[type=submit]")
+                page = signed_in(browser, url, token(pipeline.settings, "boss"), problems)
                 panel = page.locator(f"#budgets [data-budget='{name}']")
                 row = panel.locator("tr[data-scope='agent=agent-1']")
                 row.wait_for(timeout=30_000)
