@@ -56,7 +56,7 @@ from runtime.clients import (
 from runtime.health import Health
 from runtime.loop import ConsumerLoop, Handled
 from runtime.retry import Stopped, pause, retrying
-from runtime.shell import ServiceShell, StartupHook, run_until
+from runtime.shell import ServiceShell, ShellWorker, StartupHook, run_until
 from runtime.startup import KafkaClients, open_pool
 from runtime.supervision import SideTask
 from schemas.envelopes import ApprovalRequest, DecisionKind, NotificationDeadLetter
@@ -109,8 +109,11 @@ def dead_letter(row: dict[str, Any], tenant: str) -> NotificationDeadLetter:
     )
 
 
-class Notifier:
-    """The consumer and the dispatcher of one notifier process."""
+class Notifier(ShellWorker):
+    """The consumer and the dispatcher of one notifier process, in the service shell."""
+
+    service = "notifier"
+    retry_on = DependencyError
 
     def __init__(
         self,
@@ -411,28 +414,10 @@ class Notifier:
         if pool is not None:
             await pool.close(timeout=1.0)
 
-    def shell(
-        self,
-        prepare: Callable[[], Awaitable[None]] | None = None,
-        *,
-        http_port: int = 0,
-        handle_signals: bool = False,
-    ) -> ServiceShell:
-        """This notifier in the runtime's service shell: health at once, the database and
-        the broker waited for (retried, not ready meanwhile), one supervised dispatcher per
-        tenant (a dispatcher that dies stops the process), clients closed last."""
-        settings = self._settings
-        shell = ServiceShell(
-            service="notifier",
-            health=self.health,
-            http_host=settings.observability.metrics_host,
-            http_port=http_port,
-            retry_on=DependencyError,
-            handle_signals=handle_signals,
-            stopping=self.stopping,
-        )
-        if prepare is not None:
-            shell.on_startup.append(StartupHook(name="schema and topics", run=prepare))
+    def wire(self, shell: ServiceShell) -> None:
+        """After ``prepare``: the broker and the database waited for (retried, not ready
+        meanwhile), one supervised dispatcher per tenant (a dispatcher that dies stops the
+        process), clients closed last."""
         shell.on_startup.append(StartupHook(name="broker", run=self._kafka.start))
         shell.on_startup.append(StartupHook(name="database", run=self._connect))
         for tenant in self._directory.tenants:
@@ -440,7 +425,6 @@ class Notifier:
                 SideTask(name=f"notify-{tenant}", run=partial(self._tenant_dispatcher, tenant))
             )
         shell.on_shutdown.append(self._close_clients)
-        return shell
 
     async def consume(self, stop: asyncio.Event) -> None:
         """The shell's main: the consumer loop until ``stop`` is set."""
@@ -470,11 +454,6 @@ class Notifier:
             await self._session.close()
         await self._drop_pool()
         await self._kafka.stop()
-
-    async def run(self, prepare: Callable[[], Awaitable[None]] | None = None) -> int:
-        """Start (retried until the database and the broker answer), then consume and
-        dispatch until stopped; the exit code."""
-        return await self.shell(prepare).run(self.consume)
 
 
 async def run_notifier(

@@ -60,7 +60,7 @@ from runtime.clients import (
 )
 from runtime.health import Health
 from runtime.loop import ConsumerLoop, Handled
-from runtime.shell import ServiceShell, StartupHook, run_until
+from runtime.shell import ServiceShell, ShellWorker, StartupHook, run_until
 from runtime.startup import KafkaClients, open_pool
 from schemas.envelopes import Stage
 from schemas.errors import (
@@ -86,8 +86,12 @@ DependencyError = (
 )
 
 
-class ReconcilerService:
-    """The reconciler's handler and tick on the runtime's consumer loop (runtime/loop.py)."""
+class ReconcilerService(ShellWorker):
+    """The reconciler's handler and tick on the runtime's consumer loop (runtime/loop.py),
+    in the service shell."""
+
+    service = "reconciler"
+    retry_on = DependencyError
 
     def __init__(
         self,
@@ -192,35 +196,15 @@ class ReconcilerService:
             await reconciler.refresh_queue_metrics()
         return publications(await self._outbox.take(), self._parents)
 
-    def shell(
-        self,
-        prepare: Callable[[], Awaitable[None]] | None = None,
-        *,
-        http_port: int = 0,
-        handle_signals: bool = False,
-    ) -> ServiceShell:
-        """This reconciler in the runtime's service shell: health at once; ``prepare``
-        (schema check, topics), the broker and the database waited for (retried, not ready
-        meanwhile); the consumer loop as its main; clients closed in reverse order."""
-        settings = self._settings
-        shell = ServiceShell(
-            service="reconciler",
-            health=self.health,
-            http_host=settings.observability.metrics_host,
-            http_port=http_port,
-            retry_on=DependencyError,
-            handle_signals=handle_signals,
-            stopping=self.stopping,
-        )
-        if prepare is not None:
-            shell.on_startup.append(StartupHook(name="schema and topics", run=prepare))
+    def wire(self, shell: ServiceShell) -> None:
+        """After ``prepare``: the tool hooks, the broker and the database waited for
+        (retried, not ready meanwhile); clients closed in reverse order."""
         shell.on_startup.append(StartupHook(name="tool hooks", run=self._start_catalog))
         shell.on_startup.append(StartupHook(name="broker", run=self._kafka.start))
         shell.on_startup.append(StartupHook(name="database", run=self._start_database))
         shell.on_shutdown.append(self._stop_tracer)
         shell.on_shutdown.append(self._catalog.stop)
         shell.on_shutdown.append(self._close_clients)
-        return shell
 
     async def _start_catalog(self) -> None:
         await self._catalog.start(self._settings)

@@ -123,59 +123,14 @@ def test_an_executor_without_a_broker_is_alive_and_not_ready(
     assert "Unable to bootstrap" in worker.log_tail(200) or "unavailable" in worker.log_tail(200)
 
 
-def test_a_stages_worker_started_while_the_broker_is_unreachable_waits_then_serves(
-    probed: tuple[Pipeline, int],
-) -> None:
-    pipeline, _ = probed
-    host, _, port = pipeline.settings.kafka_bootstrap.partition(":")
-    broker_port, http_port = free_port(), free_port()
-    forwarder = Forwarder(broker_port, (host, int(port)))
-    worker = pipeline.start(
-        "stages",
-        "stages-late-broker",
-        RATIFIER_KAFKA__BOOTSTRAP=f"127.0.0.1:{broker_port}",  # nothing listens there yet
-        RATIFIER_STREAMS__HTTP_PORT=str(http_port),
-    )
-    base = f"http://127.0.0.1:{http_port}"
-
-    def running() -> bool:
-        return worker.process.poll() is None
-
-    try:
-        status, waiting = wait_probe(
-            f"{base}/readyz",
-            lambda _status, body: "schema and topics" in str(body.get("why", "")),
-            running,
-            timeout=60,
-        )
-        assert status == 503 and waiting["ready"] is False, waiting
-        assert probe(f"{base}/healthz")[0] == 200
-        forwarder.start()
-        status, ready = wait_probe(
-            f"{base}/readyz", lambda status, _body: status == 200, running, timeout=90
-        )
-        assert ready["ready"] is True and ready["partitions"] >= 1, ready
-        assert "waits for schema and topics" in worker.log_tail(400)
-    finally:
-        pipeline.stop_worker("stages-late-broker")
-        forwarder.close()
-
-
-def test_a_reconciler_started_while_postgres_is_unreachable_is_not_ready_then_ready(
-    probed: tuple[Pipeline, int],
-) -> None:
-    pipeline, _ = probed
-    database = urlsplit(pipeline.settings.storage.database_url)
-    database_port, http_port = free_port(), free_port()
-    forwarder = Forwarder(database_port, (database.hostname or "127.0.0.1", database.port or 5432))
-    credentials = database.netloc.rpartition("@")[0]
-    unreachable = database._replace(netloc=f"{credentials}@127.0.0.1:{database_port}").geturl()
-    worker = pipeline.start(
-        "reconciler",
-        "reconciler-late-database",
-        RATIFIER_STORAGE__DATABASE_URL=unreachable,  # nothing listens there yet
-        RATIFIER_OBSERVABILITY__RECONCILER_METRICS_PORT=str(http_port),
-    )
+def waits_not_ready_then_serves(
+    pipeline: Pipeline, command: str, forwarder: Forwarder, http_port: int, **env: str
+) -> str:
+    """Start ``command`` with ``env`` pointing a dependency at ``forwarder`` (closed yet):
+    alive and not ready while its start-up waits for the schema check and topics, ready
+    once the forwarder opens; its log."""
+    name = f"{command}-late"
+    worker = pipeline.start(command, name, **env)
     base = f"http://127.0.0.1:{http_port}"
 
     def running() -> bool:
@@ -190,13 +145,49 @@ def test_a_reconciler_started_while_postgres_is_unreachable_is_not_ready_then_re
         )
         assert status == 503 and waiting["ready"] is False, waiting
         status, alive = probe(f"{base}/healthz")
-        assert status == 200 and alive["service"] == "reconciler", alive
+        assert status == 200 and alive["alive"] is True, alive
         forwarder.start()
         status, ready = wait_probe(
             f"{base}/readyz", lambda status, _body: status == 200, running, timeout=90
         )
         assert ready["ready"] is True and ready["partitions"] >= 1, ready
-        assert "reconciler waits for schema and topics" in worker.log_tail(400)
+        return worker.log_tail(400)
     finally:
-        pipeline.stop_worker("reconciler-late-database")
+        pipeline.stop_worker(name)
         forwarder.close()
+
+
+def test_a_stages_worker_started_while_the_broker_is_unreachable_waits_then_serves(
+    probed: tuple[Pipeline, int],
+) -> None:
+    pipeline, _ = probed
+    host, _, port = pipeline.settings.kafka_bootstrap.partition(":")
+    broker_port, http_port = free_port(), free_port()
+    log = waits_not_ready_then_serves(
+        pipeline,
+        "stages",
+        Forwarder(broker_port, (host, int(port))),
+        http_port,
+        RATIFIER_KAFKA__BOOTSTRAP=f"127.0.0.1:{broker_port}",  # nothing listens there yet
+        RATIFIER_STREAMS__HTTP_PORT=str(http_port),
+    )
+    assert "stages waits for schema and topics" in log
+
+
+def test_a_reconciler_started_while_postgres_is_unreachable_is_not_ready_then_ready(
+    probed: tuple[Pipeline, int],
+) -> None:
+    pipeline, _ = probed
+    database = urlsplit(pipeline.settings.storage.database_url)
+    database_port, http_port = free_port(), free_port()
+    credentials = database.netloc.rpartition("@")[0]
+    unreachable = database._replace(netloc=f"{credentials}@127.0.0.1:{database_port}").geturl()
+    log = waits_not_ready_then_serves(
+        pipeline,
+        "reconciler",
+        Forwarder(database_port, (database.hostname or "127.0.0.1", database.port or 5432)),
+        http_port,
+        RATIFIER_STORAGE__DATABASE_URL=unreachable,  # nothing listens there yet
+        RATIFIER_OBSERVABILITY__RECONCILER_METRICS_PORT=str(http_port),
+    )
+    assert "reconciler waits for schema and topics" in log
