@@ -22,15 +22,13 @@ import pytest
 
 from commands.policy import DEFAULT_POLICY_DIR
 from ratifier.processes import wait_for_log
-from ratifier.topics import delete_topics
-from tests.e2e.conftest import Pipeline, SigningKeys, start_pipeline
+from tests.e2e.conftest import Pipeline, SigningKeys
 from tests.e2e.executor_kit import (
+    executor_pipeline,
     publish_commands,
     reconciled_history,
     refund_command,
-    seed_payments,
 )
-from tests.services import run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
@@ -62,20 +60,8 @@ time_zone = "Europe/Berlin"
 def fleet(signing_keys: SigningKeys, tmp_path: Path) -> Iterator[Pipeline]:
     # A budget of this run only: the test database outlives sessions (same agent, same day).
     name = f"e2e-refunds-{uuid.uuid4().hex[:8]}"
-    pipeline = start_pipeline(
-        signing_keys,
-        f"budgets-{uuid.uuid4().hex[:4]}",
-        streams=False,
-        executors=2,
-        RATIFIER_POLICIES__DIRECTORY=str(budget_policies(tmp_path, name)),
-        RATIFIER_EXECUTOR__CLAIM_LEASE_SECONDS="5",
-    )
-    seed_payments(pipeline.settings)
-    try:
+    with executor_pipeline(signing_keys, "budgets", 2, budget_policies(tmp_path, name)) as pipeline:
         yield pipeline
-    finally:
-        pipeline.stop()
-        run(delete_topics(pipeline.settings))
 
 
 def test_a_thousand_concurrent_refunds_never_pass_a_daily_budget(fleet: Pipeline) -> None:

@@ -14,19 +14,17 @@ from pathlib import Path
 import pytest
 import redis
 
-from ratifier.topics import delete_topics
 from schemas.envelopes import CommittedCommand
-from tests.e2e.conftest import Pipeline, SigningKeys, start_pipeline
+from tests.e2e.conftest import Pipeline, SigningKeys
 from tests.e2e.executor_kit import (
     distinct_statuses,
+    executor_pipeline,
     provider_stats,
     publish_commands,
     reconciled_history,
     refund_command,
-    seed_payments,
     wait_terminal,
 )
-from tests.services import run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 REPO = Path(__file__).resolve().parents[2]
@@ -34,20 +32,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def executors_only(signing_keys: SigningKeys, request: pytest.FixtureRequest) -> Iterator[Pipeline]:
-    count = getattr(request, "param", 3)
-    pipeline = start_pipeline(
-        signing_keys,
-        f"executors-{uuid.uuid4().hex[:4]}",
-        streams=False,
-        executors=count,
-        RATIFIER_EXECUTOR__CLAIM_LEASE_SECONDS="5",
-    )
-    seed_payments(pipeline.settings)
-    try:
+    with executor_pipeline(signing_keys, "executors", getattr(request, "param", 3)) as pipeline:
         yield pipeline
-    finally:
-        pipeline.stop()
-        run(delete_topics(pipeline.settings))
 
 
 def test_three_executors_duplicates_and_conflicts(executors_only: Pipeline) -> None:
