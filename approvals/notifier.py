@@ -33,7 +33,6 @@ from typing import Any
 import aiohttp
 import psycopg
 from aiokafka import ConsumerRecord
-from aiokafka.errors import KafkaError
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from pydantic import ValidationError
 
@@ -57,7 +56,7 @@ from runtime.health import Health
 from runtime.loop import ConsumerLoop, Handled
 from runtime.retry import Stopped, pause, retrying
 from runtime.shell import ServiceShell, ShellWorker, StartupHook, run_until
-from runtime.startup import KafkaClients, open_pool
+from runtime.startup import DEPENDENCY_ERRORS, KafkaClients, open_pool
 from runtime.supervision import SideTask
 from schemas.envelopes import ApprovalRequest, DecisionKind, NotificationDeadLetter
 from schemas.errors import StorageUnavailable
@@ -74,15 +73,6 @@ METRICS_REFRESH_SECONDS = 5.0
 # died mid-send is due again.
 LEASE_MARGIN_SECONDS = 30.0
 USER_AGENT = "ratifier-notifier/1"
-
-DependencyError = (
-    psycopg.Error,
-    PoolTimeout,
-    KafkaError,
-    TimeoutError,
-    OSError,
-    StorageUnavailable,
-)
 
 
 def retry_policy(settings: Settings) -> RetryPolicy:
@@ -113,7 +103,7 @@ class Notifier(ShellWorker):
     """The consumer and the dispatcher of one notifier process, in the service shell."""
 
     service = "notifier"
-    retry_on = DependencyError
+    retry_on = DEPENDENCY_ERRORS
 
     def __init__(
         self,
@@ -218,7 +208,7 @@ class Notifier(ShellWorker):
             try:
                 busy = await retrying(
                     partial(self._cycle, tenant),
-                    retry_on=DependencyError,
+                    retry_on=DEPENDENCY_ERRORS,
                     what=f"notifier dispatch ({tenant})",
                     stop=self.stopping,
                 )

@@ -45,7 +45,6 @@ from typing import Any
 
 import psycopg
 from aiokafka import ConsumerRecord
-from aiokafka.errors import KafkaError
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from commands.catalog import Catalog
@@ -61,7 +60,7 @@ from runtime.clients import (
 from runtime.health import Health
 from runtime.loop import ConsumerLoop, Handled
 from runtime.shell import ServiceShell, ShellWorker, StartupHook, run_until
-from runtime.startup import KafkaClients, open_pool
+from runtime.startup import DEPENDENCY_ERRORS, KafkaClients, open_pool
 from schemas.envelopes import Stage
 from schemas.errors import (
     StorageUnavailable,
@@ -75,23 +74,13 @@ MAX_REMEMBERED_PARENTS = 10_000
 # How long a cycle waits for a database connection (a connection attempt included).
 CONNECT_TIMEOUT_SECONDS = 5.0
 
-# What fails a cycle (retried on the runtime's ladder), never the process.
-DependencyError = (
-    psycopg.Error,
-    PoolTimeout,
-    KafkaError,
-    TimeoutError,
-    OSError,
-    StorageUnavailable,
-)
-
 
 class ReconcilerService(ShellWorker):
     """The reconciler's handler and tick on the runtime's consumer loop (runtime/loop.py),
     in the service shell."""
 
     service = "reconciler"
-    retry_on = DependencyError
+    retry_on = DEPENDENCY_ERRORS
 
     def __init__(
         self,
@@ -122,7 +111,7 @@ class ReconcilerService(ShellWorker):
         reconnection backs off without a cap; the next cycle opens a fresh one)."""
         try:
             result = await step()
-        except DependencyError as exc:
+        except DEPENDENCY_ERRORS as exc:
             why = f"{type(exc).__name__}: {str(exc) or 'no answer in time'}"
             self._failures += 1
             self.health.waiting_for(why)
@@ -231,7 +220,7 @@ class ReconcilerService(ShellWorker):
             # A settled outcome the broker refuses is dead-lettered and answered without
             # its result, never replaced by a made-up failure.
             answers=None,
-            retry_on=DependencyError,
+            retry_on=DEPENDENCY_ERRORS,
             tick=self._tick,
             poll_ms=500,
             max_records=500,

@@ -6,11 +6,25 @@ from __future__ import annotations
 
 from typing import Any
 
+import psycopg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from psycopg_pool import AsyncConnectionPool
+from aiokafka.errors import KafkaError
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from config.settings import Settings
 from runtime.clients import kafka_consumer, kafka_producer, start_kafka_client
+from schemas.errors import StorageUnavailable
+
+# What a worker on PostgreSQL and Kafka meets while either is away: retried (at start by the
+# shell, later by its own cycle), never a reason to exit.
+DEPENDENCY_ERRORS: tuple[type[BaseException], ...] = (
+    psycopg.Error,
+    PoolTimeout,
+    KafkaError,
+    TimeoutError,
+    OSError,
+    StorageUnavailable,
+)
 
 
 async def open_pool(
