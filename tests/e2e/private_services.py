@@ -184,6 +184,29 @@ class Forwarder:
 
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def kafka_replication(replicas: int, min_isr: int, internal_partitions: int) -> str:
+    """Broker settings: how the pipeline's topics and Kafka's own are replicated, and the
+    small test broker's tuning (no topic made on first use, no rebalance delay)."""
+    return f"""\
+num.partitions=1
+default.replication.factor={replicas}
+min.insync.replicas={min_isr}
+offsets.topic.replication.factor={replicas}
+offsets.topic.num.partitions={internal_partitions}
+transaction.state.log.replication.factor={replicas}
+transaction.state.log.min.isr={min_isr}
+transaction.state.log.num.partitions={internal_partitions}
+share.coordinator.state.topic.replication.factor={replicas}
+share.coordinator.state.topic.min.isr={min_isr}
+auto.create.topics.enable=false
+group.initial.rebalance.delay.ms=0
+num.network.threads=2
+num.io.threads=2
+"""
+
+
 KAFKA_SETTINGS = """\
 process.roles=broker,controller
 node.id=1
@@ -194,21 +217,7 @@ inter.broker.listener.name=PLAINTEXT
 controller.listener.names=CONTROLLER
 listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
 log.dirs={data}
-num.partitions=1
-default.replication.factor=1
-min.insync.replicas=1
-offsets.topic.replication.factor=1
-offsets.topic.num.partitions=4
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
-transaction.state.log.num.partitions=4
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
-auto.create.topics.enable=false
-group.initial.rebalance.delay.ms=0
-num.network.threads=2
-num.io.threads=2
-"""
+""" + kafka_replication(replicas=1, min_isr=1, internal_partitions=4)
 
 
 def kafka_jars() -> Path | None:

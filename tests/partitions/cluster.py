@@ -32,7 +32,13 @@ from config.settings import Settings
 from ratifier.migrate import migrate
 from ratifier.processes import FAKE_PROVIDER_MODULE, WorkerProcess
 from tests.e2e.conftest import Pipeline, SigningKeys
-from tests.e2e.private_services import kafka_cluster_id, kafka_jars, kafka_java, server_binaries
+from tests.e2e.private_services import (
+    kafka_cluster_id,
+    kafka_jars,
+    kafka_java,
+    kafka_replication,
+    server_binaries,
+)
 from tests.partitions import network
 from tests.partitions.network import RUN_TAG, address, proxy_address
 
@@ -156,21 +162,8 @@ inter.broker.listener.name=INTERNAL
 controller.listener.names=CONTROLLER
 listener.security.protocol.map=INTERNAL:PLAINTEXT,CLIENT:PLAINTEXT,DIRECT:PLAINTEXT,CONTROLLER:PLAINTEXT
 log.dirs={self.folder / host / "data"}
-num.partitions=1
-default.replication.factor=3
-min.insync.replicas=2
-offsets.topic.replication.factor=3
-offsets.topic.num.partitions=6
-transaction.state.log.replication.factor=3
-transaction.state.log.min.isr=2
-transaction.state.log.num.partitions=6
-share.coordinator.state.topic.replication.factor=3
-share.coordinator.state.topic.min.isr=2
+{kafka_replication(replicas=3, min_isr=2, internal_partitions=6)}\
 unclean.leader.election.enable=false
-auto.create.topics.enable=false
-group.initial.rebalance.delay.ms=0
-num.network.threads=2
-num.io.threads=2
 num.recovery.threads.per.data.dir=1
 broker.session.timeout.ms=6000
 broker.heartbeat.interval.ms=1000
