@@ -69,6 +69,26 @@ class PrivatePostgres:
         self._ctl("-m", "fast", "-w", "stop")
 
 
+def initdb(bin_dir: Path, data: Path, as_user: Sequence[str], timeout: float = 180) -> None:
+    """A new PostgreSQL cluster in ``data`` (superuser postgres, trust, UTF8)."""
+    subprocess.run(
+        [
+            *as_user,
+            str(bin_dir / "initdb"),
+            "-D",
+            str(data),
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=timeout,
+    )
+
+
 @contextmanager
 def private_postgres() -> Iterator[PrivatePostgres]:
     """A fresh cluster with the `ratifier` role and database, started; removed afterwards."""
@@ -83,22 +103,7 @@ def private_postgres() -> Iterator[PrivatePostgres]:
         as_user = ["runuser", "-u", "postgres", "--"]
     server = PrivatePostgres(bin_dir=bin_dir, folder=folder, port=free_port(), as_user=as_user)
     try:
-        subprocess.run(
-            [
-                *as_user,
-                str(bin_dir / "initdb"),
-                "-D",
-                str(server.data),
-                "-U",
-                "postgres",
-                "--auth=trust",
-                "-E",
-                "UTF8",
-            ],
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
+        initdb(bin_dir, server.data, as_user, timeout=120)
         server.start()
         admin = f"postgresql://postgres@127.0.0.1:{server.port}/postgres"
         with psycopg.connect(admin, autocommit=True) as conn:

@@ -33,6 +33,7 @@ from ratifier.migrate import migrate
 from ratifier.processes import FAKE_PROVIDER_MODULE, WorkerProcess
 from tests.e2e.conftest import Pipeline, SigningKeys
 from tests.e2e.private_services import (
+    initdb,
     kafka_cluster_id,
     kafka_jars,
     kafka_java,
@@ -228,22 +229,7 @@ class Postgres:
         return self.folder / "data"
 
     def initialize(self) -> None:
-        subprocess.run(
-            [
-                *self.as_user,
-                str(self.bin_dir / "initdb"),
-                "-D",
-                str(self.data),
-                "-U",
-                "postgres",
-                "--auth=trust",
-                "-E",
-                "UTF8",
-            ],
-            check=True,
-            capture_output=True,
-            timeout=180,
-        )
+        initdb(self.bin_dir, self.data, self.as_user)
         with (self.data / "pg_hba.conf").open("a") as hba:
             hba.write(f"host all all {network.SUBNET}.0/24 trust\n")
 
