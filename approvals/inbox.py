@@ -12,16 +12,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from approvals.pending import is_pending, pending_order
+from approvals.pending import TERMINAL_STATUS_VALUES, is_pending, pending_order
 from approvals.refusals import refusal_error
 from approvals.rights import APPROVER_ROLE
-from approvals.signing import ApprovalKeys, DecisionRefusal, sign_decision, statement_for
+from approvals.signing import ApprovalKeys, DecisionRefusal, statement_for
 from config.settings import Settings
 from runtime.clients import kafka_producer
 from runtime.identity import ContextKeys, verify_context_token
 from runtime.reader import TopicReader
 from schemas.envelopes import (
-    TERMINAL_STATUSES,
     Actor,
     ApprovalDecision,
     ApprovalRequest,
@@ -37,8 +36,6 @@ from schemas.errors import (
     Unauthenticated,
 )
 from schemas.names import Topic
-
-_TERMINAL = {s.value for s in TERMINAL_STATUSES}
 
 # The one status map of the approver surfaces (this package's HTTP API and the dashboard).
 HTTP_STATUS: dict[ErrorCode, int] = {
@@ -95,7 +92,7 @@ class ApprovalInbox:
                 return
             if request.call_id not in self._ended:
                 self._pending[request.call_id] = request
-        elif body.get("status") in _TERMINAL and isinstance(body.get("call_id"), str):
+        elif body.get("status") in TERMINAL_STATUS_VALUES and isinstance(body.get("call_id"), str):
             self._ended[body["call_id"]] = body["status"]
             self._pending.pop(body["call_id"], None)
 
@@ -188,33 +185,6 @@ def statement_of(
         arguments=arguments,
         kind=kind,
     )
-
-
-def decision_for(
-    request: ApprovalRequest,
-    *,
-    approver: Actor,
-    keys: ApprovalKeys,
-    verdict: ApprovalVerdict,
-    reason: str | None = None,
-    arguments: dict[str, Any] | None = None,
-    fingerprint: str | None = None,
-    kind: DecisionKind = DecisionKind.APPROVER,
-    now: datetime | None = None,
-) -> ApprovalDecision:
-    """`statement_of`, signed with the approval service's key."""
-    statement = statement_of(
-        request,
-        approver=approver,
-        keys=keys,
-        verdict=verdict,
-        reason=reason,
-        arguments=arguments,
-        fingerprint=fingerprint,
-        kind=kind,
-        now=now,
-    )
-    return sign_decision(statement, keys)
 
 
 async def publish_decision(settings: Settings, decision: ApprovalDecision) -> None:

@@ -32,8 +32,7 @@ from typing import Any
 
 import aiohttp
 import psycopg
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
-from aiokafka.errors import KafkaError
+from aiokafka import ConsumerRecord
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from pydantic import ValidationError
 
@@ -51,15 +50,13 @@ from commands.sql import named_query
 from config.settings import Settings
 from runtime.clients import (
     database_conninfo,
-    kafka_consumer,
-    kafka_producer,
     pg_pool,
-    start_kafka_client,
 )
 from runtime.health import Health
 from runtime.loop import ConsumerLoop, Handled
 from runtime.retry import Stopped, pause, retrying
-from runtime.shell import ServiceShell, StartupHook
+from runtime.shell import ServiceShell, ShellWorker, StartupHook, run_until
+from runtime.startup import DEPENDENCY_ERRORS, KafkaClients, open_pool
 from runtime.supervision import SideTask
 from schemas.envelopes import ApprovalRequest, DecisionKind, NotificationDeadLetter
 from schemas.errors import StorageUnavailable
@@ -76,15 +73,6 @@ METRICS_REFRESH_SECONDS = 5.0
 # died mid-send is due again.
 LEASE_MARGIN_SECONDS = 30.0
 USER_AGENT = "ratifier-notifier/1"
-
-DependencyError = (
-    psycopg.Error,
-    PoolTimeout,
-    KafkaError,
-    TimeoutError,
-    OSError,
-    StorageUnavailable,
-)
 
 
 def retry_policy(settings: Settings) -> RetryPolicy:
@@ -111,8 +99,11 @@ def dead_letter(row: dict[str, Any], tenant: str) -> NotificationDeadLetter:
     )
 
 
-class Notifier:
-    """The consumer and the dispatcher of one notifier process."""
+class Notifier(ShellWorker):
+    """The consumer and the dispatcher of one notifier process, in the service shell."""
+
+    service = "notifier"
+    retry_on = DEPENDENCY_ERRORS
 
     def __init__(
         self,
@@ -129,8 +120,11 @@ class Notifier:
         self.stopping = asyncio.Event()
         self._loop: ConsumerLoop | None = None
         self._pool: AsyncConnectionPool[Any] | None = None
-        self._producer: AIOKafkaProducer | None = None
-        self._consumer: AIOKafkaConsumer | None = None
+        self._kafka = KafkaClients(
+            settings,
+            settings.topic(Topic.APPROVALS_REQUESTED),
+            group=settings.group(NOTIFIER_GROUP),
+        )
         self._session: aiohttp.ClientSession | None = None
         self._pending: dict[str, tuple[int, float]] = {}
         self._wake: dict[str, asyncio.Event] = {}
@@ -214,7 +208,7 @@ class Notifier:
             try:
                 busy = await retrying(
                     partial(self._cycle, tenant),
-                    retry_on=DependencyError,
+                    retry_on=DEPENDENCY_ERRORS,
                     what=f"notifier dispatch ({tenant})",
                     stop=self.stopping,
                 )
@@ -353,7 +347,7 @@ class Notifier:
             ).fetchall()
         if not rows:
             return
-        producer = self._producer
+        producer = self._kafka.producer
         assert producer is not None
         topic = self._settings.topic(Topic.NOTIFICATIONS_DEADLETTER)
         sent = []
@@ -402,12 +396,7 @@ class Notifier:
                 autocommit=True,
                 connect_timeout=CONNECT_TIMEOUT_SECONDS,
             )
-            try:
-                await pool.open(wait=True, timeout=CONNECT_TIMEOUT_SECONDS)
-            except BaseException:
-                await pool.close(timeout=1.0)
-                raise
-            self._pool = pool
+            self._pool = await open_pool(pool, wait_seconds=CONNECT_TIMEOUT_SECONDS)
         return self._pool
 
     async def _drop_pool(self) -> None:
@@ -415,67 +404,26 @@ class Notifier:
         if pool is not None:
             await pool.close(timeout=1.0)
 
-    async def _start(self, prepare: Callable[[], Awaitable[None]] | None) -> None:
-        settings = self._settings
-        if prepare is not None:
-            await prepare()
-        if self._producer is None:
-            producer = kafka_producer(settings)
-            await start_kafka_client(producer, settings.kafka)
-            self._producer = producer
-        if self._consumer is None:
-            consumer = kafka_consumer(
-                settings,
-                settings.topic(Topic.APPROVALS_REQUESTED),
-                group=settings.group(NOTIFIER_GROUP),
-            )
-            await start_kafka_client(consumer, settings.kafka)
-            self._consumer = consumer
-        await self._connect()
-
-    def shell(
-        self,
-        prepare: Callable[[], Awaitable[None]] | None = None,
-        *,
-        http_port: int = 0,
-        handle_signals: bool = False,
-    ) -> ServiceShell:
-        """This notifier in the runtime's service shell: health at once, the database and
-        the broker waited for (retried, not ready meanwhile), one supervised dispatcher per
-        tenant (a dispatcher that dies stops the process), clients closed last."""
-        settings = self._settings
-        shell = ServiceShell(
-            service="notifier",
-            health=self.health,
-            http_host=settings.observability.metrics_host,
-            http_port=http_port,
-            retry_on=DependencyError,
-            handle_signals=handle_signals,
-            stopping=self.stopping,
-        )
-        prepared = False
-
-        async def start() -> None:
-            nonlocal prepared
-            await self._start(None if prepared else prepare)
-            prepared = True
-
-        shell.on_startup.append(StartupHook(name="database and broker", run=start))
+    def wire(self, shell: ServiceShell) -> None:
+        """After ``prepare``: the broker and the database waited for (retried, not ready
+        meanwhile), one supervised dispatcher per tenant (a dispatcher that dies stops the
+        process), clients closed last."""
+        shell.on_startup.append(StartupHook(name="broker", run=self._kafka.start))
+        shell.on_startup.append(StartupHook(name="database", run=self._connect))
         for tenant in self._directory.tenants:
             shell.side_tasks.append(
                 SideTask(name=f"notify-{tenant}", run=partial(self._tenant_dispatcher, tenant))
             )
         shell.on_shutdown.append(self._close_clients)
-        return shell
 
     async def consume(self, stop: asyncio.Event) -> None:
         """The shell's main: the consumer loop until ``stop`` is set."""
         settings = self._settings
-        assert self._consumer is not None
+        assert self._kafka.consumer is not None
         loop = self._loop = ConsumerLoop(
             settings,
-            self._consumer,
-            self._producer,
+            self._kafka.consumer,
+            self._kafka.producer,
             stage="notify",
             group=settings.group(NOTIFIER_GROUP),
             handle=self._enqueue,
@@ -489,26 +437,13 @@ class Notifier:
             settings.topic(Topic.APPROVALS_REQUESTED),
             len(self._directory.tenants),
         )
-        stopper = asyncio.create_task(stop.wait())
-        stopper.add_done_callback(lambda _done: loop.stop())
-        try:
-            await loop.run()
-        finally:
-            stopper.cancel()
+        await run_until(loop, stop)
 
     async def _close_clients(self) -> None:
         if self._session is not None:
             await self._session.close()
         await self._drop_pool()
-        if self._consumer is not None:
-            await self._consumer.stop()
-        if self._producer is not None:
-            await self._producer.stop()
-
-    async def run(self, prepare: Callable[[], Awaitable[None]] | None = None) -> int:
-        """Start (retried until the database and the broker answer), then consume and
-        dispatch until stopped; the exit code."""
-        return await self.shell(prepare).run(self.consume)
+        await self._kafka.stop()
 
 
 async def run_notifier(

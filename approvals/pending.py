@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from schemas.envelopes import ApprovalRequest
+from schemas.envelopes import TERMINAL_STATUSES, ApprovalRequest
+
+# An outcome with one of these statuses ends its call's approval request (as sent on the wire).
+TERMINAL_STATUS_VALUES = frozenset(s.value for s in TERMINAL_STATUSES)
 
 
 def is_pending(

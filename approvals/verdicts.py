@@ -23,6 +23,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from pydantic import ValidationError
 
 from approvals.inbox import publish_decision, statement_of
+from approvals.pending import TERMINAL_STATUS_VALUES
 from approvals.refusals import error_json, refusal_error
 from approvals.rights import ApproverRights, approver_refusal, pending_from_request
 from approvals.signing import ApprovalKeys, DecisionRefusal, sign_decision
@@ -30,7 +31,6 @@ from commands.catalog import Catalog
 from commands.sql import named_query
 from config.settings import Settings
 from schemas.envelopes import (
-    TERMINAL_STATUSES,
     Actor,
     ApprovalDecision,
     ApprovalRequest,
@@ -41,7 +41,6 @@ from schemas.envelopes import (
 from schemas.errors import InvalidArguments, StorageUnavailable
 
 _PKG = "approvals"
-_TERMINAL = {s.value for s in TERMINAL_STATUSES}
 
 
 def approved_by(rows: Iterable[Mapping[str, Any]]) -> tuple[str, ...]:
@@ -135,7 +134,7 @@ def verdict_from(
                 refused = DecisionRefusal.MALFORMED
         elif kind == "approval_decision_held":
             held = True
-    ended = outcome if outcome in _TERMINAL else None
+    ended = outcome if outcome in TERMINAL_STATUS_VALUES else None
     if counted is not None:
         approvals, required = counted.get("approvals"), counted.get("required_approvals")
         waiting = isinstance(approvals, int) and isinstance(required, int) and approvals < required

@@ -33,7 +33,8 @@ from runtime.clients import database_conninfo, kafka_consumer, pg_pool
 from runtime.health import Health
 from runtime.identity import context_keys, verify_context_token
 from runtime.loop import ConsumerLoop, Handled
-from runtime.shell import UNAVAILABLE, ServiceShell, StartupHook
+from runtime.shell import UNAVAILABLE, ServiceShell, ShellWorker, StartupHook, run_until
+from runtime.startup import open_pool
 from schemas.envelopes import Actor
 from schemas.errors import RatifierError
 from schemas.names import AUDIT_SINK_GROUP, Topic
@@ -86,11 +87,17 @@ def kafka_record(record: ConsumerRecord[bytes, bytes]) -> KafkaRecord:
     )
 
 
-class AuditSink:
+class AuditSink(ShellWorker):
+    """`ratifier audit sink`, in the service shell."""
+
+    service = "audit-sink"
+    # A database that refuses connections at start is waited for, like the broker.
+    retry_on = (*UNAVAILABLE, psycopg.OperationalError, PoolTimeout)
+
     def __init__(self, settings: Settings, masker: Masker) -> None:
         self._settings = settings
         self._masker = masker
-        self._stopping = asyncio.Event()
+        self.stopping = asyncio.Event()
         self.written = 0  # rows inserted by this process
         self.seen = 0  # records consumed (duplicates of earlier deliveries included)
         self._loop: ConsumerLoop | None = None
@@ -100,7 +107,7 @@ class AuditSink:
         self.health = Health.of("audit-sink", settings)
 
     def stop(self) -> None:
-        self._stopping.set()
+        self.stopping.set()
         if self._loop is not None:
             self._loop.stop()
 
@@ -160,40 +167,17 @@ class AuditSink:
             self._progress()
         return [Handled(observe=False)] * len(records)
 
-    def shell(
-        self,
-        prepare: Callable[[], Awaitable[None]] | None = None,
-        *,
-        http_port: int = 0,
-        handle_signals: bool = False,
-    ) -> ServiceShell:
-        """This sink in the runtime's service shell: health at once, the database and the
-        broker waited for (retried, not ready meanwhile), clients closed last."""
-        shell = ServiceShell(
-            service="audit-sink",
-            health=self.health,
-            http_host=self._settings.observability.metrics_host,
-            http_port=http_port,
-            retry_on=(*UNAVAILABLE, psycopg.OperationalError, PoolTimeout),
-            handle_signals=handle_signals,
-            stopping=self._stopping,
-        )
-        if prepare is not None:
-            shell.on_startup.append(StartupHook(name="schema and topics", run=prepare))
+    def wire(self, shell: ServiceShell) -> None:
+        """After ``prepare``: the database and the broker waited for (retried, not ready
+        meanwhile); clients closed last."""
         shell.on_startup.append(StartupHook(name="database and broker", run=self._connect))
         shell.on_shutdown.append(self._close)
-        return shell
 
     async def _connect(self) -> None:
         settings = self._settings
         if self._pool is None:
             pool = pg_pool(database_conninfo(settings), max_size=2)
-            try:
-                await pool.open(wait=True, timeout=CONNECT_TIMEOUT_SECONDS)
-            except BaseException:
-                await pool.close()
-                raise
-            self._pool = pool
+            self._pool = await open_pool(pool, wait_seconds=CONNECT_TIMEOUT_SECONDS)
         if self._consumer is None:
             topics = [settings.topic(t) for t in AUDITED_TOPICS]
             group = settings.group(AUDIT_SINK_GROUP)
@@ -228,12 +212,7 @@ class AuditSink:
             len(AUDITED_TOPICS),
             settings.topic_prefix,
         )
-        stopper = asyncio.create_task(stop.wait())
-        stopper.add_done_callback(lambda _done: loop.stop())
-        try:
-            await loop.run()
-        finally:
-            stopper.cancel()
+        await run_until(loop, stop)
 
     async def _close(self) -> None:
         self._progress(final=True)
@@ -241,10 +220,6 @@ class AuditSink:
             await self._consumer.stop()
         if self._pool is not None:
             await self._pool.close()
-
-    async def run(self) -> int:
-        """Connect (retried), consume until stopped, close; the exit code."""
-        return await self.shell().run(self.consume)
 
     def _progress(self, *, final: bool = False) -> None:
         log.info(

@@ -22,11 +22,14 @@ call id and trace. The settlement transaction writes those outcomes to an outbox
 unmarked ones are published again at start and on every cycle, so a crash between commit and
 publish loses nothing (a repeat is an identical outcome under the same call id).
 
-The process is the runtime's consumer loop (runtime/loop.py): its handler only acknowledges
-the wake-up records; its ``tick`` (after every poll) checks what is due and hands the owed
-outcomes to the loop, which publishes them with per-record isolation and waits out a broker
-outage. Database errors fail that tick only; it is retried on the runtime's backoff ladder
-with a fresh pool, and the process never exits for them.
+The process runs in the runtime's service shell (runtime/shell.py): health served at once,
+the schema check, the broker and the database waited for at start (alive, not ready
+meanwhile), signals, close in reverse order. Its main is the runtime's consumer loop
+(runtime/loop.py): the handler only acknowledges the wake-up records; its ``tick`` (after
+every poll) checks what is due and hands the owed outcomes to the loop, which publishes them
+with per-record isolation and waits out a broker outage. Database errors fail that tick
+only; it is retried on the runtime's backoff ladder with a fresh pool, and the process never
+exits for them.
 
 This module is the service; the domain (pure) is executors/reconciliation.py, the storage
 (the ledger's schedule, settlement, the outbox) executors/reconciler_store.py.
@@ -41,8 +44,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import psycopg
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
-from aiokafka.errors import KafkaError
+from aiokafka import ConsumerRecord
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from commands.catalog import Catalog
@@ -53,15 +55,12 @@ from executors.reconciler_store import Reconciler as Reconciler
 from executors.reconciliation import publications
 from runtime.clients import (
     database_conninfo,
-    kafka_consumer,
-    kafka_producer,
     pg_pool,
-    start_kafka_client,
 )
-from runtime.health import Health, serve_health
+from runtime.health import Health
 from runtime.loop import ConsumerLoop, Handled
-from runtime.retry import Stopped, retrying
-from runtime.signals import stop_on_signals
+from runtime.shell import ServiceShell, ShellWorker, StartupHook, run_until
+from runtime.startup import DEPENDENCY_ERRORS, KafkaClients, open_pool
 from schemas.envelopes import Stage
 from schemas.errors import (
     StorageUnavailable,
@@ -75,50 +74,36 @@ MAX_REMEMBERED_PARENTS = 10_000
 # How long a cycle waits for a database connection (a connection attempt included).
 CONNECT_TIMEOUT_SECONDS = 5.0
 
-# What fails a cycle (retried on the runtime's ladder), never the process.
-DependencyError = (
-    psycopg.Error,
-    PoolTimeout,
-    KafkaError,
-    TimeoutError,
-    OSError,
-    StorageUnavailable,
-)
 
+class ReconcilerService(ShellWorker):
+    """The reconciler's handler and tick on the runtime's consumer loop (runtime/loop.py),
+    in the service shell."""
 
-class ReconcilerService:
-    """The reconciler's handler and tick on the runtime's consumer loop (runtime/loop.py)."""
+    service = "reconciler"
+    retry_on = DEPENDENCY_ERRORS
 
     def __init__(
         self,
         settings: Settings,
         catalog: Catalog,
         *,
-        prepare: Callable[[], Awaitable[None]] | None = None,
         crash_points: CrashPoints = NO_CRASH_POINTS,
     ) -> None:
         self._settings = settings
         self._catalog = catalog
-        self._prepare = prepare
         self.health = Health.of("reconciler", settings)
         self.stopping = asyncio.Event()
         self._crash_points = crash_points
         self._tracer = tracer_from(settings, service="reconciler")
         self._parents: dict[str, TraceParent] = {}
-        self._loop: ConsumerLoop | None = None
         self._pool: AsyncConnectionPool[Any] | None = None
         self._reconciler: Reconciler | None = None
         self._outbox: Outbox | None = None
-        # Created (again) until they start: the broker may be down when the reconciler starts.
-        self._producer: AIOKafkaProducer | None = None
-        self._consumer: AIOKafkaConsumer | None = None
+        self._kafka = KafkaClients(
+            settings, settings.topic(Topic.UNKNOWN), group=settings.group(RECONCILER_GROUP)
+        )
         self._failures = 0
         self._metrics_due = 0.0
-
-    def stop(self) -> None:
-        self.stopping.set()
-        if self._loop is not None:
-            self._loop.stop()
 
     async def _cycle(self, step: Callable[[], Awaitable[Any]]) -> Any:
         """Run ``step``; a dependency error fails this cycle only (the caller retries it):
@@ -126,7 +111,7 @@ class ReconcilerService:
         reconnection backs off without a cap; the next cycle opens a fresh one)."""
         try:
             result = await step()
-        except DependencyError as exc:
+        except DEPENDENCY_ERRORS as exc:
             why = f"{type(exc).__name__}: {str(exc) or 'no answer in time'}"
             self._failures += 1
             self.health.waiting_for(why)
@@ -143,17 +128,15 @@ class ReconcilerService:
 
     async def _connect(self) -> Reconciler:
         if self._reconciler is None:
-            pool = pg_pool(
-                database_conninfo(self._settings),
-                max_size=2,
-                dict_rows=True,
-                connect_timeout=CONNECT_TIMEOUT_SECONDS,
+            pool = await open_pool(
+                pg_pool(
+                    database_conninfo(self._settings),
+                    max_size=2,
+                    dict_rows=True,
+                    connect_timeout=CONNECT_TIMEOUT_SECONDS,
+                ),
+                wait_seconds=CONNECT_TIMEOUT_SECONDS,
             )
-            try:
-                await pool.open(wait=True, timeout=CONNECT_TIMEOUT_SECONDS)
-            except BaseException:
-                await pool.close(timeout=1.0)
-                raise
             self._pool, self._outbox = pool, Outbox(pool)
             self._reconciler = Reconciler(
                 pool=pool,
@@ -171,23 +154,7 @@ class ReconcilerService:
             await self._pool.close(timeout=1.0)
         self._pool = self._reconciler = self._outbox = None
 
-    async def _start(self) -> None:
-        """Prepare (migrations check, topics), start the Kafka clients, open the pool; what
-        failed to start is built anew on the next try."""
-        settings = self._settings
-        if self._prepare is not None:
-            await self._prepare()
-            self._prepare = None
-        if self._producer is None:
-            producer = kafka_producer(settings)
-            await start_kafka_client(producer, settings.kafka)
-            self._producer = producer
-        if self._consumer is None:
-            consumer = kafka_consumer(
-                settings, settings.topic(Topic.UNKNOWN), group=settings.group(RECONCILER_GROUP)
-            )
-            await start_kafka_client(consumer, settings.kafka)
-            self._consumer = consumer
+    async def _start_database(self) -> None:
         await self._connect()
 
     async def _wake_up(self, records: Sequence[ConsumerRecord[bytes, bytes]]) -> list[Handled]:
@@ -218,47 +185,49 @@ class ReconcilerService:
             await reconciler.refresh_queue_metrics()
         return publications(await self._outbox.take(), self._parents)
 
-    async def run(self) -> None:
-        """Start (retried until the database and the broker answer), then run the loop."""
+    def wire(self, shell: ServiceShell) -> None:
+        """After ``prepare``: the tool hooks, the broker and the database waited for
+        (retried, not ready meanwhile); clients closed in reverse order."""
+        shell.on_startup.append(StartupHook(name="tool hooks", run=self._start_catalog))
+        shell.on_startup.append(StartupHook(name="broker", run=self._kafka.start))
+        shell.on_startup.append(StartupHook(name="database", run=self._start_database))
+        shell.on_shutdown.append(self._stop_tracer)
+        shell.on_shutdown.append(self._catalog.stop)
+        shell.on_shutdown.append(self._close_clients)
+
+    async def _start_catalog(self) -> None:
+        await self._catalog.start(self._settings)
+
+    async def _stop_tracer(self) -> None:
+        self._tracer.shutdown()
+
+    async def _close_clients(self) -> None:
+        await self._drop_pool()
+        await self._kafka.stop()
+
+    async def consume(self, stop: asyncio.Event) -> None:
+        """The shell's main: the consumer loop until ``stop`` is set."""
         settings = self._settings
-        await self._catalog.start(settings)
-        try:
-            await retrying(
-                lambda: self._cycle(self._start),
-                retry_on=DependencyError,
-                what="reconciler start",
-                stop=self.stopping,
-            )
-            assert self._consumer is not None
-            loop = self._loop = ConsumerLoop(
-                settings,
-                self._consumer,
-                self._producer,
-                stage=Stage.RECONCILE,
-                group=settings.group(RECONCILER_GROUP),
-                handle=self._wake_up,
-                tracer=self._tracer,
-                # A settled outcome the broker refuses is dead-lettered and answered without
-                # its result, never replaced by a made-up failure.
-                answers=None,
-                retry_on=DependencyError,
-                tick=self._tick,
-                poll_ms=500,
-                max_records=500,
-                health=self.health,
-            )
-            if self.stopping.is_set():
-                loop.stop()
-            log.info("reconciler started on %s", settings.topic(Topic.UNKNOWN))
-            await loop.run()
-        finally:
-            await self._drop_pool()
-            if self._consumer is not None:
-                await self._consumer.stop()
-            if self._producer is not None:
-                await self._producer.stop()
-            await self._catalog.stop()
-            self._tracer.shutdown()
+        assert self._kafka.consumer is not None
+        loop = ConsumerLoop(
+            settings,
+            self._kafka.consumer,
+            self._kafka.producer,
+            stage=Stage.RECONCILE,
+            group=settings.group(RECONCILER_GROUP),
+            handle=self._wake_up,
+            tracer=self._tracer,
+            # A settled outcome the broker refuses is dead-lettered and answered without
+            # its result, never replaced by a made-up failure.
+            answers=None,
+            retry_on=DEPENDENCY_ERRORS,
+            tick=self._tick,
+            poll_ms=500,
+            max_records=500,
+            health=self.health,
+        )
+        log.info("reconciler started on %s", settings.topic(Topic.UNKNOWN))
+        await run_until(loop, stop)
 
 
 async def run_reconciler(
@@ -267,19 +236,12 @@ async def run_reconciler(
     *,
     prepare: Callable[[], Awaitable[None]] | None = None,
     crash_points: CrashPoints = NO_CRASH_POINTS,
-) -> None:
-    """Serve health at once; ``prepare`` (migrations check, topics) and connecting are
-    retried until the database and the broker answer; then run until SIGTERM / SIGINT."""
-    service = ReconcilerService(settings, catalog, prepare=prepare, crash_points=crash_points)
-    stop_on_signals(service.stop)
-    close = await serve_health(
-        settings.observability.metrics_host,
-        settings.observability.reconciler_metrics_port,
-        service.health,
+) -> int:
+    """Run `ratifier reconciler` in the service shell until SIGTERM / SIGINT; the exit code."""
+    service = ReconcilerService(settings, catalog, crash_points=crash_points)
+    shell = service.shell(
+        prepare,
+        http_port=settings.observability.reconciler_metrics_port,
+        handle_signals=True,
     )
-    try:
-        await service.run()
-    except Stopped:
-        log.info("reconciler stopped before it connected")
-    finally:
-        await close()
+    return await shell.run(service.consume)

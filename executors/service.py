@@ -44,7 +44,7 @@ from runtime.emit import Emit
 from runtime.health import Health
 from runtime.loop import ConsumerLoop, Handled, by_key
 from runtime.retry import Stopped, retrying
-from runtime.shell import ServiceShell, StartupHook
+from runtime.shell import ServiceShell, StartupHook, run_until
 from runtime.supervision import SideTask, Supervisor
 from schemas.envelopes import CommittedCommand, Outcome, Stage
 from schemas.errors import StorageUnavailable
@@ -536,15 +536,7 @@ def run_executor(
     )
     shell.on_startup.append(StartupHook(name="kafka", run=start))
 
-    async def consume(stop: asyncio.Event) -> None:
-        stopper = asyncio.create_task(stop.wait())
-        stopper.add_done_callback(lambda _done: service.stop())
-        try:
-            await service.run()
-        finally:
-            stopper.cancel()
-
-    code = asyncio.run(shell.run(consume))
+    code = asyncio.run(shell.run(partial(run_until, service)))
     if service.failure is not None:
         log.error("executor stopped: %s", service.failure)
         return 1

@@ -6,7 +6,7 @@ import argparse
 import asyncio
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -25,6 +25,22 @@ def _setup_logging(settings: Settings) -> None:
     )
     # aiokafka narrates every rebalance and metadata change at INFO.
     logging.getLogger("aiokafka").setLevel(max(logging.WARNING, logging.getLogger().level))
+
+
+def schema_and_topics(settings: Settings) -> Callable[[], Awaitable[None]]:
+    """A worker's start-up hook: the schema is current (ConfigurationError if behind, which
+    stops the start), then the topics exist; PostgreSQL or the broker away: retried."""
+
+    async def prepare() -> None:
+        from ratifier.migrate import require_current_schema
+        from ratifier.topics import ensure_topics
+
+        await asyncio.to_thread(
+            require_current_schema, database_conninfo(settings), catalog=settings.catalog
+        )
+        await ensure_topics(settings)
+
+    return prepare
 
 
 def cmd_topics(settings: Settings, _args: argparse.Namespace) -> int:
@@ -84,19 +100,11 @@ def cmd_stages(settings: Settings, _args: argparse.Namespace) -> int:
     """The stateless stages and the approval HTTP API, on the runtime (no faust)."""
     from commands.catalog import load_catalog
     from feeds.policies import PolicyFeed, local_policies
-    from ratifier.migrate import require_current_schema
-    from ratifier.topics import ensure_topics
     from runtime.shell import StartupHook
     from streams.stages_service import run_stages
 
-    async def prepare() -> None:
-        await asyncio.to_thread(
-            require_current_schema, database_conninfo(settings), catalog=settings.catalog
-        )
-        await ensure_topics(settings)
-
     feed = PolicyFeed(settings, local_policies(settings))
-    hook = StartupHook(name="schema and topics", run=prepare)
+    hook = StartupHook(name="schema and topics", run=schema_and_topics(settings))
     return asyncio.run(
         run_stages(settings, catalog=load_catalog(settings.catalog), feed=feed, prepare=hook)
     )
@@ -244,8 +252,8 @@ def cmd_policy_replay(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_approvals(settings: Settings, args: argparse.Namespace) -> int:
     import json
 
-    from approvals.inbox import ApprovalInbox, approver_from, decision_for, publish_decision
-    from approvals.signing import approval_keys
+    from approvals.inbox import ApprovalInbox, approver_from, publish_decision, statement_of
+    from approvals.signing import approval_keys, sign_decision
     from runtime.identity import context_keys
     from schemas.envelopes import ApprovalVerdict
 
@@ -277,14 +285,16 @@ def cmd_approvals(settings: Settings, args: argparse.Namespace) -> int:
         return 0
     verdict = ApprovalVerdict(args.approvals_command)
     arguments = json.loads(args.arguments) if verdict is ApprovalVerdict.EDIT else None
-    decision = decision_for(
+    keys = approval_keys(settings)
+    statement = statement_of(
         request,
         approver=approver,
-        keys=approval_keys(settings),
+        keys=keys,
         verdict=verdict,
         reason=args.reason,
         arguments=arguments,
     )
+    decision = sign_decision(statement, keys)
     asyncio.run(publish_decision(settings, decision))
     print(
         f"published {verdict.value} for {request.call_id} (fingerprint "
@@ -316,37 +326,23 @@ def cmd_freezes(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_reconciler(settings: Settings, args: argparse.Namespace) -> int:
     from commands.catalog import load_catalog
     from executors.reconciler import run_reconciler
-    from ratifier.migrate import require_current_schema
-    from ratifier.topics import ensure_topics
 
-    async def prepare() -> None:
-        await asyncio.to_thread(
-            require_current_schema, database_conninfo(settings), catalog=settings.catalog
-        )
-        await ensure_topics(settings)
-
-    # The schema check and topics are retried with the reconciler's cycle: a database or
+    prepare = schema_and_topics(settings)
+    # The schema check and topics are a start-up hook of the service shell: a database or
     # broker unreachable at start delays it, never ends it (a schema behind the build does).
     catalog = load_catalog(settings.catalog)
-    asyncio.run(run_reconciler(settings, catalog, prepare=prepare, crash_points=args.crash_points))
-    return 0
+    return asyncio.run(
+        run_reconciler(settings, catalog, prepare=prepare, crash_points=args.crash_points)
+    )
 
 
 def cmd_notifier(settings: Settings, args: argparse.Namespace) -> int:
     from approvals.notifier import run_notifier
     from approvals.notify import load_directory
-    from ratifier.migrate import require_current_schema
-    from ratifier.topics import ensure_topics
-
-    async def prepare() -> None:
-        await asyncio.to_thread(
-            require_current_schema, database_conninfo(settings), catalog=settings.catalog
-        )
-        await ensure_topics(settings)
 
     # A bad endpoints file (or a secret that is not set) stops the start: no unsigned sends.
     directory = load_directory(settings.notifications.endpoints_file)
-    return asyncio.run(run_notifier(settings, directory, prepare=prepare))
+    return asyncio.run(run_notifier(settings, directory, prepare=schema_and_topics(settings)))
 
 
 def cmd_ops(settings: Settings, args: argparse.Namespace) -> int:
@@ -391,17 +387,9 @@ def cmd_audit(settings: Settings, args: argparse.Namespace) -> int:
 
     if args.audit_command == "sink":
         from audit.sink import run_audit_sink
-        from ratifier.migrate import require_current_schema
-        from ratifier.topics import ensure_topics
-
-        async def prepare() -> None:
-            await asyncio.to_thread(
-                require_current_schema, database_conninfo(settings), catalog=settings.catalog
-            )
-            await ensure_topics(settings)
 
         # The schema check and topics wait for PostgreSQL and the broker (runtime/shell.py).
-        return run_audit_sink(settings, load_catalog(settings.catalog), prepare)
+        return run_audit_sink(settings, load_catalog(settings.catalog), schema_and_topics(settings))
     from audit.show import show_call
 
     return show_call(

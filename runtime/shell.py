@@ -26,11 +26,12 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
 from aiohttp import web
 from aiokafka.errors import KafkaError
 
+from config.settings import Settings
 from runtime.health import Health, add_health_routes
 from runtime.retry import Stopped, backoff, pause
 from runtime.signals import stop_on_signals
@@ -57,6 +58,25 @@ class StartupHook:
 
     name: str
     run: Callable[[], Awaitable[object]]
+
+
+class Stoppable(Protocol):
+    """A loop that runs until asked to stop (runtime/loop.py's ConsumerLoop)."""
+
+    def stop(self) -> None: ...
+
+    async def run(self) -> None: ...
+
+
+async def run_until(loop: Stoppable, stop: asyncio.Event) -> None:
+    """Run ``loop`` as a shell's main: ``stop`` (the shell's stop event) asks it to stop,
+    and it finishes its batch within the shell's grace period."""
+    stopper = asyncio.create_task(stop.wait())
+    stopper.add_done_callback(lambda _done: loop.stop())
+    try:
+        await loop.run()
+    finally:
+        stopper.cancel()
 
 
 Routes = Callable[[web.Application], None]
@@ -188,3 +208,53 @@ class ServiceShell:
                 await close()
             except Exception:
                 log.exception("%s: closing failed", self.service)
+
+
+class ShellWorker:
+    """A Kafka worker that runs in the shell (the audit sink, the notifier, the reconciler):
+    ``shell()`` serves its health on the metrics host, runs ``prepare`` (the schema check and
+    topics) as the first start-up hook and then what ``wire`` adds; ``consume`` is its main.
+
+    A subclass sets ``service`` (and ``retry_on`` when more than the broker and the socket
+    can be away at start) and, in its constructor, ``_settings``, ``health`` and ``stopping``.
+    """
+
+    service: ClassVar[str]
+    retry_on: ClassVar[tuple[type[BaseException], ...]] = UNAVAILABLE
+    _settings: Settings
+    health: Health
+    stopping: asyncio.Event
+
+    def wire(self, shell: ServiceShell) -> None:
+        """Add this worker's start-up hooks, side tasks and closers to ``shell``."""
+        raise NotImplementedError
+
+    async def consume(self, stop: asyncio.Event) -> None:
+        """The shell's main: run until ``stop`` is set."""
+        raise NotImplementedError
+
+    def shell(
+        self,
+        prepare: Callable[[], Awaitable[object]] | None = None,
+        *,
+        http_port: int = 0,
+        handle_signals: bool = False,
+    ) -> ServiceShell:
+        shell = ServiceShell(
+            service=self.service,
+            health=self.health,
+            http_host=self._settings.observability.metrics_host,
+            http_port=http_port,
+            retry_on=self.retry_on,
+            handle_signals=handle_signals,
+            stopping=self.stopping,
+        )
+        if prepare is not None:
+            shell.on_startup.append(StartupHook(name="schema and topics", run=prepare))
+        self.wire(shell)
+        return shell
+
+    async def run(self, prepare: Callable[[], Awaitable[object]] | None = None) -> int:
+        """Start (retried while what it needs is away), consume until stopped, close; the
+        exit code (signals are the caller's: see ``shell``)."""
+        return await self.shell(prepare).run(self.consume)

@@ -75,6 +75,13 @@ def context_token(
     return issue_context_token(context_keys(settings), sub=sub, tenant=tenant, roles=roles)
 
 
+def bearer(
+    settings: Settings, tenant: str, roles: tuple[str, ...] = (), *, sub: str = "ops-1"
+) -> dict[str, str]:
+    """An Authorization header carrying a context token of ``sub`` in ``tenant``."""
+    return {"Authorization": f"Bearer {context_token(settings, tenant, sub, roles)}"}
+
+
 def proposal(
     settings: Settings,
     *,

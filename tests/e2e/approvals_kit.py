@@ -226,7 +226,7 @@ def http(
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as exc:
         with exc:  # an HTTPError holds its response open
-            return exc.code, json.loads(exc.read())
+            return exc.code, json.loads(exc.read() or b"null")
 
 
 def follow(pipeline: Pipeline, path: str, auth: str, until: set[str]) -> dict[str, Any]:

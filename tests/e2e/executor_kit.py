@@ -4,17 +4,24 @@
 from __future__ import annotations
 
 import json
+import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import psycopg
 
 from approvals.signing import approval_keys
-from commands.policy import PolicySet
+from commands.policy import DEFAULT_POLICY_DIR, PolicySet
 from config.settings import Settings
+from ratifier.topics import delete_topics
 from schemas.envelopes import CommittedCommand, Effect
 from schemas.names import Topic
+from tests.e2e.conftest import Pipeline, SigningKeys, start_pipeline
+from tests.e2e.history import History
 from tests.services import outcomes_by_call, publish, read_until, run
 from testsupport.records import approved_command
 
@@ -76,6 +83,47 @@ def wait_terminal(
     )
     found = outcomes_by_call(records)
     return {c: found[c] for c in call_ids}
+
+
+@contextmanager
+def executor_pipeline(
+    keys: SigningKeys, name: str, executors: int, policies: Path = DEFAULT_POLICY_DIR
+) -> Iterator[Pipeline]:
+    """A provider and ``executors`` executors (claim lease 5 s, the policy folder
+    ``policies``) on topics of their own, no streams worker, the payments seeded; stopped and
+    the topics deleted afterwards."""
+    pipeline = start_pipeline(
+        keys,
+        f"{name}-{uuid.uuid4().hex[:4]}",
+        streams=False,
+        executors=executors,
+        RATIFIER_EXECUTOR__CLAIM_LEASE_SECONDS="5",
+        RATIFIER_POLICIES__DIRECTORY=str(policies),
+    )
+    seed_payments(pipeline.settings)
+    try:
+        yield pipeline
+    finally:
+        pipeline.stop()
+        run(delete_topics(pipeline.settings))
+
+
+def reconciled_history(
+    pipeline: Pipeline, commands: list[CommittedCommand], *, seconds: float, wait_seconds: float
+) -> History:
+    """Start a reconciler (checking every 0.2 s) on ``pipeline``; the history of ``commands``
+    once it holds with every unknown settled, else as it is after ``seconds``."""
+    pipeline.start("reconciler", "reconciler", RATIFIER_RECONCILER__BACKOFF_SECONDS="0.2")
+    history = History(proposed={c.call_id: c.operation_id for c in commands})
+    deadline = time.monotonic() + seconds
+    while True:
+        history.outcomes = wait_terminal(
+            pipeline.settings, set(history.proposed), timeout=wait_seconds
+        )
+        history.effects = provider_stats(pipeline.provider_url)["by_key"]
+        if not history.problems(settled=True) or time.monotonic() > deadline:
+            return history
+        time.sleep(1)
 
 
 def provider_stats(provider_url: str) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,6 +69,26 @@ class PrivatePostgres:
         self._ctl("-m", "fast", "-w", "stop")
 
 
+def initdb(bin_dir: Path, data: Path, as_user: Sequence[str], timeout: float = 180) -> None:
+    """A new PostgreSQL cluster in ``data`` (superuser postgres, trust, UTF8)."""
+    subprocess.run(
+        [
+            *as_user,
+            str(bin_dir / "initdb"),
+            "-D",
+            str(data),
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=timeout,
+    )
+
+
 @contextmanager
 def private_postgres() -> Iterator[PrivatePostgres]:
     """A fresh cluster with the `ratifier` role and database, started; removed afterwards."""
@@ -83,22 +103,7 @@ def private_postgres() -> Iterator[PrivatePostgres]:
         as_user = ["runuser", "-u", "postgres", "--"]
     server = PrivatePostgres(bin_dir=bin_dir, folder=folder, port=free_port(), as_user=as_user)
     try:
-        subprocess.run(
-            [
-                *as_user,
-                str(bin_dir / "initdb"),
-                "-D",
-                str(server.data),
-                "-U",
-                "postgres",
-                "--auth=trust",
-                "-E",
-                "UTF8",
-            ],
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
+        initdb(bin_dir, server.data, as_user, timeout=120)
         server.start()
         admin = f"postgresql://postgres@127.0.0.1:{server.port}/postgres"
         with psycopg.connect(admin, autocommit=True) as conn:
@@ -184,6 +189,29 @@ class Forwarder:
 
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def kafka_replication(replicas: int, min_isr: int, internal_partitions: int) -> str:
+    """Broker settings: how the pipeline's topics and Kafka's own are replicated, and the
+    small test broker's tuning (no topic made on first use, no rebalance delay)."""
+    return f"""\
+num.partitions=1
+default.replication.factor={replicas}
+min.insync.replicas={min_isr}
+offsets.topic.replication.factor={replicas}
+offsets.topic.num.partitions={internal_partitions}
+transaction.state.log.replication.factor={replicas}
+transaction.state.log.min.isr={min_isr}
+transaction.state.log.num.partitions={internal_partitions}
+share.coordinator.state.topic.replication.factor={replicas}
+share.coordinator.state.topic.min.isr={min_isr}
+auto.create.topics.enable=false
+group.initial.rebalance.delay.ms=0
+num.network.threads=2
+num.io.threads=2
+"""
+
+
 KAFKA_SETTINGS = """\
 process.roles=broker,controller
 node.id=1
@@ -194,21 +222,7 @@ inter.broker.listener.name=PLAINTEXT
 controller.listener.names=CONTROLLER
 listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
 log.dirs={data}
-num.partitions=1
-default.replication.factor=1
-min.insync.replicas=1
-offsets.topic.replication.factor=1
-offsets.topic.num.partitions=4
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
-transaction.state.log.num.partitions=4
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
-auto.create.topics.enable=false
-group.initial.rebalance.delay.ms=0
-num.network.threads=2
-num.io.threads=2
-"""
+""" + kafka_replication(replicas=1, min_isr=1, internal_partitions=4)
 
 
 def kafka_jars() -> Path | None:
@@ -218,6 +232,30 @@ def kafka_jars() -> Path | None:
         return Path(configured) if Path(configured).is_dir() else None
     found = sorted((Path.home() / ".cache/ratifier-local/kafka-jars").glob("*/"))
     return found[-1] if found and shutil.which("java") else None
+
+
+def kafka_java(jars: Path, logs: Path, *args: str, jvm: Sequence[str] = ("-Xmx512m",)) -> list[str]:
+    """The command line of a Kafka tool or broker (``args``: main class and its arguments)
+    from the local jars, logging to ``logs``."""
+    return [
+        "java",
+        "-Xms128m",
+        *jvm,
+        "-Djava.awt.headless=true",
+        f"-Dlog4j2.configurationFile={REPO / 'deploy/local/kafka-log4j2.xml'}",
+        f"-Dkafka.logs.dir={logs}",
+        "-cp",
+        f"{jars}/*",
+        *args,
+    ]
+
+
+def kafka_cluster_id() -> str:
+    """A new KRaft cluster id."""
+    cluster = "-"
+    while cluster.startswith("-"):  # StorageTool would read "-…" as an option
+        cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    return cluster
 
 
 @dataclass
@@ -233,17 +271,7 @@ class PrivateKafka:
         return f"127.0.0.1:{self.port}"
 
     def _java(self, *args: str) -> list[str]:
-        return [
-            "java",
-            "-Xms128m",
-            "-Xmx512m",
-            "-Djava.awt.headless=true",
-            f"-Dlog4j2.configurationFile={REPO / 'deploy/local/kafka-log4j2.xml'}",
-            f"-Dkafka.logs.dir={self.folder}",
-            "-cp",
-            f"{self.jars}/*",
-            *args,
-        ]
+        return kafka_java(self.jars, self.folder, *args)
 
     def format(self) -> None:
         props = self.folder / "server.properties"
@@ -252,11 +280,10 @@ class PrivateKafka:
                 port=self.port, controller=self.controller_port, data=self.folder / "data"
             )
         )
-        cluster = "-"
-        while cluster.startswith("-"):  # StorageTool would read "-…" as an option
-            cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         subprocess.run(
-            self._java("kafka.tools.StorageTool", "format", "-t", cluster, "-c", str(props)),
+            self._java(
+                "kafka.tools.StorageTool", "format", "-t", kafka_cluster_id(), "-c", str(props)
+            ),
             check=True,
             capture_output=True,
             timeout=120,

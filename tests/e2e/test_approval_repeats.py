@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agents import Agent, RunConfig, Runner
+from agents import Agent, RunConfig, Runner, RunState, ToolApprovalItem
 from agents.testing import ScriptedModel, function_call
 
 from commands.catalog import load_catalog
@@ -133,6 +133,19 @@ def test_a_rejected_refund_proposed_again_is_told_the_rejection(pipeline: Pipeli
 NO_TRACING = RunConfig(tracing_disabled=True)
 
 
+async def stopped_at_approval(
+    tools: RatifierAgentTools, model: ScriptedModel
+) -> tuple[ToolApprovalItem, str, RunState[Any]]:
+    """The agent's run, stopped at its one approval: the SDK's item, ratifier's call id and
+    the run's state."""
+    agent = Agent(name="support", model=model, tools=list(tools.function_tools))
+    first = await Runner.run(agent, "Refund Bob's late delivery", run_config=NO_TRACING)
+    (item,) = first.interruptions
+    call_id = tools.call_id(item)
+    assert call_id is not None
+    return item, call_id, first.to_state()
+
+
 def test_an_agents_sdk_run_resumed_in_a_new_process_ends_with_the_result(
     pipeline: Pipeline,
 ) -> None:
@@ -156,12 +169,7 @@ def test_an_agents_sdk_run_resumed_in_a_new_process_ends_with_the_result(
                 run=run_id,
                 confirmations=ConfirmationApi(base_url=f"http://127.0.0.1:{pipeline.http_port}"),
             )
-            agent = Agent(name="support", model=model, tools=list(tools.function_tools))
-            first = await Runner.run(agent, "Refund Bob's late delivery", run_config=NO_TRACING)
-            (item,) = first.interruptions
-            call_id = tools.call_id(item)
-            assert call_id is not None
-            state = first.to_state()
+            item, call_id, state = await stopped_at_approval(tools, model)
             await tools.confirm(state, item, user_token=customer, approve=True)
             return state.to_string(), call_id
 
@@ -204,12 +212,7 @@ def test_an_agents_sdk_run_resumed_while_pending_joins_the_request(
     async def until_the_restart() -> tuple[str, str]:
         async with RatifierClient.from_settings(settings) as client:
             tools = RatifierAgentTools(client, definitions, context=agent_token, run=run_id)
-            agent = Agent(name="support", model=model, tools=list(tools.function_tools))
-            first = await Runner.run(agent, "Refund Bob's late delivery", run_config=NO_TRACING)
-            (item,) = first.interruptions
-            call_id = tools.call_id(item)
-            assert call_id is not None
-            state = first.to_state()
+            item, call_id, state = await stopped_at_approval(tools, model)
             state.approve(item)  # staff will decide in ratifier: the tool awaits them
             return state.to_string(), call_id
 

@@ -10,8 +10,6 @@ import re
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -262,21 +260,26 @@ def test_no_token_on_the_decided_topic_and_none_in_audit_records(secured: Pipeli
     assert _jws_types("\n".join(r[0] or "" for r in log)) == []
 
 
-def _http(
-    pipeline: Pipeline, path: str, auth: str, body: dict[str, Any] | None = None
-) -> tuple[int, Any]:
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{pipeline.http_port}{path}",
-        method="POST" if body is not None else "GET",
-        data=json.dumps(body).encode() if body is not None else None,
-        headers={"Authorization": f"Bearer {auth}", "Content-Type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        with exc:
-            return exc.code, json.loads(exc.read() or b"null")
+def propose_deletion(pipeline: Pipeline, prefix: str) -> str:
+    """A new card of Alice's, and a proposal to delete it (a four-eyes tool): its call id."""
+    method = f"pm_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(pipeline.settings.storage.database_url) as conn:
+        conn.execute(
+            "INSERT INTO payment_methods (tenant, payment_method_id, customer_email, brand, last4)"
+            " VALUES ('tenant-a', %s, 'alice@example.com', 'visa', '4242')",
+            (method,),
+        )
+    call_id = f"{prefix}-{uuid.uuid4().hex[:12]}"
+    body = {
+        "v": 1,
+        "call_id": call_id,
+        "tool": "delete_payment_method",
+        "arguments": {"payment_method_id": method},
+        "context": token(pipeline.settings, "operator-1", roles=("destructive_operator",)),
+        "proposed_at": datetime.now(UTC).isoformat(),
+    }
+    run(publish(pipeline.settings, [(call_id, json.dumps(body).encode())]))
+    return call_id
 
 
 def test_an_approver_over_the_amount_is_refused(secured: Pipeline) -> None:
@@ -300,14 +303,14 @@ def test_a_customer_confirms_their_own_action_and_not_anothers(secured: Pipeline
     alice = token(secured.settings, "alice@example.com", roles=())
     path = f"/confirmations/{bobs['call_id']}"
     # Alice can neither see nor confirm Bob's action; an approver API is no way in either.
-    assert _http(secured, path, alice)[0] == 404
-    assert _http(secured, path, alice, {"decision": "approve"})[0] == 404
-    assert _http(secured, f"/approvals/{bobs['call_id']}", alice)[0] == 403
+    assert http(secured, path, alice)[0] == 404
+    assert http(secured, path, alice, {"decision": "approve"})[0] == 404
+    assert http(secured, f"/approvals/{bobs['call_id']}", alice)[0] == 403
     # A confirmation signed for Alice reaching the join some other way is refused too.
     publish_decision(secured, signed_decision(secured, bobs, alice, kind=DecisionKind.CONFIRMATION))
-    status, shown = _http(secured, path, bob)
+    status, shown = http(secured, path, bob)
     assert (status, shown["preview"]) == (200, bobs["preview"])
-    status, answer = _http(secured, path, bob, {"decision": "approve"})
+    status, answer = http(secured, path, bob, {"decision": "approve"})
     assert (status, answer["fingerprint"]) == (202, bobs["fingerprint"])
     (done,) = terminal_outcomes(secured, {bobs["call_id"]})[bobs["call_id"]]
     assert done["status"] == "succeeded", done
@@ -319,23 +322,7 @@ def test_a_customer_confirms_their_own_action_and_not_anothers(secured: Pipeline
 
 
 def test_four_eyes_needs_two_distinct_approvers(secured: Pipeline) -> None:
-    method = f"pm_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(secured.settings.storage.database_url) as conn:
-        conn.execute(
-            "INSERT INTO payment_methods (tenant, payment_method_id, customer_email, brand, last4)"
-            " VALUES ('tenant-a', %s, 'alice@example.com', 'visa', '4242')",
-            (method,),
-        )
-    call_id = f"fe-{uuid.uuid4().hex[:12]}"
-    body = {
-        "v": 1,
-        "call_id": call_id,
-        "tool": "delete_payment_method",
-        "arguments": {"payment_method_id": method},
-        "context": token(secured.settings, "operator-1", roles=("destructive_operator",)),
-        "proposed_at": datetime.now(UTC).isoformat(),
-    }
-    run(publish(secured.settings, [(call_id, json.dumps(body).encode())]))
+    call_id = propose_deletion(secured, "fe")
     records = run(
         read_until(
             secured.settings,
@@ -423,23 +410,7 @@ def test_with_binding_required_a_copied_context_token_is_unauthenticated(
 def test_four_eyes_through_the_http_api_refuses_the_same_approver_twice(
     secured: Pipeline,
 ) -> None:
-    method = f"pm_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(secured.settings.storage.database_url) as conn:
-        conn.execute(
-            "INSERT INTO payment_methods (tenant, payment_method_id, customer_email, brand, last4)"
-            " VALUES ('tenant-a', %s, 'alice@example.com', 'visa', '4242')",
-            (method,),
-        )
-    call_id = f"fh-{uuid.uuid4().hex[:12]}"
-    body = {
-        "v": 1,
-        "call_id": call_id,
-        "tool": "delete_payment_method",
-        "arguments": {"payment_method_id": method},
-        "context": token(secured.settings, "operator-1", roles=("destructive_operator",)),
-        "proposed_at": datetime.now(UTC).isoformat(),
-    }
-    run(publish(secured.settings, [(call_id, json.dumps(body).encode())]))
+    call_id = propose_deletion(secured, "fh")
     boss, boss_2 = token(secured.settings, "boss"), token(secured.settings, "boss-2")
     path = f"/approvals/{call_id}/decision"
 

@@ -22,17 +22,13 @@ import pytest
 
 from commands.policy import DEFAULT_POLICY_DIR
 from ratifier.processes import wait_for_log
-from ratifier.topics import delete_topics
-from tests.e2e.conftest import Pipeline, SigningKeys, start_pipeline
+from tests.e2e.conftest import Pipeline, SigningKeys
 from tests.e2e.executor_kit import (
-    provider_stats,
+    executor_pipeline,
     publish_commands,
+    reconciled_history,
     refund_command,
-    seed_payments,
-    wait_terminal,
 )
-from tests.e2e.history import History
-from tests.services import run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
@@ -64,20 +60,8 @@ time_zone = "Europe/Berlin"
 def fleet(signing_keys: SigningKeys, tmp_path: Path) -> Iterator[Pipeline]:
     # A budget of this run only: the test database outlives sessions (same agent, same day).
     name = f"e2e-refunds-{uuid.uuid4().hex[:8]}"
-    pipeline = start_pipeline(
-        signing_keys,
-        f"budgets-{uuid.uuid4().hex[:4]}",
-        streams=False,
-        executors=2,
-        RATIFIER_POLICIES__DIRECTORY=str(budget_policies(tmp_path, name)),
-        RATIFIER_EXECUTOR__CLAIM_LEASE_SECONDS="5",
-    )
-    seed_payments(pipeline.settings)
-    try:
+    with executor_pipeline(signing_keys, "budgets", 2, budget_policies(tmp_path, name)) as pipeline:
         yield pipeline
-    finally:
-        pipeline.stop()
-        run(delete_topics(pipeline.settings))
 
 
 def test_a_thousand_concurrent_refunds_never_pass_a_daily_budget(fleet: Pipeline) -> None:
@@ -101,18 +85,8 @@ def test_a_thousand_concurrent_refunds_never_pass_a_daily_budget(fleet: Pipeline
         time.sleep(0.1)
     assert victim.process.poll() == -9, f"no crash:\n{victim.log_tail()}"
     # What it left in flight ends `unknown` and is settled by reconciliation.
-    fleet.start("reconciler", "reconciler", RATIFIER_RECONCILER__BACKOFF_SECONDS="0.2")
-
-    history = History(proposed={c.call_id: c.operation_id for c in commands})
-    deadline = time.monotonic() + 240
-    while True:
-        history.outcomes = wait_terminal(fleet.settings, set(history.proposed), timeout=240)
-        history.effects = provider_stats(fleet.provider_url)["by_key"]
-        problems = history.problems(settled=True)
-        if not problems or time.monotonic() > deadline:
-            break
-        time.sleep(1)
-    assert problems == []
+    history = reconciled_history(fleet, commands, seconds=240, wait_seconds=240)
+    assert history.problems(settled=True) == []
 
     executed = sum(amount[key] for key in history.effects)
     assert executed <= CAP

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from playwright.sync_api import ConsoleMessage, sync_playwright
+from playwright.sync_api import Browser, ConsoleMessage, Page, sync_playwright
 
 from commands.budgets import load_budget_file, window_of
 from ratifier.topics import delete_topics
@@ -31,7 +31,8 @@ from tests.e2e.conftest import (
     wait_http,
 )
 from tests.services import run
-from tests.unit.test_budget_context import BUDGETS, NEAR_BUDGET, budgeted_directory
+from tests.unit.test_budget_context import NEAR_BUDGET, budgeted_directory
+from tests.unit.test_budgets import REFUNDS_DAILY
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -47,6 +48,16 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 SCREENSHOT = ARTIFACTS / "dashboard-approval.png"
+
+
+def signed_in(browser: Browser, url: str, auth: str, problems: list[str]) -> Page:
+    """A dashboard tab signed in with ``auth``; its page errors are added to ``problems``."""
+    page = browser.new_page(viewport={"width": 1440, "height": 1250})
+    page.on("pageerror", lambda exc: problems.append(str(exc)))
+    page.goto(url)
+    page.fill("#token", auth)
+    page.click("#signin button[type=submit]")
+    return page
 
 
 @pytest.fixture(scope="module")
@@ -109,11 +120,7 @@ def test_approver_approves_a_refund_and_sees_it_succeed(dashboard: tuple[Pipelin
 
             # The requester, signed in as an approver in another tab, approves their own
             # refund: the card says why it was refused, and nothing was published.
-            own = browser.new_page(viewport={"width": 1440, "height": 1250})
-            own.on("pageerror", lambda exc: problems.append(str(exc)))
-            own.goto(url)
-            own.fill("#token", token(pipeline.settings, "agent-1"))
-            own.click("#signin button[type=submit]")
+            own = signed_in(browser, url, token(pipeline.settings, "agent-1"), problems)
             theirs = own.locator(f"article.req[data-call-id='{second['call_id']}']")
             theirs.wait_for(timeout=30_000)
             theirs.locator("button[data-action='approve']").click()
@@ -167,11 +174,7 @@ def test_operator_freezes_and_unfreezes_a_scope_from_the_page(
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1440, "height": 1250})
-            page.on("pageerror", lambda exc: problems.append(str(exc)))
-            page.goto(url)
-            page.fill("#token", operator)
-            page.click("#signin button[type=submit]")
+            page = signed_in(browser, url, operator, problems)
             page.locator("#freezes-panel").wait_for(state="visible", timeout=30_000)
             page.fill("#freeze-scope", "tool:tenant-a:add_payout_account")
             page.fill("#freeze-reason", "browser test")
@@ -198,7 +201,7 @@ def test_the_budgets_panel_shows_usage_reserved_cap_and_reset(
     directory = budgeted_directory(
         tmp_path,
         NEAR_BUDGET.replace("refunds-daily", name),
-        budgets=BUDGETS.replace("refunds-daily", name),
+        budgets=REFUNDS_DAILY.replace("refunds-daily", name),
     )
     (budget,) = load_budget_file(directory)
     window = window_of(budget, datetime.now(UTC)).key
@@ -224,11 +227,7 @@ def test_the_budgets_panel_shows_usage_reserved_cap_and_reset(
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
             try:
-                page = browser.new_page(viewport={"width": 1440, "height": 1250})
-                page.on("pageerror", lambda exc: problems.append(str(exc)))
-                page.goto(url)
-                page.fill("#token", token(pipeline.settings, "boss"))
-                page.click("#signin button[type=submit]")
+                page = signed_in(browser, url, token(pipeline.settings, "boss"), problems)
                 panel = page.locator(f"#budgets [data-budget='{name}']")
                 row = panel.locator("tr[data-scope='agent=agent-1']")
                 row.wait_for(timeout=30_000)

@@ -14,19 +14,17 @@ from pathlib import Path
 import pytest
 import redis
 
-from ratifier.topics import delete_topics
 from schemas.envelopes import CommittedCommand
-from tests.e2e.conftest import Pipeline, SigningKeys, start_pipeline
+from tests.e2e.conftest import Pipeline, SigningKeys
 from tests.e2e.executor_kit import (
     distinct_statuses,
+    executor_pipeline,
     provider_stats,
     publish_commands,
+    reconciled_history,
     refund_command,
-    seed_payments,
     wait_terminal,
 )
-from tests.e2e.history import History
-from tests.services import run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 REPO = Path(__file__).resolve().parents[2]
@@ -34,20 +32,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def executors_only(signing_keys: SigningKeys, request: pytest.FixtureRequest) -> Iterator[Pipeline]:
-    count = getattr(request, "param", 3)
-    pipeline = start_pipeline(
-        signing_keys,
-        f"executors-{uuid.uuid4().hex[:4]}",
-        streams=False,
-        executors=count,
-        RATIFIER_EXECUTOR__CLAIM_LEASE_SECONDS="5",
-    )
-    seed_payments(pipeline.settings)
-    try:
+    with executor_pipeline(signing_keys, "executors", getattr(request, "param", 3)) as pipeline:
         yield pipeline
-    finally:
-        pipeline.stop()
-        run(delete_topics(pipeline.settings))
 
 
 def test_three_executors_duplicates_and_conflicts(executors_only: Pipeline) -> None:
@@ -125,17 +111,8 @@ def test_kill_minus_nine_at_each_point(executors_only: Pipeline, point: str) -> 
     assert succeeded <= set(stats["by_key"])
 
     # Reconciliation settles what the crash left unknown; then the whole history must hold.
-    pipeline.start("reconciler", "reconciler", RATIFIER_RECONCILER__BACKOFF_SECONDS="0.2")
-    history = History(proposed={c.call_id: c.operation_id for c in commands})
-    deadline = time.monotonic() + 90
-    while True:
-        history.outcomes = wait_terminal(pipeline.settings, set(history.proposed), timeout=60)
-        history.effects = provider_stats(pipeline.provider_url)["by_key"]
-        problems = history.problems(settled=True)
-        if not problems or time.monotonic() > deadline:
-            break
-        time.sleep(1)
-    assert problems == []
+    history = reconciled_history(pipeline, commands, seconds=90, wait_seconds=60)
+    assert history.problems(settled=True) == []
 
 
 def flush_and_restart(

@@ -1,24 +1,24 @@
 """`/healthz` and `/readyz` of running workers (runtime/health.py): the executor and the
 streams worker are alive and become ready once they joined their groups; an executor whose
 broker cannot be reached is alive and not ready, and says why; a worker in the service shell
-(runtime/shell.py) started while its broker is unreachable waits, then serves."""
+(runtime/shell.py) started while its broker (the stages) or its database (the reconciler) is
+unreachable waits, not ready, then serves."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
-import threading
 import time
 import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
 from tests.e2e.conftest import Pipeline, SigningKeys, free_port, start_pipeline
+from tests.e2e.private_services import Forwarder
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -123,68 +123,14 @@ def test_an_executor_without_a_broker_is_alive_and_not_ready(
     assert "Unable to bootstrap" in worker.log_tail(200) or "unavailable" in worker.log_tail(200)
 
 
-class Forwarder:
-    """A TCP forwarder from a private port to the broker, opened when the test says so: a
-    broker that is unreachable at a worker's start and reachable later."""
-
-    def __init__(self, port: int, target: tuple[str, int]) -> None:
-        self.port = port
-        self.target = target
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.server: asyncio.Server | None = None
-
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(OSError):
-            while data := await reader.read(65536):
-                writer.write(data)
-                await writer.drain()
-        writer.close()
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            upstream_reader, upstream_writer = await asyncio.open_connection(*self.target)
-        except OSError:
-            writer.close()
-            return
-        await asyncio.gather(
-            self._pipe(reader, upstream_writer), self._pipe(upstream_reader, writer)
-        )
-
-    def open(self) -> None:
-        async def start() -> None:
-            self.server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
-
-        self.thread.start()
-        asyncio.run_coroutine_threadsafe(start(), self.loop).result(timeout=10)
-
-    def close(self) -> None:
-        if self.thread.is_alive():
-
-            async def stop() -> None:
-                if self.server is not None:
-                    self.server.close()
-                    await self.server.wait_closed()
-
-            asyncio.run_coroutine_threadsafe(stop(), self.loop).result(timeout=10)
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self.thread.join(timeout=10)
-        self.loop.close()
-
-
-def test_a_stages_worker_started_while_the_broker_is_unreachable_waits_then_serves(
-    probed: tuple[Pipeline, int],
-) -> None:
-    pipeline, _ = probed
-    host, _, port = pipeline.settings.kafka_bootstrap.partition(":")
-    broker_port, http_port = free_port(), free_port()
-    forwarder = Forwarder(broker_port, (host, int(port)))
-    worker = pipeline.start(
-        "stages",
-        "stages-late-broker",
-        RATIFIER_KAFKA__BOOTSTRAP=f"127.0.0.1:{broker_port}",  # nothing listens there yet
-        RATIFIER_STREAMS__HTTP_PORT=str(http_port),
-    )
+def waits_not_ready_then_serves(
+    pipeline: Pipeline, command: str, forwarder: Forwarder, http_port: int, **env: str
+) -> str:
+    """Start ``command`` with ``env`` pointing a dependency at ``forwarder`` (closed yet):
+    alive and not ready while its start-up waits for the schema check and topics, ready
+    once the forwarder opens; its log."""
+    name = f"{command}-late"
+    worker = pipeline.start(command, name, **env)
     base = f"http://127.0.0.1:{http_port}"
 
     def running() -> bool:
@@ -198,13 +144,50 @@ def test_a_stages_worker_started_while_the_broker_is_unreachable_waits_then_serv
             timeout=60,
         )
         assert status == 503 and waiting["ready"] is False, waiting
-        assert probe(f"{base}/healthz")[0] == 200
-        forwarder.open()
+        status, alive = probe(f"{base}/healthz")
+        assert status == 200 and alive["alive"] is True, alive
+        forwarder.start()
         status, ready = wait_probe(
             f"{base}/readyz", lambda status, _body: status == 200, running, timeout=90
         )
         assert ready["ready"] is True and ready["partitions"] >= 1, ready
-        assert "waits for schema and topics" in worker.log_tail(400)
+        return worker.log_tail(400)
     finally:
-        pipeline.stop_worker("stages-late-broker")
+        pipeline.stop_worker(name)
         forwarder.close()
+
+
+def test_a_stages_worker_started_while_the_broker_is_unreachable_waits_then_serves(
+    probed: tuple[Pipeline, int],
+) -> None:
+    pipeline, _ = probed
+    host, _, port = pipeline.settings.kafka_bootstrap.partition(":")
+    broker_port, http_port = free_port(), free_port()
+    log = waits_not_ready_then_serves(
+        pipeline,
+        "stages",
+        Forwarder(broker_port, (host, int(port))),
+        http_port,
+        RATIFIER_KAFKA__BOOTSTRAP=f"127.0.0.1:{broker_port}",  # nothing listens there yet
+        RATIFIER_STREAMS__HTTP_PORT=str(http_port),
+    )
+    assert "stages waits for schema and topics" in log
+
+
+def test_a_reconciler_started_while_postgres_is_unreachable_is_not_ready_then_ready(
+    probed: tuple[Pipeline, int],
+) -> None:
+    pipeline, _ = probed
+    database = urlsplit(pipeline.settings.storage.database_url)
+    database_port, http_port = free_port(), free_port()
+    credentials = database.netloc.rpartition("@")[0]
+    unreachable = database._replace(netloc=f"{credentials}@127.0.0.1:{database_port}").geturl()
+    log = waits_not_ready_then_serves(
+        pipeline,
+        "reconciler",
+        Forwarder(database_port, (database.hostname or "127.0.0.1", database.port or 5432)),
+        http_port,
+        RATIFIER_STORAGE__DATABASE_URL=unreachable,  # nothing listens there yet
+        RATIFIER_OBSERVABILITY__RECONCILER_METRICS_PORT=str(http_port),
+    )
+    assert "reconciler waits for schema and topics" in log

@@ -1,13 +1,16 @@
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 from psycopg_pool import AsyncConnectionPool
 from redis.asyncio import Redis
 
 from config.settings import Settings
+from dashboard.server import create_app
 from ratifier.migrate import migrate
 from ratifier.topics import delete_topics, ensure_topics
 from runtime.clients import pg_pool, redis_client
@@ -53,3 +56,19 @@ async def provider_url() -> AsyncIterator[str]:
         yield f"http://127.0.0.1:{bound_port(runner)}"
     finally:
         await runner.cleanup()
+
+
+@pytest.fixture(scope="module")
+def own_settings(settings: Settings) -> Iterator[Settings]:
+    """The settings on a topic prefix of the test module's own (its topics deleted after)."""
+    own = settings.model_copy(update={"topic_prefix": f"o{uuid.uuid4().hex[:10]}."})
+    run(ensure_topics(own))
+    yield own
+    run(delete_topics(own))
+
+
+@pytest.fixture
+async def dashboard(own_settings: Settings) -> AsyncIterator[TestClient[Any, Any]]:
+    """The dashboard's HTTP API on ``own_settings``, in-process."""
+    async with TestClient(TestServer(create_app(own_settings))) as test_client:
+        yield test_client

@@ -22,7 +22,8 @@ from streams.authorizer import on_validated_batch
 from streams.budget_view import BudgetView
 from streams.storage import StreamStorage
 from tests.unit.conftest import KEYS
-from tests.unit.test_budget_context import BUDGETS, NEAR_BUDGET, budgeted_directory
+from tests.unit.test_budget_context import NEAR_BUDGET, budgeted_directory
+from tests.unit.test_budgets import REFUNDS_DAILY
 from tests.unit.test_stages import validated
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -82,7 +83,7 @@ async def test_a_refund_below_80_percent_runs_automatically_one_above_needs_appr
     directory = budgeted_directory(
         tmp_path,
         NEAR_BUDGET.replace("refunds-daily", name),
-        budgets=BUDGETS.replace("refunds-daily", name),
+        budgets=REFUNDS_DAILY.replace("refunds-daily", name),
     )
     policies = PolicySet.from_directory(directory)
     (budget,) = load_budget_file(directory)

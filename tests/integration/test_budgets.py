@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import random
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -101,17 +101,25 @@ async def started(settings: Settings, provider_url: str) -> AsyncIterator[None]:
     await catalog.stop()
 
 
-def executor_with(
-    pool: AsyncConnectionPool[Any], redis: Redis, settings: Settings, *budgets: Budget
-) -> CommandExecutor:
-    policies = PolicySet.from_sources(POLICIES.text, POLICIES.schema, tuple(budgets))
-    return CommandExecutor(
-        pool=pool,
-        claims=ClaimStore(redis, prefix=settings.topic_prefix, owner=unique("budget-executor")),
-        catalog=catalog,
-        policies=policies,
-        retry_attempts=2,
-    )
+# An executor on the reference catalog (started) whose policy set has the budgets given.
+ExecutorFor = Callable[..., CommandExecutor]
+
+
+@pytest.fixture
+def executor_for(
+    pool: AsyncConnectionPool[Any], redis: Redis, settings: Settings, started: None
+) -> ExecutorFor:
+    def build(*budgets: Budget) -> CommandExecutor:
+        policies = PolicySet.from_sources(POLICIES.text, POLICIES.schema, tuple(budgets))
+        return CommandExecutor(
+            pool=pool,
+            claims=ClaimStore(redis, prefix=settings.topic_prefix, owner=unique("budget-executor")),
+            catalog=catalog,
+            policies=policies,
+            retry_attempts=2,
+        )
+
+    return build
 
 
 async def test_concurrent_reservations_never_pass_the_cap(settings: Settings) -> None:
@@ -152,7 +160,9 @@ async def test_concurrent_reservations_never_pass_the_cap(settings: Settings) ->
 
 
 async def test_a_redelivered_operation_is_not_counted_twice(
-    pool: AsyncConnectionPool[Any], redis: Redis, settings: Settings, started: None, payment: str
+    pool: AsyncConnectionPool[Any],
+    executor_for: ExecutorFor,
+    payment: str,
 ) -> None:
     budget = daily(unique("redelivery"), 1_000)
     book = BudgetBook()
@@ -174,7 +184,7 @@ async def test_a_redelivered_operation_is_not_counted_twice(
     assert list((await usage(pool, budget.name)).values()) == [("reserved", 600)]
     # Through the executor: a redelivered command is answered from the ledger.
     other = daily(unique("redelivery-exec"), 1_000)
-    executor = executor_with(pool, redis, settings, other)
+    executor = executor_for(other)
     first = refund(payment, 700)
     assert (await executor.execute(first, trace_id=None)).outcome.status is Status.SUCCEEDED
     again = first.model_copy(update={"call_id": f"{first.call_id}-again"})
@@ -184,14 +194,12 @@ async def test_a_redelivered_operation_is_not_counted_twice(
 
 async def test_over_budget_is_denied_with_what_is_left_and_audited(
     pool: AsyncConnectionPool[Any],
-    redis: Redis,
-    settings: Settings,
-    started: None,
+    executor_for: ExecutorFor,
     payment: str,
     provider_url: str,
 ) -> None:
     budget = daily(unique("over"), 1_000)
-    executor = executor_with(pool, redis, settings, budget)
+    executor = executor_for(budget)
     fits = refund(payment, 900)
     assert (await executor.execute(fits, trace_id=None)).outcome.status is Status.SUCCEEDED
     over = refund(payment, 101)
@@ -226,14 +234,12 @@ async def test_over_budget_is_denied_with_what_is_left_and_audited(
 
 async def test_a_failed_effect_releases_its_reservation(
     pool: AsyncConnectionPool[Any],
-    redis: Redis,
-    settings: Settings,
-    started: None,
+    executor_for: ExecutorFor,
     payment: str,
     provider_url: str,
 ) -> None:
     budget = daily(unique("release"), 1_000)
-    executor = executor_with(pool, redis, settings, budget)
+    executor = executor_for(budget)
     await provider_faults(provider_url, fail_before=10)  # every retry answers 503
     try:
         spent = refund(payment, 800)
@@ -259,14 +265,12 @@ async def settle(pool: AsyncConnectionPool[Any], operation_id: str) -> Status:
 
 async def test_unknown_holds_its_reservation_until_settled_as_applied(
     pool: AsyncConnectionPool[Any],
-    redis: Redis,
-    settings: Settings,
-    started: None,
+    executor_for: ExecutorFor,
     payment: str,
     provider_url: str,
 ) -> None:
     budget = daily(unique("unknown-applied"), 1_000)
-    executor = executor_with(pool, redis, settings, budget)
+    executor = executor_for(budget)
     await provider_faults(provider_url, drop_after=1)  # applied, the answer lost
     lost = refund(payment, 700)
     first = await executor.execute(lost, trace_id=None)
@@ -282,14 +286,13 @@ async def test_unknown_holds_its_reservation_until_settled_as_applied(
 
 async def test_unknown_holds_its_reservation_until_settled_as_failed(
     pool: AsyncConnectionPool[Any],
-    redis: Redis,
+    executor_for: ExecutorFor,
     settings: Settings,
-    started: None,
     payment: str,
     provider_url: str,
 ) -> None:
     budget = daily(unique("unknown-failed"), 1_000)
-    executor = executor_with(pool, redis, settings, budget)
+    executor = executor_for(budget)
     await provider_faults(provider_url, down=True)  # the connection closed: unknown
     try:
         lost = refund(payment, 700)
@@ -308,10 +311,12 @@ async def test_unknown_holds_its_reservation_until_settled_as_failed(
 
 
 async def test_a_group_commit_reserves_each_member_in_its_savepoint(
-    pool: AsyncConnectionPool[Any], redis: Redis, settings: Settings, started: None, payment: str
+    pool: AsyncConnectionPool[Any],
+    executor_for: ExecutorFor,
+    payment: str,
 ) -> None:
     budget = daily(unique("group"), 1_000)
-    executor = executor_with(pool, redis, settings, budget)
+    executor = executor_for(budget)
     group = [refund(payment, amount) for amount in (400, 500, 300, 100)]
     results = await executor.execute_group(
         [

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -89,19 +89,10 @@ def outcome(call_id: str, tenant: str | None, status: str, at: datetime, **extra
 
 
 @pytest.fixture(scope="module")
-def dash_settings(settings: Settings) -> Iterator[Settings]:
-    """This module's own topic prefix: its rows and topics are nobody else's."""
-    own = settings.model_copy(update={"topic_prefix": f"d{uuid.uuid4().hex[:10]}."})
-    run(ensure_topics(own))
-    yield own
-    run(delete_topics(own))
-
-
-@pytest.fixture(scope="module")
-def world(dash_settings: Settings) -> Iterator[dict[str, Any]]:
+def world(own_settings: Settings) -> Iterator[dict[str, Any]]:
     """A deployment's pipeline history in PostgreSQL (the tests only read it); the ledger
     rows are removed after."""
-    settings = dash_settings
+    settings = own_settings
     now = datetime.now(UTC)
     tag = uuid.uuid4().hex[:8]
     ta, tb = f"ta-{tag}", f"tb-{tag}"
@@ -184,12 +175,6 @@ def world(dash_settings: Settings) -> Iterator[dict[str, Any]]:
             conn.execute("DELETE FROM command_ledger WHERE tenant = %s", (ta,))
 
 
-@pytest.fixture
-async def client(dash_settings: Settings) -> AsyncIterator[TestClient[Any, Any]]:
-    async with TestClient(TestServer(create_app(dash_settings))) as test_client:
-        yield test_client
-
-
 def bearer(
     settings: Settings, tenant: str, roles: tuple[str, ...] = ("approver",)
 ) -> dict[str, str]:
@@ -197,8 +182,8 @@ def bearer(
     return {"Authorization": f"Bearer {token}"}
 
 
-async def test_overview_counts_latency_and_facets(client: Any, world: Any) -> None:
-    response = await client.get("/api/overview", params={"window": "900"})
+async def test_overview_counts_latency_and_facets(dashboard: Any, world: Any) -> None:
+    response = await dashboard.get("/api/overview", params={"window": "900"})
     assert response.status == 200
     body = await response.json()
     kpis = body["kpis"]
@@ -213,16 +198,16 @@ async def test_overview_counts_latency_and_facets(client: Any, world: Any) -> No
     assert latency["authorize"]["p95"] == pytest.approx(30, abs=1)
     assert latency["end_to_end"]["p99"] == pytest.approx(100, abs=1)
     assert set(body["facets"]["tenant"]) == {world["ta"], world["tb"]}
-    narrowed = await (await client.get("/api/overview", params={"tenant": world["tb"]})).json()
+    narrowed = await (await dashboard.get("/api/overview", params={"tenant": world["tb"]})).json()
     assert narrowed["kpis"]["by_status"] == {"denied": 1}
     assert narrowed["breakdown"][0]["by_code"] == {"policy_denied": 1}
-    bad = await client.get("/api/overview", params={"status": "splendid"})
+    bad = await dashboard.get("/api/overview", params={"status": "splendid"})
     assert bad.status == 400
     assert (await bad.json())["error"]["code"] == "invalid_arguments"
 
 
-async def test_feed_filters_and_shows_decisions(client: Any, world: Any) -> None:
-    items = (await (await client.get("/api/feed")).json())["items"]
+async def test_feed_filters_and_shows_decisions(dashboard: Any, world: Any) -> None:
+    items = (await (await dashboard.get("/api/feed")).json())["items"]
     statuses = [(i["call_id"], i["status"]) for i in items]
     ids = world["ids"]
     assert (ids["pend"], "decision:approve") in statuses
@@ -232,14 +217,14 @@ async def test_feed_filters_and_shows_decisions(client: Any, world: Any) -> None
         "propose_refund",
         "boss",
     )
-    denied = (await (await client.get("/api/feed", params={"error_code": "policy_denied"})).json())[
-        "items"
-    ]
+    denied = (
+        await (await dashboard.get("/api/feed", params={"error_code": "policy_denied"})).json()
+    )["items"]
     assert [(i["call_id"], i["tenant"]) for i in denied] == [(ids["deny"], world["tb"])]
 
 
-async def test_operations_with_history(client: Any, world: Any) -> None:
-    items = (await (await client.get("/api/operations", params={"tenant": world["ta"]})).json())[
+async def test_operations_with_history(dashboard: Any, world: Any) -> None:
+    items = (await (await dashboard.get("/api/operations", params={"tenant": world["ta"]})).json())[
         "items"
     ]
     assert [(i["call_id"], i["state"]) for i in items] == [
@@ -251,43 +236,43 @@ async def test_operations_with_history(client: Any, world: Any) -> None:
 
 
 async def test_inbox_needs_an_approver_of_the_tenant(
-    client: Any, world: Any, dash_settings: Settings
+    dashboard: Any, world: Any, own_settings: Settings
 ) -> None:
-    assert (await client.get("/api/approvals")).status == 401
-    wrong = await client.get("/api/approvals", headers={"Authorization": "Bearer not-a-jwt"})
+    assert (await dashboard.get("/api/approvals")).status == 401
+    wrong = await dashboard.get("/api/approvals", headers={"Authorization": "Bearer not-a-jwt"})
     assert wrong.status == 401
-    clerk = await client.get(
-        "/api/approvals", headers=bearer(dash_settings, world["ta"], ("support",))
+    clerk = await dashboard.get(
+        "/api/approvals", headers=bearer(own_settings, world["ta"], ("support",))
     )
     assert clerk.status == 403
-    session = await client.get("/api/session", headers=bearer(dash_settings, world["ta"]))
+    session = await dashboard.get("/api/session", headers=bearer(own_settings, world["ta"]))
     assert (await session.json())["tenant"] == world["ta"]
     mine = await (
-        await client.get("/api/approvals", headers=bearer(dash_settings, world["ta"]))
+        await dashboard.get("/api/approvals", headers=bearer(own_settings, world["ta"]))
     ).json()
     assert [(p["call_id"], p["decision"]) for p in mine["pending"]] == [
         (world["ids"]["pend"], "approve")
     ]
     assert 200 < mine["pending"][0]["seconds_left"] <= 300
     other = await (
-        await client.get("/api/approvals", headers=bearer(dash_settings, world["tb"]))
+        await dashboard.get("/api/approvals", headers=bearer(own_settings, world["tb"]))
     ).json()
     assert other["pending"] == []
 
 
 async def test_decisions_are_published_signed_and_bound(
-    client: Any, world: Any, dash_settings: Settings
+    dashboard: Any, world: Any, own_settings: Settings
 ) -> None:
-    ids, headers = world["ids"], bearer(dash_settings, world["ta"])
+    ids, headers = world["ids"], bearer(own_settings, world["ta"])
 
     async def decide(call_id: str, body: Any, with_headers: dict[str, str] = headers) -> Any:
-        return await client.post(
+        return await dashboard.post(
             f"/api/approvals/{call_id}/decision", json=body, headers=with_headers
         )
 
     assert (await decide(ids["old"], {"decision": "approve"})).status == 410
     assert (await decide(ids["done"], {"decision": "approve"})).status == 404
-    other_tenant = bearer(dash_settings, world["tb"])
+    other_tenant = bearer(own_settings, world["tb"])
     assert (await decide(ids["pend"], {"decision": "approve"}, other_tenant)).status == 404
     assert (await decide(ids["pend"], {"decision": "maybe"})).status == 400
     assert (await decide(ids["pend"], {"decision": "edit"})).status == 400  # no arguments
@@ -301,7 +286,7 @@ async def test_decisions_are_published_signed_and_bound(
     def published(records: list[Any]) -> bool:
         return any(json.loads(r.value)["call_id"] == ids["pend"] for r in records)
 
-    records = await read_until(dash_settings, [Topic.APPROVALS_DECIDED], published, timeout=20)
+    records = await read_until(own_settings, [Topic.APPROVALS_DECIDED], published, timeout=20)
     (decision,) = [
         ApprovalDecision.model_validate_json(r.value)
         for r in records
@@ -310,7 +295,7 @@ async def test_decisions_are_published_signed_and_bound(
     verified = verify_decision(
         decision,
         kafka_key=ids["pend"],
-        keys=approval_keys(dash_settings),
+        keys=approval_keys(own_settings),
         now=datetime.now(UTC),
     )
     assert isinstance(verified, VerifiedDecision)
@@ -415,16 +400,16 @@ async def test_decisions_are_checked_before_publishing_and_their_verdict_followe
     own, world = answers
     ids, tenant, tag = world["ids"], world["tenant"], world["tag"]
     boss = approver(own, tenant, "boss")
-    async with TestClient(TestServer(create_app(own))) as client:
+    async with TestClient(TestServer(create_app(own))) as dashboard:
 
         async def decide(call_id: str, body: Any, headers: dict[str, str]) -> tuple[int, Any]:
-            response = await client.post(
+            response = await dashboard.post(
                 f"/api/approvals/{call_id}/decision", json=body, headers=headers
             )
             return response.status, await response.json()
 
         async def verdict(call_id: str, decision_id: str, headers: dict[str, str]) -> Any:
-            response = await client.get(
+            response = await dashboard.get(
                 f"/api/approvals/{call_id}/decisions/{decision_id}", headers=headers
             )
             assert response.status == 200
@@ -496,8 +481,8 @@ async def test_decisions_are_checked_before_publishing_and_their_verdict_followe
 
 async def test_inbox_shows_amounts_like_the_feed(answers: tuple[Settings, dict[str, Any]]) -> None:
     own, world = answers
-    async with TestClient(TestServer(create_app(own))) as client:
-        response = await client.get("/api/approvals", headers=approver(own, "tenant-a", "boss"))
+    async with TestClient(TestServer(create_app(own))) as dashboard:
+        response = await dashboard.get("/api/approvals", headers=approver(own, "tenant-a", "boss"))
         assert response.status == 200
         (item,) = [
             p for p in (await response.json())["pending"] if p["call_id"] == world["ids"]["eur"]
@@ -508,17 +493,20 @@ async def test_inbox_shows_amounts_like_the_feed(answers: tuple[Settings, dict[s
 
 
 async def test_budgets_show_the_tenants_usage_of_the_set_in_force(
-    dash_settings: Settings, tmp_path: Any
+    own_settings: Settings, tmp_path: Any
 ) -> None:
     from commands.budgets import load_budget_file, window_of
-    from tests.unit.test_budget_context import BUDGETS, budgeted_directory
+    from tests.unit.test_budget_context import budgeted_directory
+    from tests.unit.test_budgets import REFUNDS_DAILY
 
     name = f"refunds-{uuid.uuid4().hex[:10]}"  # the test database outlives sessions
-    directory = budgeted_directory(tmp_path, "", budgets=BUDGETS.replace("refunds-daily", name))
+    directory = budgeted_directory(
+        tmp_path, "", budgets=REFUNDS_DAILY.replace("refunds-daily", name)
+    )
     (directory / "budgets.cedar").unlink()
     (budget,) = load_budget_file(directory)
-    settings = dash_settings.model_copy(
-        update={"policies": dash_settings.policies.model_copy(update={"directory": str(directory)})}
+    settings = own_settings.model_copy(
+        update={"policies": own_settings.policies.model_copy(update={"directory": str(directory)})}
     )
     tenant, other = f"ta-{uuid.uuid4().hex[:8]}", f"tb-{uuid.uuid4().hex[:8]}"
     now = datetime.now(UTC)
@@ -535,9 +523,9 @@ async def test_budgets_show_the_tenants_usage_of_the_set_in_force(
                 "amount, state, reserved_at) VALUES (%s, %s, %s, 'agent=bot-1', %s, %s, %s, %s)",
                 (owner, name, uuid.uuid4().hex, window, amount, state, now),
             )
-    async with TestClient(TestServer(create_app(settings))) as client:
-        assert (await client.get("/api/budgets")).status == 401
-        answer = await client.get("/api/budgets", headers=bearer(settings, tenant, ("support",)))
+    async with TestClient(TestServer(create_app(settings))) as dashboard:
+        assert (await dashboard.get("/api/budgets")).status == 401
+        answer = await dashboard.get("/api/budgets", headers=bearer(settings, tenant, ("support",)))
         assert answer.status == 200
         body = await answer.json()
     assert body["tenant"] == tenant

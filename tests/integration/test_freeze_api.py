@@ -5,67 +5,44 @@ frozen scopes it lists; unfreezing lifts them."""
 from __future__ import annotations
 
 import json
-import uuid
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 
 from config.settings import Settings
-from dashboard.server import create_app
-from ratifier.topics import delete_topics, ensure_topics
-from runtime.identity import context_keys, issue_context_token
 from schemas.names import Topic
-from tests.services import read_until, run
+from tests.services import bearer, read_until
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def own_settings(settings: Settings) -> Iterator[Settings]:
-    own = settings.model_copy(update={"topic_prefix": f"k{uuid.uuid4().hex[:10]}."})
-    run(ensure_topics(own))
-    yield own
-    run(delete_topics(own))
-
-
-@pytest.fixture
-async def client(own_settings: Settings) -> AsyncIterator[TestClient[Any, Any]]:
-    async with TestClient(TestServer(create_app(own_settings))) as test_client:
-        yield test_client
-
-
-def bearer(settings: Settings, tenant: str, roles: tuple[str, ...]) -> dict[str, str]:
-    token = issue_context_token(context_keys(settings), sub="ops-1", tenant=tenant, roles=roles)
-    return {"Authorization": f"Bearer {token}"}
-
-
 async def test_operators_freeze_list_and_unfreeze_their_tenants_scopes(
-    client: Any, own_settings: Settings
+    dashboard: Any, own_settings: Settings
 ) -> None:
     operator = bearer(own_settings, "tenant-a", ("operator",))
     freeze = {"scope": "writes:tenant-a", "frozen": True, "reason": "incident 9"}
-    assert (await client.post("/api/freezes", json=freeze)).status == 401
+    assert (await dashboard.post("/api/freezes", json=freeze)).status == 401
     approver = bearer(own_settings, "tenant-a", ("approver",))
-    assert (await client.post("/api/freezes", json=freeze, headers=approver)).status == 403
+    assert (await dashboard.post("/api/freezes", json=freeze, headers=approver)).status == 403
     other = {**freeze, "scope": "writes:tenant-b"}
-    assert (await client.post("/api/freezes", json=other, headers=operator)).status == 403
+    assert (await dashboard.post("/api/freezes", json=other, headers=operator)).status == 403
     fleet = {**freeze, "scope": "writes:*"}
-    assert (await client.post("/api/freezes", json=fleet, headers=operator)).status == 403
+    assert (await dashboard.post("/api/freezes", json=fleet, headers=operator)).status == 403
     bad = {**freeze, "scope": "everything"}
-    assert (await client.post("/api/freezes", json=bad, headers=operator)).status == 400
-    assert (await client.post("/api/freezes", json={"scope": "x"}, headers=operator)).status == 400
+    assert (await dashboard.post("/api/freezes", json=bad, headers=operator)).status == 400
+    assert (
+        await dashboard.post("/api/freezes", json={"scope": "x"}, headers=operator)
+    ).status == 400
 
-    response = await client.post("/api/freezes", json=freeze, headers=operator)
+    response = await dashboard.post("/api/freezes", json=freeze, headers=operator)
     assert response.status == 202
     assert (await response.json())["freeze"]["by"] == "ops-1"
-    listed = await (await client.get("/api/freezes", headers=approver)).json()
+    listed = await (await dashboard.get("/api/freezes", headers=approver)).json()
     assert [(f["scope"], f["by"], f["reason"]) for f in listed["freezes"]] == [
         ("writes:tenant-a", "ops-1", "incident 9")
     ]
     elsewhere = bearer(own_settings, "tenant-b", ("operator",))
-    assert (await (await client.get("/api/freezes", headers=elsewhere)).json())["freezes"] == []
+    assert (await (await dashboard.get("/api/freezes", headers=elsewhere)).json())["freezes"] == []
 
     records = await read_until(own_settings, [Topic.CONTROLS], lambda recs: len(recs) >= 1)
     (record,) = records
@@ -76,5 +53,5 @@ async def test_operators_freeze_list_and_unfreeze_their_tenants_scopes(
     assert token not in record.value.decode()
 
     lift = {**freeze, "frozen": False, "reason": "resolved"}
-    assert (await client.post("/api/freezes", json=lift, headers=operator)).status == 202
-    assert (await (await client.get("/api/freezes", headers=operator)).json())["freezes"] == []
+    assert (await dashboard.post("/api/freezes", json=lift, headers=operator)).status == 202
+    assert (await (await dashboard.get("/api/freezes", headers=operator)).json())["freezes"] == []

@@ -5,24 +5,19 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 
 from commands.limits import CallScope, buckets_of, parse_limits
 from commands.policy import DEFAULT_POLICY_DIR, PolicySet
 from config.settings import Settings
-from dashboard.server import create_app
 from feeds.policies import policy_record, publish_policies
 from ratifier.limits import report
-from ratifier.topics import delete_topics, ensure_topics
 from runtime.clients import redis_client
-from runtime.identity import context_keys, issue_context_token
 from schemas.envelopes import Effect
 from streams.limiter import Ask, FleetLimiter
-from tests.services import run
+from tests.services import bearer
 
 pytestmark = pytest.mark.integration
 
@@ -38,27 +33,8 @@ LIMITS = parse_limits(
 )
 
 
-@pytest.fixture(scope="module")
-def own_settings(settings: Settings) -> Iterator[Settings]:
-    own = settings.model_copy(update={"topic_prefix": f"l{uuid.uuid4().hex[:10]}."})
-    run(ensure_topics(own))
-    yield own
-    run(delete_topics(own))
-
-
-@pytest.fixture
-async def client(own_settings: Settings) -> AsyncIterator[TestClient[Any, Any]]:
-    async with TestClient(TestServer(create_app(own_settings))) as test_client:
-        yield test_client
-
-
-def bearer(settings: Settings, tenant: str) -> dict[str, str]:
-    token = issue_context_token(context_keys(settings), sub="ops-1", tenant=tenant)
-    return {"Authorization": f"Bearer {token}"}
-
-
 async def test_published_limits_and_usage_are_shown_per_tenant(
-    client: Any, own_settings: Settings
+    dashboard: Any, own_settings: Settings
 ) -> None:
     plain = PolicySet.from_directory(DEFAULT_POLICY_DIR)
     limited = PolicySet.from_sources(plain.text, plain.schema, limits=LIMITS)
@@ -75,14 +51,16 @@ async def test_published_limits_and_usage_are_shown_per_tenant(
     assert (await limiter.admit([Ask(call=call, buckets=buckets_of(LIMITS, call))]))[0].admitted
     await redis.aclose()
 
-    assert (await client.get("/api/limits")).status == 401
-    response = await client.get("/api/limits", headers=bearer(own_settings, "tenant-a"))
+    assert (await dashboard.get("/api/limits")).status == 401
+    response = await dashboard.get("/api/limits", headers=bearer(own_settings, "tenant-a"))
     assert response.status == 200
     body = await response.json()
     assert body["policy_version"] == limited.version  # the published set, not the folder's
     assert [(r.get("tenant"), r["rate"]) for r in body["limits"]] == [(None, 100), ("tenant-a", 5)]
     assert body["usage"] == [{"bucket": "tenant:tenant-a", "holds": "9.0 tokens left"}]
-    other = await (await client.get("/api/limits", headers=bearer(own_settings, "tenant-b"))).json()
+    other = await (
+        await dashboard.get("/api/limits", headers=bearer(own_settings, "tenant-b"))
+    ).json()
     assert other["usage"] == []  # another tenant's buckets are not shown
 
     lines = await report(own_settings, local=False, tenant="tenant-a")

@@ -224,22 +224,45 @@ def directory_for(base_url: str, tenant_a: str, tenant_slow: str) -> Directory:
     )
 
 
-async def test_every_request_arrives_signed_retried_after_500_and_dead_lettered_after_the_bound(
-    settings: Settings,
-    topics: list[str],
-    pool: AsyncConnectionPool[Any],
-    receiver: tuple[Receiver, str],
-) -> None:
+@dataclass(frozen=True)
+class Webhooks:
+    """A test's receiver and two tenants of its own: ``tenant_a``'s endpoints answer (or fail
+    as told), ``tenant_slow``'s never does."""
+
+    state: Receiver
+    settings: Settings
+    run_id: str
+    tenant_a: str
+    tenant_slow: str
+    directory: Directory
+
+
+@pytest.fixture
+def webhooks(settings: Settings, topics: list[str], receiver: tuple[Receiver, str]) -> Webhooks:
     state, base_url = receiver
     run_id = uuid.uuid4().hex[:8]
     tenant_a, tenant_slow = f"wh-{run_id}-a", f"wh-{run_id}-slow"
-    settings = notifier_settings(settings)
+    return Webhooks(
+        state=state,
+        settings=notifier_settings(settings),
+        run_id=run_id,
+        tenant_a=tenant_a,
+        tenant_slow=tenant_slow,
+        directory=directory_for(base_url, tenant_a, tenant_slow),
+    )
+
+
+async def test_every_request_arrives_signed_retried_after_500_and_dead_lettered_after_the_bound(
+    webhooks: Webhooks, pool: AsyncConnectionPool[Any]
+) -> None:
+    state, settings, run_id = webhooks.state, webhooks.settings, webhooks.run_id
+    tenant_a, tenant_slow = webhooks.tenant_a, webhooks.tenant_slow
     calls = [f"wh-{run_id}-{n}" for n in range(4)]
     flaky = calls[0]
     state.fail_first[flaky] = 2  # two 500s, then accepted
     stuck = [f"wh-{run_id}-stuck-{n}" for n in range(2)]
 
-    running = Running(settings, directory_for(base_url, tenant_a, tenant_slow))
+    running = Running(settings, webhooks.directory)
     try:
         # The stuck tenant's requests first: its endpoint must not hold tenant-a's back.
         await publish(settings, [approval_request(tenant_slow, c) for c in stuck])
@@ -315,16 +338,10 @@ def _attempts(state: Receiver, call_id: str) -> int:
 
 
 async def test_a_request_published_while_the_notifier_is_down_is_delivered_once_after_restart(
-    settings: Settings,
-    topics: list[str],
-    pool: AsyncConnectionPool[Any],
-    receiver: tuple[Receiver, str],
+    webhooks: Webhooks, pool: AsyncConnectionPool[Any]
 ) -> None:
-    state, base_url = receiver
-    run_id = uuid.uuid4().hex[:8]
-    tenant_a, tenant_slow = f"wh-{run_id}-a", f"wh-{run_id}-slow"
-    settings = notifier_settings(settings)
-    directory = directory_for(base_url, tenant_a, tenant_slow)
+    state, settings, run_id = webhooks.state, webhooks.settings, webhooks.run_id
+    tenant_a, directory = webhooks.tenant_a, webhooks.directory
     before, during = f"wh-{run_id}-before", f"wh-{run_id}-during"
 
     running = Running(settings, directory)

@@ -10,7 +10,6 @@ the link proxy) and DIRECT (the test driver's own view, not through the proxy).
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import os
 import pwd
@@ -33,7 +32,14 @@ from config.settings import Settings
 from ratifier.migrate import migrate
 from ratifier.processes import FAKE_PROVIDER_MODULE, WorkerProcess
 from tests.e2e.conftest import Pipeline, SigningKeys
-from tests.e2e.private_services import kafka_jars, server_binaries
+from tests.e2e.private_services import (
+    initdb,
+    kafka_cluster_id,
+    kafka_jars,
+    kafka_java,
+    kafka_replication,
+    server_binaries,
+)
 from tests.partitions import network
 from tests.partitions.network import RUN_TAG, address, proxy_address
 
@@ -157,21 +163,8 @@ inter.broker.listener.name=INTERNAL
 controller.listener.names=CONTROLLER
 listener.security.protocol.map=INTERNAL:PLAINTEXT,CLIENT:PLAINTEXT,DIRECT:PLAINTEXT,CONTROLLER:PLAINTEXT
 log.dirs={self.folder / host / "data"}
-num.partitions=1
-default.replication.factor=3
-min.insync.replicas=2
-offsets.topic.replication.factor=3
-offsets.topic.num.partitions=6
-transaction.state.log.replication.factor=3
-transaction.state.log.min.isr=2
-transaction.state.log.num.partitions=6
-share.coordinator.state.topic.replication.factor=3
-share.coordinator.state.topic.min.isr=2
+{kafka_replication(replicas=3, min_isr=2, internal_partitions=6)}\
 unclean.leader.election.enable=false
-auto.create.topics.enable=false
-group.initial.rebalance.delay.ms=0
-num.network.threads=2
-num.io.threads=2
 num.recovery.threads.per.data.dir=1
 broker.session.timeout.ms=6000
 broker.heartbeat.interval.ms=1000
@@ -179,24 +172,15 @@ replica.lag.time.max.ms=8000
 """
 
     def _java(self, host: str, *args: str) -> list[str]:
-        return [
-            "java",
-            "-Xms128m",
-            "-Xmx384m",
-            "-XX:+UseSerialGC",
-            "-XX:TieredStopAtLevel=1",
-            "-Djava.awt.headless=true",
-            f"-Dlog4j2.configurationFile={REPO / 'deploy/local/kafka-log4j2.xml'}",
-            f"-Dkafka.logs.dir={self.folder / host}",
-            "-cp",
-            f"{self.jars}/*",
+        return kafka_java(
+            self.jars,
+            self.folder / host,
             *args,
-        ]
+            jvm=("-Xmx384m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"),
+        )
 
     def format(self) -> None:
-        cluster = "-"
-        while cluster.startswith("-"):  # StorageTool would read "-…" as an option
-            cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster = kafka_cluster_id()
         for node, host in enumerate(network.BROKERS, 1):
             (self.folder / host).mkdir(parents=True)
             props = self.folder / host / "server.properties"
@@ -245,22 +229,7 @@ class Postgres:
         return self.folder / "data"
 
     def initialize(self) -> None:
-        subprocess.run(
-            [
-                *self.as_user,
-                str(self.bin_dir / "initdb"),
-                "-D",
-                str(self.data),
-                "-U",
-                "postgres",
-                "--auth=trust",
-                "-E",
-                "UTF8",
-            ],
-            check=True,
-            capture_output=True,
-            timeout=180,
-        )
+        initdb(self.bin_dir, self.data, self.as_user)
         with (self.data / "pg_hba.conf").open("a") as hba:
             hba.write(f"host all all {network.SUBNET}.0/24 trust\n")
 

@@ -27,18 +27,8 @@ from schemas.errors import ConfigurationError
 from streams.authorizer import on_validated_batch, one_by_one
 from streams.budget_view import BudgetView, WindowAsk
 from tests.unit.conftest import KEYS, NOW
+from tests.unit.test_budgets import REFUNDS_DAILY, budget
 from tests.unit.test_stages import PAYMENT, FakeStore, validated
-
-BUDGETS = """
-[[budgets]]
-name = "refunds-daily"
-tools = ["propose_refund"]
-per = ["agent"]
-measure = "sum:amount_minor"
-cap = 50000
-window = "day"
-time_zone = "Europe/Berlin"
-"""
 
 # Routes an otherwise auto-approved refund to a human once 80 % of the agent's day is used.
 NEAR_BUDGET = """
@@ -55,7 +45,7 @@ when {
 
 
 def budgeted_directory(
-    tmp_path: Path, policy: str = NEAR_BUDGET, *, budgets: str = BUDGETS
+    tmp_path: Path, policy: str = NEAR_BUDGET, *, budgets: str = REFUNDS_DAILY
 ) -> Path:
     directory = tmp_path / "policies"
     shutil.copytree(DEFAULT_POLICY_DIR, directory)
@@ -215,17 +205,7 @@ def test_the_dashboard_shapes_each_budget_with_its_scopes_bar_and_reset() -> Non
     from commands.budgets import Budget
     from dashboard.shaping import budgets_panel
 
-    daily = Budget.model_validate(
-        {
-            "name": "refunds-daily",
-            "tools": ["propose_refund"],
-            "per": ["agent"],
-            "measure": "sum:amount_minor",
-            "cap": 50_000,
-            "window": "day",
-            "time_zone": "Europe/Berlin",
-        }
-    )
+    daily = budget()
     calls = Budget.model_validate(
         {"name": "calls", "measure": "count", "cap": 10, "window": "rolling", "rolling_hours": 2}
     )

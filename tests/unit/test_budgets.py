@@ -191,7 +191,8 @@ def with_budgets(tmp_path: Path, text: str, name: str = "budgets.toml") -> Path:
     return directory
 
 
-TOML = """
+# A day's refunds per agent (test_budget_context.py uses it too).
+REFUNDS_DAILY = """
 [[budgets]]
 name = "refunds-daily"
 tools = ["propose_refund"]
@@ -200,7 +201,11 @@ measure = "sum:amount_minor"
 cap = 50000
 window = "day"
 time_zone = "Europe/Berlin"
+"""
 
+TOML = (
+    REFUNDS_DAILY
+    + """
 [[budgets]]
 name = "writes-hourly"
 measure = "count"
@@ -208,6 +213,7 @@ cap = 100
 window = "rolling"
 rolling_hours = 1
 """
+)
 
 
 def test_budgets_load_with_the_policy_set_and_change_its_version(tmp_path: Path) -> None:

@@ -179,3 +179,28 @@ async def test_a_failed_cycle_says_why_and_a_later_one_recovers(catalog: Catalog
 
     assert await service._cycle(fine) == "done"
     assert service.health.waiting is None
+
+
+async def test_the_reconciler_starts_in_the_service_shell_and_waits_for_its_database(
+    catalog: Catalog,
+) -> None:
+    """Schema check and topics first, then the tool hooks, the broker and the database, each
+    retried while PostgreSQL or the broker is away (runtime/shell.py); the metrics port is
+    the reconciler's."""
+    service = ReconcilerService(Settings(), catalog)
+
+    async def prepare() -> None:
+        return None
+
+    shell = service.shell(prepare, http_port=9103)
+    assert [hook.name for hook in shell.on_startup] == [
+        "schema and topics",
+        "tool hooks",
+        "broker",
+        "database",
+    ]
+    assert shell.service == "reconciler" and shell.http_port == 9103
+    assert shell.health is service.health and shell.stopping is service.stopping
+    refused = psycopg.OperationalError("connection refused")
+    assert isinstance(refused, shell.retry_on)
+    assert not isinstance(ValueError("a bug"), shell.retry_on)  # a bug stops the start

@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+from typing import Any, cast
 
 import pytest
 from aiohttp import ClientSession
 
 from runtime.health import Health
-from runtime.shell import ServiceShell, StartupHook
+from runtime.shell import ServiceShell, StartupHook, run_until
+from runtime.startup import open_pool
 from runtime.supervision import SideTask
 
 pytestmark = pytest.mark.timeout(20)
@@ -172,3 +174,46 @@ async def test_main_busy_past_the_grace_period_is_cancelled() -> None:
     asyncio.get_running_loop().call_later(0.05, service.shutdown)
     assert await service.run(main) == 0
     assert cancelled.is_set()
+
+
+class StubLoop:
+    """A consumer loop that runs until asked to stop."""
+
+    def __init__(self) -> None:
+        self.stopped = asyncio.Event()
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+    async def run(self) -> None:
+        await self.stopped.wait()
+
+
+async def test_run_until_stops_the_loop_when_the_shell_stops() -> None:
+    loop, stop = StubLoop(), asyncio.Event()
+    running = asyncio.create_task(run_until(loop, stop))
+    await asyncio.sleep(0)
+    assert not running.done()
+    stop.set()
+    await asyncio.wait_for(running, timeout=5)
+    assert loop.stopped.is_set()
+
+
+class RefusingPool:
+    """A pool whose first connections never come (PostgreSQL away)."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    async def open(self, *, wait: bool, timeout: float) -> None:
+        raise TimeoutError("pool initialization incomplete")
+
+    async def close(self, timeout: float = 5.0) -> None:
+        self.closed = True
+
+
+async def test_a_pool_that_does_not_open_is_closed_for_the_next_try() -> None:
+    pool = RefusingPool()
+    with pytest.raises(TimeoutError):
+        await open_pool(cast(Any, pool), wait_seconds=0.1)
+    assert pool.closed  # else it keeps reconnecting on its own beside the retry's new pool

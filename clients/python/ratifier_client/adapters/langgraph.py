@@ -39,27 +39,17 @@ from typing import Any
 from langchain_core.messages import AIMessage, ToolMessage
 from langgraph.types import interrupt
 
+from ratifier_client.adapters.calls import ToolCall, ToolCalls
 from ratifier_client.adapters.confirmation import ConfirmationApi
 from ratifier_client.client import (
     DEFAULT_WAIT_SECONDS,
     AwaitingApproval,
-    CallHandle,
     Pending,
     RatifierClient,
-    idempotency_key_for,
 )
-from schemas.envelopes import Outcome
 from schemas.providers import is_error, result_text
 
 ContextSource = str | Callable[[Mapping[str, Any]], str]
-
-
-@dataclass(eq=False)
-class _ToolCall:
-    handle: CallHandle
-    awaiting: AwaitingApproval | None = None
-    decided: bool = False
-    outcome: Outcome | None = None  # the final one, once the node answered with it
 
 
 def approval_payload(tool: str, awaiting: AwaitingApproval) -> dict[str, Any]:
@@ -89,7 +79,10 @@ class RatifierToolNode:
     agent: str = "langgraph"
     confirmations: ConfirmationApi | None = None
     within: float = DEFAULT_WAIT_SECONDS
-    _calls: dict[str, _ToolCall] = field(default_factory=dict)
+    _calls: ToolCalls = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._calls = ToolCalls(self.client, agent=self.agent, run=self.run, within=self.within)
 
     async def __call__(self, state: Any) -> dict[str, list[ToolMessage]]:
         last = state["messages"][-1]
@@ -109,25 +102,11 @@ class RatifierToolNode:
 
     async def _submitted(
         self, tool: str, arguments: Mapping[str, Any], tool_call_id: str, state: Mapping[str, Any]
-    ) -> _ToolCall:
-        call = self._calls.get(tool_call_id)
-        if call is not None:
-            return call
+    ) -> ToolCall:
         context = self.context(state) if callable(self.context) else self.context
-        # A `rate_limited` refusal is proposed again after its retry_after (same key).
-        handle = await self.client.submit_admitted(
-            tool,
-            arguments,
-            context=context,
-            idempotency_key=idempotency_key_for(agent=self.agent, run=self.run, step=tool_call_id),
-            within=self.within,
-        )
-        call = _ToolCall(handle=handle)
-        self._calls[tool_call_id] = call
-        call.awaiting = await handle.approval(within=0)
-        return call
+        return await self._calls.submitted(tool, arguments, tool_call_id, context=context)
 
-    async def _decided(self, call: _ToolCall, decision: Any) -> None:
+    async def _decided(self, call: ToolCall, decision: Any) -> None:
         """Turn the resume value into the end user's signed confirmation, when it is one
         (once: later re-runs of the node see the same resume value)."""
         if call.decided:
@@ -148,8 +127,8 @@ class RatifierToolNode:
         )
         call.decided = True
 
-    async def _reply(self, call: _ToolCall, tool: str, tool_call_id: str) -> ToolMessage:
-        outcome = call.outcome or await call.handle.result(within=self.within)
+    async def _reply(self, call: ToolCall, tool: str, tool_call_id: str) -> ToolMessage:
+        outcome = await self._calls.final(call)
         if isinstance(outcome, Pending):
             body = {
                 "status": outcome.status.value if outcome.status else "pending",
@@ -161,8 +140,6 @@ class RatifierToolNode:
                 tool_call_id=tool_call_id,
                 name=tool,
             )
-        call.outcome = outcome
-        self.client.forget(call.handle.call_id)  # final: the client stops tracking it
         return ToolMessage(
             content=result_text(outcome),
             tool_call_id=tool_call_id,

@@ -42,14 +42,13 @@ from typing import Any
 from agents import FunctionTool, RunContextWrapper, RunState, ToolApprovalItem
 from agents.tool_context import ToolContext
 
+from ratifier_client.adapters.calls import ToolCall, ToolCalls
 from ratifier_client.adapters.confirmation import ConfirmationApi
 from ratifier_client.client import (
     DEFAULT_WAIT_SECONDS,
     AwaitingApproval,
-    CallHandle,
     Pending,
     RatifierClient,
-    idempotency_key_for,
 )
 from schemas.envelopes import Outcome
 from schemas.providers import result_text
@@ -106,13 +105,6 @@ def tool_definitions(definitions: Sequence[Mapping[str, Any]]) -> list[ToolDefin
     return found
 
 
-@dataclass(eq=False)
-class _ToolCall:
-    handle: CallHandle
-    awaiting: AwaitingApproval | None = None
-    outcome: Outcome | None = None  # the final one, once the tool returned it
-
-
 class RatifierAgentTools:
     """`FunctionTool`s for the exported catalog, over one `RatifierClient`.
 
@@ -133,13 +125,9 @@ class RatifierAgentTools:
         confirmations: ConfirmationApi | None = None,
         within: float = DEFAULT_WAIT_SECONDS,
     ) -> None:
-        self._client = client
         self._context = context
-        self._run = run
-        self._agent = agent
         self._confirmations = confirmations
-        self._within = within
-        self._calls: dict[str, _ToolCall] = {}  # by the model's tool call id
+        self._calls = ToolCalls(client, agent=agent, run=run, within=within)
         self.function_tools: list[FunctionTool] = [
             self._function_tool(definition) for definition in tool_definitions(definitions)
         ]
@@ -158,11 +146,9 @@ class RatifierAgentTools:
             call = await self._submitted(
                 name, arguments, tool_context.tool_call_id, tool_context.context
             )
-            outcome = call.outcome or await call.handle.result(within=self._within)
+            outcome = await self._calls.final(call)
             if isinstance(outcome, Pending):
                 return pending_text(outcome)
-            call.outcome = outcome
-            self._client.forget(call.handle.call_id)  # final: the client stops tracking it
             return result_text(outcome)
 
         return FunctionTool(
@@ -176,28 +162,9 @@ class RatifierAgentTools:
 
     async def _submitted(
         self, tool: str, arguments: Mapping[str, Any], tool_call_id: str, run_context: Any
-    ) -> _ToolCall:
-        """The ratifier call of this tool call: published on first sight, and known to be
-        finished or waiting for approval before this returns."""
-        call = self._calls.get(tool_call_id)
-        if call is not None:
-            return call
+    ) -> ToolCall:
         context = self._context(run_context) if callable(self._context) else self._context
-        # Returns at the first of: awaiting approval, final outcome, the wait ending; a
-        # `rate_limited` refusal is proposed again after its retry_after (same key).
-        handle = await self._client.submit_admitted(
-            tool,
-            arguments,
-            context=context,
-            idempotency_key=idempotency_key_for(
-                agent=self._agent, run=self._run, step=tool_call_id
-            ),
-            within=self._within,
-        )
-        call = _ToolCall(handle=handle)
-        self._calls[tool_call_id] = call
-        call.awaiting = await handle.approval(within=0)
-        return call
+        return await self._calls.submitted(tool, arguments, tool_call_id, context=context)
 
     def awaiting(self, item: ToolApprovalItem) -> AwaitingApproval | None:
         """What ratifier waits for on this interruption (the preview to show, the expiry)."""
@@ -235,7 +202,9 @@ class RatifierAgentTools:
 
     async def outcome(self, item: ToolApprovalItem, within: float = 0.0) -> Outcome | Pending:
         """The ratifier outcome of an interrupted tool call (e.g. after a rejection)."""
-        call = self._calls[item.call_id or ""]
+        call = self._calls.get(item.call_id or "")
+        if call is None:
+            raise KeyError(f"no ratifier call for tool call {item.call_id}")
         if call.outcome is not None:
             return call.outcome
         return await call.handle.result(within=within)
