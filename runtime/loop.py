@@ -23,6 +23,13 @@ Guarantees (the services' delivery guarantees rest on them):
 - One hop per record (:mod:`runtime.hop`): its metric and span, and the ``traceparent`` its
   records are published with.
 
+- Independent partitions (``partition_records``, the stateless stages): each assigned
+  partition has at most one batch in flight, handled, published and committed on its own, and
+  every idle partition is offered a batch of at most ``partition_records`` records in turn, so
+  a partition with a backlog (one tenant's flood on its lanes) never delays another
+  partition's records. Within a partition records stay in order, and the guarantees above
+  hold per partition.
+
 A consumer of wake-up records whose work is elsewhere (the reconciler: the durable schedule
 is the ledger) fits too: its handler acknowledges the records (``Handled(observe=False)``),
 and ``tick`` runs its due work after each poll; what ``tick`` returns is published with the
@@ -230,7 +237,10 @@ class ConsumerLoop:
         poll_ms: int = 200,
         max_records: int = 200,
         health: Health | None = None,
+        partition_records: int | None = None,
     ) -> None:
+        if partition_records is not None and (tick is not None or partition_records < 1):
+            raise ValueError("independent partitions take no tick and at least one record")
         self._settings = settings
         self._consumer = consumer
         self._producer = producer
@@ -245,6 +255,7 @@ class ConsumerLoop:
         self._poll_ms = poll_ms
         self._max_records = max_records
         self._health = health
+        self._partition_records = partition_records
         self.stopping = asyncio.Event()
         self._publisher = (
             IsolatedPublisher(
@@ -271,6 +282,9 @@ class ConsumerLoop:
     async def run(self) -> None:
         """Poll, handle, publish, commit until stopped. The consumer and producer are the
         caller's (started before, stopped after)."""
+        if self._partition_records is not None:
+            await self._run_partitions(self._partition_records)
+            return
         lag_due = 0.0
         health = self._health
         if health is not None:
@@ -300,6 +314,86 @@ class ConsumerLoop:
             except Stopped:
                 log.info("%s: stopped while waiting; the batch is not committed", self._stage)
                 return
+
+    async def _run_partitions(self, most: int) -> None:
+        """The loop with independent partitions (the module's docstring)."""
+        lag_due = 0.0
+        health = self._health
+        if health is not None:
+            health.running()
+        busy: dict[TopicPartition, asyncio.Task[None]] = {}
+        try:
+            while not self.stopping.is_set():
+                for tp, task in list(busy.items()):
+                    if task.done():
+                        del busy[tp]
+                        task.result()  # a bug in a batch ends the loop, as in `run`
+                batches = await self._poll_idle(busy, most)
+                if health is not None:
+                    health.polled()
+                if time.monotonic() >= lag_due:
+                    lag_due = time.monotonic() + LAG_REFRESH_SECONDS
+                    await refresh_consumer_lag(self._consumer, self._group)
+                    if health is not None:
+                        await health.observe(self._consumer)
+                for tp, records in batches.items():
+                    if records:
+                        busy[tp] = asyncio.create_task(self._partition_batch(tp, records))
+        finally:
+            # Stopping: the batches in flight finish and commit, or stop while waiting.
+            await asyncio.gather(*busy.values(), return_exceptions=True)
+
+    async def _poll_idle(
+        self, busy: dict[TopicPartition, asyncio.Task[None]], most: int
+    ) -> dict[TopicPartition, list[Consumed]]:
+        """At most ``most`` fetched records of each assigned partition without a batch in
+        flight; when none has any, wait for records, or for a batch in flight to end (its
+        partition's next records are then offered without waiting out a poll)."""
+        idle = [tp for tp in sorted(self._consumer.assignment()) if tp not in busy]
+        got: dict[TopicPartition, list[Consumed]] = {}
+        for tp in idle:
+            try:
+                fetched = await self._consumer.getmany(tp, timeout_ms=0, max_records=most)
+            except IllegalStateError:  # revoked meanwhile
+                continue
+            if fetched.get(tp):
+                got[tp] = fetched[tp]
+        if got:
+            return got
+        if not busy:  # also before the first assignment: getmany waits for it
+            polled: dict[TopicPartition, list[Consumed]] = await self._consumer.getmany(
+                timeout_ms=self._poll_ms, max_records=most
+            )
+            return polled
+        if not idle:
+            await asyncio.wait(
+                busy.values(), timeout=self._poll_ms / 1000, return_when=asyncio.FIRST_COMPLETED
+            )
+            return {}
+        poll = asyncio.ensure_future(
+            self._consumer.getmany(*idle, timeout_ms=self._poll_ms, max_records=most)
+        )
+        await asyncio.wait({poll, *busy.values()}, return_when=asyncio.FIRST_COMPLETED)
+        if not poll.done():
+            # It is still waiting, so it drained nothing: cancelling it loses no record.
+            poll.cancel()
+            await asyncio.wait({poll})
+        if poll.cancelled() or isinstance(poll.exception(), IllegalStateError):
+            return {}
+        polled = poll.result()
+        return polled
+
+    async def _partition_batch(self, tp: TopicPartition, records: list[Consumed]) -> None:
+        """One partition's batch: handled, published, acknowledged, then its offset
+        committed (while the partition is still assigned)."""
+        try:
+            await self.process(records)
+            if self._before_commit is not None:
+                self._before_commit()
+            await self._commit({tp: records})
+            self.processed += len(records)
+        except Stopped:
+            log.info("%s: stopped while waiting; %s's batch is not committed", self._stage, tp)
 
     async def process(self, records: Sequence[Consumed]) -> None:
         """Handle ``records`` and publish what they produced, each record isolated from the

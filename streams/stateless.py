@@ -52,6 +52,11 @@ from telemetry.tracing import Tracer, trace_id_of
 log = logging.getLogger("ratifier.streams")
 
 BATCH_MAX = 500  # records per poll: a backlog drains in large batches
+# Each partition is processed on its own with at most this many records in flight, so one
+# tenant's backlog on its lanes (schemas/lanes.py) never delays another partition's records
+# (docs/operations.md, "Fair admission"): smaller batches give the event loop to the other
+# partitions sooner, larger ones cost fewer round trips per record.
+PARTITION_BATCH = 100
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -280,6 +285,7 @@ class StatelessStages:
                     max_records=BATCH_MAX,
                     poll_ms=100,
                     health=self._health,
+                    partition_records=PARTITION_BATCH,
                 )
             )
         if self._stopping.is_set():

@@ -28,6 +28,7 @@ from ratifier_client.client import Pending, RatifierClient
 from runtime.clients import kafka_consumer, kafka_producer
 from schemas.envelopes import Outcome, Status
 from schemas.errors import ErrorCode
+from schemas.lanes import proposal_key
 from schemas.names import Topic
 from tests.e2e.conftest import Pipeline, SigningKeys, start_pipeline
 from tests.services import context_token, read_to_end, run
@@ -147,8 +148,11 @@ async def _scenario(
     async def tenant_a() -> None:
         for call_id in a_ids:
             watch.sent[call_id] = time.monotonic()
+            # Keyed as the client keys them (contract v1.6): A's lanes, not every partition.
             await producer.send(
-                topic, key=call_id.encode(), value=_proposal(settings, call_id, "tenant-a", token_a)
+                topic,
+                key=proposal_key(token_a, call_id=call_id).encode(),
+                value=_proposal(settings, call_id, "tenant-a", token_a),
             )
         await producer.flush()
 
@@ -161,7 +165,7 @@ async def _scenario(
             await (
                 await producer.send(
                     topic,
-                    key=call_id.encode(),
+                    key=proposal_key(token_b, call_id=call_id).encode(),
                     value=_proposal(settings, call_id, "tenant-b", token_b),
                 )
             )
