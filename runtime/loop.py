@@ -28,7 +28,8 @@ Guarantees (the services' delivery guarantees rest on them):
   every idle partition is offered a batch of at most ``partition_records`` records in turn, so
   a partition with a backlog (one tenant's flood on its lanes) never delays another
   partition's records. Within a partition records stay in order, and the guarantees above
-  hold per partition.
+  hold per partition; the acknowledged offsets of all partitions are committed together
+  every ``COMMIT_EVERY_SECONDS`` (and when the loop stops), not once per batch.
 
 A consumer of wake-up records whose work is elsewhere (the reconciler: the durable schedule
 is the ledger) fits too: its handler acknowledges the records (``Handled(observe=False)``),
@@ -79,6 +80,9 @@ log = logging.getLogger("ratifier.runtime")
 
 Consumed: TypeAlias = "ConsumerRecord[bytes, bytes]"
 LAG_REFRESH_SECONDS = 5.0
+# Independent partitions commit the acknowledged offsets of all partitions at most this often
+# (one request, not one per batch); a crash redelivers at most this much more.
+COMMIT_EVERY_SECONDS = 0.2
 # Recover a call id from a record too broken or too big to parse whole.
 _CALL_ID_PROBE = re.compile(rb'"call_id"\s*:\s*"([A-Za-z0-9._:-]{1,128})"')
 
@@ -256,6 +260,8 @@ class ConsumerLoop:
         self._max_records = max_records
         self._health = health
         self._partition_records = partition_records
+        # Independent partitions: offsets acknowledged and not yet committed.
+        self._acked: dict[TopicPartition, int] = {}
         self.stopping = asyncio.Event()
         self._publisher = (
             IsolatedPublisher(
@@ -317,7 +323,7 @@ class ConsumerLoop:
 
     async def _run_partitions(self, most: int) -> None:
         """The loop with independent partitions (the module's docstring)."""
-        lag_due = 0.0
+        lag_due = commit_due = 0.0
         health = self._health
         if health is not None:
             health.running()
@@ -328,6 +334,9 @@ class ConsumerLoop:
                     if task.done():
                         del busy[tp]
                         task.result()  # a bug in a batch ends the loop, as in `run`
+                if self._acked and time.monotonic() >= commit_due:
+                    commit_due = time.monotonic() + COMMIT_EVERY_SECONDS
+                    await self._commit_acked()
                 batches = await self._poll_idle(busy, most)
                 if health is not None:
                     health.polled()
@@ -340,8 +349,21 @@ class ConsumerLoop:
                     if records:
                         busy[tp] = asyncio.create_task(self._partition_batch(tp, records))
         finally:
-            # Stopping: the batches in flight finish and commit, or stop while waiting.
+            # Stopping: the batches in flight finish (or stop while waiting), and what they
+            # had acknowledged is committed.
             await asyncio.gather(*busy.values(), return_exceptions=True)
+            await self._commit_acked()
+
+    async def _commit_acked(self) -> None:
+        """Commit the acknowledged batches' offsets (one request for every partition)."""
+        acked, self._acked = self._acked, {}
+        assigned = self._consumer.assignment()
+        offsets = {tp: offset for tp, offset in acked.items() if tp in assigned}
+        try:
+            if offsets:
+                await self._consumer.commit(offsets)
+        except (CommitFailedError, IllegalStateError):
+            log.warning("%s: offset commit failed after a rebalance; redelivered", self._stage)
 
     async def _poll_idle(
         self, busy: dict[TopicPartition, asyncio.Task[None]], most: int
@@ -384,13 +406,13 @@ class ConsumerLoop:
         return polled
 
     async def _partition_batch(self, tp: TopicPartition, records: list[Consumed]) -> None:
-        """One partition's batch: handled, published, acknowledged, then its offset
-        committed (while the partition is still assigned)."""
+        """One partition's batch: handled, published and acknowledged; its offset is then
+        committed with the others' at the loop's next commit (while still assigned)."""
         try:
             await self.process(records)
             if self._before_commit is not None:
                 self._before_commit()
-            await self._commit({tp: records})
+            self._acked[tp] = records[-1].offset + 1
             self.processed += len(records)
         except Stopped:
             log.info("%s: stopped while waiting; %s's batch is not committed", self._stage, tp)
