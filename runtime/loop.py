@@ -61,7 +61,7 @@ from config.settings import Settings
 from runtime.emit import Emit, dead_letter
 from runtime.health import Health
 from runtime.hop import record_hop, status_of, trace_id_in
-from runtime.publish import Answer, IsolatedPublisher, Publication
+from runtime.publish import YIELD_EVERY, Answer, IsolatedPublisher, Publication
 from runtime.replies import ReplySender, send_reply
 from runtime.retry import Stopped, retrying
 from schemas.envelopes import (
@@ -513,7 +513,9 @@ class ConsumerLoop:
         """Publish each record's emits (its answer when it failed), one record never
         affecting another (runtime/publish.py); return when all are acknowledged."""
         items: list[Publication] = []
-        for record, handled in results:
+        for n, (record, handled) in enumerate(results, 1):
+            if n % YIELD_EVERY == 0:
+                await asyncio.sleep(0)  # other partitions' batches run meanwhile
             answer = self._answer(record, handled)
             if handled.failure is not None:
                 if record is not None:

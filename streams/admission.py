@@ -44,6 +44,10 @@ from streams.limiter import ADMITTED, Ask, FleetLimiter, Verdict
 
 log = logging.getLogger("ratifier.admission")
 
+# Calls decided per Lua call: a batch of 500 is several round trips, so that building one
+# script call never holds the event loop long (other partitions' batches run in between).
+ADMIT_CHUNK = 100
+
 # The next stages whose backlog admission watches: (group, topic it reads).
 DOWNSTREAM: tuple[tuple[str, Topic], ...] = (
     (AUTHORIZER_GROUP, Topic.VALIDATED),
@@ -163,7 +167,10 @@ class Admission:
             for (_, _, scope), verdict in zip(candidates, shed, strict=True)
             if verdict is None
         ]
-        counted = iter(await self.limiter.admit(asks))
+        verdicts: list[Verdict] = []
+        for start in range(0, len(asks), ADMIT_CHUNK):
+            verdicts += await self.limiter.admit(asks[start : start + ADMIT_CHUNK])
+        counted = iter(verdicts)
         out = list(results)
         for (index, call, scope), verdict in zip(candidates, shed, strict=True):
             final = verdict if verdict is not None else next(counted, ADMITTED)
