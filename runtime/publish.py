@@ -27,7 +27,7 @@ log = logging.getLogger("ratifier.runtime")
 
 # Records handed to the producer before the event loop is given to other batches (a
 # consumer loop with independent partitions: a large batch never holds it for long).
-YIELD_EVERY = 25
+YIELD_EVERY = 10
 
 # Hands one record to the producer with the given `traceparent`; returns its acknowledgement.
 Send = Callable[[Emit, bytes | None], Awaitable[Awaitable[Any]]]

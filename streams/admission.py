@@ -46,7 +46,7 @@ log = logging.getLogger("ratifier.admission")
 
 # Calls decided per Lua call: a batch of 500 is several round trips, so that building one
 # script call never holds the event loop long (other partitions' batches run in between).
-ADMIT_CHUNK = 100
+ADMIT_CHUNK = 50
 
 # The next stages whose backlog admission watches: (group, topic it reads).
 DOWNSTREAM: tuple[tuple[str, Topic], ...] = (

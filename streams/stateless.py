@@ -58,7 +58,7 @@ BATCH_MAX = 500  # records per poll: a backlog drains in large batches
 # batches (a batch waits for the broker's acknowledgements once), while the handlers and the
 # publisher give the event loop to the other partitions every few records.
 PARTITION_BATCH = BATCH_MAX
-YIELD_EVERY = 10  # records a handler decides before letting other partitions' batches run
+YIELD_EVERY = 5  # records a handler decides before letting other partitions' batches run
 
 
 @dataclass(frozen=True, kw_only=True)
