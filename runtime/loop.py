@@ -292,20 +292,13 @@ class ConsumerLoop:
             await self._run_partitions(self._partition_records)
             return
         lag_due = 0.0
-        health = self._health
-        if health is not None:
-            health.running()
+        if self._health is not None:
+            self._health.running()
         while not self.stopping.is_set():
             batches = await self._consumer.getmany(
                 timeout_ms=self._poll_ms, max_records=self._max_records
             )
-            if health is not None:
-                health.polled()
-            if time.monotonic() >= lag_due:
-                lag_due = time.monotonic() + LAG_REFRESH_SECONDS
-                await refresh_consumer_lag(self._consumer, self._group)
-                if health is not None:
-                    await health.observe(self._consumer)
+            lag_due = await self._polled(lag_due)
             try:
                 if batches:
                     records = [r for recs in batches.values() for r in recs]
@@ -321,12 +314,22 @@ class ConsumerLoop:
                 log.info("%s: stopped while waiting; the batch is not committed", self._stage)
                 return
 
+    async def _polled(self, lag_due: float) -> float:
+        """After each poll: the liveness beat, and the lag metric when due (its next due)."""
+        if self._health is not None:
+            self._health.polled()
+        if time.monotonic() < lag_due:
+            return lag_due
+        await refresh_consumer_lag(self._consumer, self._group)
+        if self._health is not None:
+            await self._health.observe(self._consumer)
+        return time.monotonic() + LAG_REFRESH_SECONDS
+
     async def _run_partitions(self, most: int) -> None:
         """The loop with independent partitions (the module's docstring)."""
         lag_due = commit_due = 0.0
-        health = self._health
-        if health is not None:
-            health.running()
+        if self._health is not None:
+            self._health.running()
         busy: dict[TopicPartition, asyncio.Task[None]] = {}
         try:
             while not self.stopping.is_set():
@@ -338,13 +341,7 @@ class ConsumerLoop:
                     commit_due = time.monotonic() + COMMIT_EVERY_SECONDS
                     await self._commit_acked()
                 batches = await self._poll_idle(busy, most)
-                if health is not None:
-                    health.polled()
-                if time.monotonic() >= lag_due:
-                    lag_due = time.monotonic() + LAG_REFRESH_SECONDS
-                    await refresh_consumer_lag(self._consumer, self._group)
-                    if health is not None:
-                        await health.observe(self._consumer)
+                lag_due = await self._polled(lag_due)
                 for tp, records in batches.items():
                     if records:
                         busy[tp] = asyncio.create_task(self._partition_batch(tp, records))
@@ -357,13 +354,7 @@ class ConsumerLoop:
     async def _commit_acked(self) -> None:
         """Commit the acknowledged batches' offsets (one request for every partition)."""
         acked, self._acked = self._acked, {}
-        assigned = self._consumer.assignment()
-        offsets = {tp: offset for tp, offset in acked.items() if tp in assigned}
-        try:
-            if offsets:
-                await self._consumer.commit(offsets)
-        except (CommitFailedError, IllegalStateError):
-            log.warning("%s: offset commit failed after a rebalance; redelivered", self._stage)
+        await self._commit_offsets(acked)
 
     async def _poll_idle(
         self, busy: dict[TopicPartition, asyncio.Task[None]], most: int
@@ -539,12 +530,18 @@ class ConsumerLoop:
         return future
 
     async def _commit(self, batches: dict[TopicPartition, list[Consumed]]) -> None:
+        await self._commit_offsets(
+            {
+                TopicPartition(tp.topic, tp.partition): recs[-1].offset + 1
+                for tp, recs in batches.items()
+                if recs
+            }
+        )
+
+    async def _commit_offsets(self, offsets: dict[TopicPartition, int]) -> None:
+        """Commit ``offsets`` of the partitions still assigned."""
         assigned = self._consumer.assignment()
-        offsets = {
-            TopicPartition(tp.topic, tp.partition): recs[-1].offset + 1
-            for tp, recs in batches.items()
-            if tp in assigned and recs
-        }
+        offsets = {tp: offset for tp, offset in offsets.items() if tp in assigned}
         try:
             if offsets:
                 await self._consumer.commit(offsets)

@@ -12,29 +12,28 @@ from typing import Any
 from aiokafka import TopicPartition
 
 from runtime.loop import ConsumerLoop, Handled
-from schemas.envelopes import Stage
 from schemas.errors import StorageUnavailable
 from schemas.names import Topic
 from tests.unit.test_runtime_loop import (
-    SETTINGS,
     TP,
     TP2,
+    FakeConsumer,
     FakeProducer,
     Rec,
     handle,
     rec,
 )
+from tests.unit.test_runtime_loop import make_loop as make_any_loop
 
 
-class PartitionedConsumer:
+class PartitionedConsumer(FakeConsumer):
     """Fetched records per partition, drained like aiokafka's fetcher (by the partitions
     asked for, up to ``max_records``); stops the loop once every record was handed out."""
 
     def __init__(self, records: dict[TopicPartition, list[Rec]]) -> None:
+        super().__init__([])
         self.buffered = {tp: list(recs) for tp, recs in records.items()}
-        self.assigned = set(records) | {TP, TP2}
-        self.committed: list[dict[TopicPartition, int]] = []
-        self.loop: ConsumerLoop | None = None
+        self.assigned |= set(records)
         self.on_commit: dict[TopicPartition, asyncio.Event] = {}
         self.asked: list[int] = []
 
@@ -60,17 +59,8 @@ class PartitionedConsumer:
             await asyncio.sleep(0.001)
         return drained
 
-    def assignment(self) -> set[TopicPartition]:
-        return self.assigned
-
-    def highwater(self, _tp: TopicPartition) -> int:
-        return 0
-
-    async def position(self, _tp: TopicPartition) -> int:
-        return 0
-
     async def commit(self, offsets: dict[TopicPartition, int]) -> None:
-        self.committed.append(offsets)
+        await super().commit(offsets)
         for tp in offsets:
             if tp in self.on_commit:
                 self.on_commit[tp].set()
@@ -79,19 +69,8 @@ class PartitionedConsumer:
 def make_loop(
     consumer: PartitionedConsumer, producer: FakeProducer, **options: Any
 ) -> ConsumerLoop:
-    loop = ConsumerLoop(
-        SETTINGS,
-        consumer,
-        producer,
-        stage="validate",
-        group="g",
-        handle=options.pop("handle", handle),
-        answers=Stage.VALIDATE,
-        partition_records=options.pop("partition_records", 100),
-        **options,
-    )
-    consumer.loop = loop
-    return loop
+    options.setdefault("partition_records", 100)
+    return make_any_loop(consumer, producer, **options)
 
 
 def committed(consumer: PartitionedConsumer, tp: TopicPartition) -> list[int]:
