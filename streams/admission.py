@@ -5,7 +5,7 @@ it is never authorized, executed or queued behind other tenants' calls.
 Agents publish to Kafka directly, so admission cannot live in the client. The validator
 decides a whole batch at once: its valid calls' verified context (the token cache makes
 that a dictionary lookup for an agent's reused token), their buckets (commands/limits.py),
-one Redis round trip for the batch (streams/limiter.py); a refusal is a small outcome
+one Redis round trip per 50 calls (streams/limiter.py); a refusal is a small outcome
 record. A call whose context does not verify is passed on untouched: the authorizer refuses
 it ``unauthenticated`` as before, and an unverified claim never spends another tenant's
 budget. Load shedding (the lag of the next stages' groups) refuses the lowest class first.
