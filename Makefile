@@ -123,7 +123,7 @@ bench-replies: up ## reply routing: 50 client processes x 100 calls in flight, h
 test-admission-flood: up ## issue 27: 20,000 reads of tenant A under 200/s vs B's reads, latency bounds asserted → test-artifacts/admission-flood.json
 	RATIFIER_TEST_FLOOD=20000 RATIFIER_TEST_FLOOD_STRICT=1 $(PYTEST) tests/e2e/test_admission.py -m e2e -q -s -p no:cacheprovider
 
-test-admission-fleet: up ## issue 27: three limiters share one 300/s budget for 60 s, one dies mid-run (±10 %)
+test-admission-fleet: up ## issue 27: three limiter processes share one 300/s budget for 60 s, one SIGKILLed mid-run (±10 %)
 	RATIFIER_TEST_ADMISSION_SECONDS=60 $(PYTEST) tests/integration/test_admission_limiter.py -m integration -q -p no:cacheprovider
 
 bench-admission: up ## admission's CPU per call (admitted, refused) and the last flood's noisy-neighbour figures

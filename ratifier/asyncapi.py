@@ -19,7 +19,7 @@ from schemas.names import REPLY_NAMESPACE, REPLY_OF_HEADER, TRACEPARENT_HEADER
 
 ASYNCAPI_VERSION = "3.0.0"
 # The contract's version: major = the records' "v", minor = additive changes since.
-CONTRACT_VERSION = "1.5.0"
+CONTRACT_VERSION = "1.6.0"
 KAFKA_BINDING_VERSION = "0.5.0"
 
 # What each topic's Kafka key is (the partition key): a field of the record.
@@ -38,6 +38,16 @@ TOPIC_KEYS: dict[str, str] = {
     "controls": "scope",
     "notifications.deadletter": "call_id",
     "breakers": "breaker",
+}
+
+# Keys that are not simply a field of the record: their description.
+KEY_DESCRIPTIONS: dict[str, str] = {
+    "calls.proposed": (
+        "v1.6: the tenant's lane, `<tenant>#<lane>` (the context token's `tenant` claim, read "
+        "without verifying it: routing only; lane in 0..1 from the call id), so that one "
+        "tenant's calls share a small subset of the partitions (schemas/lanes.py); the "
+        "record's `call_id` (up to v1.5, and when the token names no tenant) is still accepted"
+    ),
 }
 
 # Who writes each topic (the channel's description).
@@ -124,7 +134,9 @@ def render() -> dict[str, Any]:
                 "kafka": {
                     "key": {
                         "type": "string",
-                        "description": f"the record's `{key_field}` (the partition key)",
+                        "description": KEY_DESCRIPTIONS.get(
+                            topic, f"the record's `{key_field}` (the partition key)"
+                        ),
                     },
                     "bindingVersion": KAFKA_BINDING_VERSION,
                 }

@@ -34,6 +34,7 @@ from ratifier_client.client import RatifierClient
 from runtime.clients import database_conninfo, kafka_consumer, kafka_producer
 from runtime.identity import context_keys, issue_context_token
 from schemas.envelopes import Actor, ApprovalVerdict, Outcome
+from schemas.lanes import proposal_key
 from schemas.names import Topic
 
 
@@ -241,7 +242,7 @@ async def _run_scenario(
             token = issue_context_token(keys, sub=DEMO_AGENT, tenant=step.tenant, roles=step.roles)
             await producer.send_and_wait(
                 settings.topic(Topic.PROPOSED),
-                key=call_id.encode(),
+                key=proposal_key(token, call_id=call_id).encode(),  # the tenant's lane (v1.6)
                 value=_proposal(call_id, step, token),
             )
         print(

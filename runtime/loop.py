@@ -23,6 +23,14 @@ Guarantees (the services' delivery guarantees rest on them):
 - One hop per record (:mod:`runtime.hop`): its metric and span, and the ``traceparent`` its
   records are published with.
 
+- Independent partitions (``partition_records``, the stateless stages): each assigned
+  partition has at most one batch in flight, handled, published and committed on its own, and
+  every idle partition is offered a batch of at most ``partition_records`` records in turn, so
+  a partition with a backlog (one tenant's flood on its lanes) never delays another
+  partition's records. Within a partition records stay in order, and the guarantees above
+  hold per partition; the acknowledged offsets of all partitions are committed together
+  every ``COMMIT_EVERY_SECONDS`` (and when the loop stops), not once per batch.
+
 A consumer of wake-up records whose work is elsewhere (the reconciler: the durable schedule
 is the ledger) fits too: its handler acknowledges the records (``Handled(observe=False)``),
 and ``tick`` runs its due work after each poll; what ``tick`` returns is published with the
@@ -53,7 +61,7 @@ from config.settings import Settings
 from runtime.emit import Emit, dead_letter
 from runtime.health import Health
 from runtime.hop import record_hop, status_of, trace_id_in
-from runtime.publish import Answer, IsolatedPublisher, Publication
+from runtime.publish import YIELD_EVERY, Answer, IsolatedPublisher, Publication
 from runtime.replies import ReplySender, send_reply
 from runtime.retry import Stopped, retrying
 from schemas.envelopes import (
@@ -72,6 +80,9 @@ log = logging.getLogger("ratifier.runtime")
 
 Consumed: TypeAlias = "ConsumerRecord[bytes, bytes]"
 LAG_REFRESH_SECONDS = 5.0
+# Independent partitions commit the acknowledged offsets of all partitions at most this often
+# (one request, not one per batch); a crash redelivers at most this much more.
+COMMIT_EVERY_SECONDS = 0.2
 # Recover a call id from a record too broken or too big to parse whole.
 _CALL_ID_PROBE = re.compile(rb'"call_id"\s*:\s*"([A-Za-z0-9._:-]{1,128})"')
 
@@ -230,7 +241,10 @@ class ConsumerLoop:
         poll_ms: int = 200,
         max_records: int = 200,
         health: Health | None = None,
+        partition_records: int | None = None,
     ) -> None:
+        if partition_records is not None and (tick is not None or partition_records < 1):
+            raise ValueError("independent partitions take no tick and at least one record")
         self._settings = settings
         self._consumer = consumer
         self._producer = producer
@@ -245,6 +259,9 @@ class ConsumerLoop:
         self._poll_ms = poll_ms
         self._max_records = max_records
         self._health = health
+        self._partition_records = partition_records
+        # Independent partitions: offsets acknowledged and not yet committed.
+        self._acked: dict[TopicPartition, int] = {}
         self.stopping = asyncio.Event()
         self._publisher = (
             IsolatedPublisher(
@@ -271,21 +288,17 @@ class ConsumerLoop:
     async def run(self) -> None:
         """Poll, handle, publish, commit until stopped. The consumer and producer are the
         caller's (started before, stopped after)."""
+        if self._partition_records is not None:
+            await self._run_partitions(self._partition_records)
+            return
         lag_due = 0.0
-        health = self._health
-        if health is not None:
-            health.running()
+        if self._health is not None:
+            self._health.running()
         while not self.stopping.is_set():
             batches = await self._consumer.getmany(
                 timeout_ms=self._poll_ms, max_records=self._max_records
             )
-            if health is not None:
-                health.polled()
-            if time.monotonic() >= lag_due:
-                lag_due = time.monotonic() + LAG_REFRESH_SECONDS
-                await refresh_consumer_lag(self._consumer, self._group)
-                if health is not None:
-                    await health.observe(self._consumer)
+            lag_due = await self._polled(lag_due)
             try:
                 if batches:
                     records = [r for recs in batches.values() for r in recs]
@@ -300,6 +313,100 @@ class ConsumerLoop:
             except Stopped:
                 log.info("%s: stopped while waiting; the batch is not committed", self._stage)
                 return
+
+    async def _polled(self, lag_due: float) -> float:
+        """After each poll: the liveness beat, and the lag metric when due (its next due)."""
+        if self._health is not None:
+            self._health.polled()
+        if time.monotonic() < lag_due:
+            return lag_due
+        await refresh_consumer_lag(self._consumer, self._group)
+        if self._health is not None:
+            await self._health.observe(self._consumer)
+        return time.monotonic() + LAG_REFRESH_SECONDS
+
+    async def _run_partitions(self, most: int) -> None:
+        """The loop with independent partitions (the module's docstring)."""
+        lag_due = commit_due = 0.0
+        if self._health is not None:
+            self._health.running()
+        busy: dict[TopicPartition, asyncio.Task[None]] = {}
+        try:
+            while not self.stopping.is_set():
+                for tp, task in list(busy.items()):
+                    if task.done():
+                        del busy[tp]
+                        task.result()  # a bug in a batch ends the loop, as in `run`
+                if self._acked and time.monotonic() >= commit_due:
+                    commit_due = time.monotonic() + COMMIT_EVERY_SECONDS
+                    await self._commit_acked()
+                batches = await self._poll_idle(busy, most)
+                lag_due = await self._polled(lag_due)
+                for tp, records in batches.items():
+                    if records:
+                        busy[tp] = asyncio.create_task(self._partition_batch(tp, records))
+        finally:
+            # Stopping: the batches in flight finish (or stop while waiting), and what they
+            # had acknowledged is committed.
+            await asyncio.gather(*busy.values(), return_exceptions=True)
+            await self._commit_acked()
+
+    async def _commit_acked(self) -> None:
+        """Commit the acknowledged batches' offsets (one request for every partition)."""
+        acked, self._acked = self._acked, {}
+        await self._commit_offsets(acked)
+
+    async def _poll_idle(
+        self, busy: dict[TopicPartition, asyncio.Task[None]], most: int
+    ) -> dict[TopicPartition, list[Consumed]]:
+        """At most ``most`` fetched records of each assigned partition without a batch in
+        flight; when none has any, wait for records, or for a batch in flight to end (its
+        partition's next records are then offered without waiting out a poll)."""
+        idle = [tp for tp in sorted(self._consumer.assignment()) if tp not in busy]
+        got: dict[TopicPartition, list[Consumed]] = {}
+        for tp in idle:
+            try:
+                fetched = await self._consumer.getmany(tp, timeout_ms=0, max_records=most)
+            except IllegalStateError:  # revoked meanwhile
+                continue
+            if fetched.get(tp):
+                got[tp] = fetched[tp]
+        if got:
+            return got
+        if not busy:  # also before the first assignment: getmany waits for it
+            polled: dict[TopicPartition, list[Consumed]] = await self._consumer.getmany(
+                timeout_ms=self._poll_ms, max_records=most
+            )
+            return polled
+        if not idle:
+            await asyncio.wait(
+                busy.values(), timeout=self._poll_ms / 1000, return_when=asyncio.FIRST_COMPLETED
+            )
+            return {}
+        poll = asyncio.ensure_future(
+            self._consumer.getmany(*idle, timeout_ms=self._poll_ms, max_records=most)
+        )
+        await asyncio.wait({poll, *busy.values()}, return_when=asyncio.FIRST_COMPLETED)
+        if not poll.done():
+            # It is still waiting, so it drained nothing: cancelling it loses no record.
+            poll.cancel()
+            await asyncio.wait({poll})
+        if poll.cancelled() or isinstance(poll.exception(), IllegalStateError):
+            return {}
+        polled = poll.result()
+        return polled
+
+    async def _partition_batch(self, tp: TopicPartition, records: list[Consumed]) -> None:
+        """One partition's batch: handled, published and acknowledged; its offset is then
+        committed with the others' at the loop's next commit (while still assigned)."""
+        try:
+            await self.process(records)
+            if self._before_commit is not None:
+                self._before_commit()
+            self._acked[tp] = records[-1].offset + 1
+            self.processed += len(records)
+        except Stopped:
+            log.info("%s: stopped while waiting; %s's batch is not committed", self._stage, tp)
 
     async def process(self, records: Sequence[Consumed]) -> None:
         """Handle ``records`` and publish what they produced, each record isolated from the
@@ -397,7 +504,9 @@ class ConsumerLoop:
         """Publish each record's emits (its answer when it failed), one record never
         affecting another (runtime/publish.py); return when all are acknowledged."""
         items: list[Publication] = []
-        for record, handled in results:
+        for n, (record, handled) in enumerate(results, 1):
+            if n % YIELD_EVERY == 0:
+                await asyncio.sleep(0)  # other partitions' batches run meanwhile
             answer = self._answer(record, handled)
             if handled.failure is not None:
                 if record is not None:
@@ -421,12 +530,18 @@ class ConsumerLoop:
         return future
 
     async def _commit(self, batches: dict[TopicPartition, list[Consumed]]) -> None:
+        await self._commit_offsets(
+            {
+                TopicPartition(tp.topic, tp.partition): recs[-1].offset + 1
+                for tp, recs in batches.items()
+                if recs
+            }
+        )
+
+    async def _commit_offsets(self, offsets: dict[TopicPartition, int]) -> None:
+        """Commit ``offsets`` of the partitions still assigned."""
         assigned = self._consumer.assignment()
-        offsets = {
-            TopicPartition(tp.topic, tp.partition): recs[-1].offset + 1
-            for tp, recs in batches.items()
-            if tp in assigned and recs
-        }
+        offsets = {tp: offset for tp, offset in offsets.items() if tp in assigned}
         try:
             if offsets:
                 await self._consumer.commit(offsets)

@@ -25,6 +25,10 @@ from schemas.names import Topic
 
 log = logging.getLogger("ratifier.runtime")
 
+# Records handed to the producer before the event loop is given to other batches (a
+# consumer loop with independent partitions: a large batch never holds it for long).
+YIELD_EVERY = 10
+
 # Hands one record to the producer with the given `traceparent`; returns its acknowledgement.
 Send = Callable[[Emit, bytes | None], Awaitable[Awaitable[Any]]]
 # A refused record's answer after its n-th refusal (1: dead letter and its outcome kept, 2:
@@ -113,8 +117,10 @@ class IsolatedPublisher:
     async def publish_all(self, items: Sequence[Publication]) -> None:
         """Send every item, then wait for the acknowledgements of all of them; an item the
         broker refused is sent again as its next answer, one the broker lost is resent."""
-        for item in items:
+        for n, item in enumerate(items, 1):
             await self.send(item)
+            if n % YIELD_EVERY == 0:
+                await asyncio.sleep(0)  # other batches of the loop run meanwhile
         for item in items:
             attempt = 0
             while True:

@@ -111,7 +111,8 @@ class ReplyAddress(Part):
 
 
 class ProposedCall(Record):
-    """`calls.proposed`, key `call_id`: a model's tool call, as the agent runtime sends it."""
+    """`calls.proposed`, key the tenant's lane `<tenant>#<lane>` (v1.6) or `call_id`: a
+    model's tool call, as the agent runtime sends it."""
 
     call_id: CallId
     idempotency_key: IdempotencyKey | None = None

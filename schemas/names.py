@@ -30,7 +30,7 @@ class Topic(StrEnum):
     BREAKERS = "breakers"
 
 
-# Topics whose records are keyed by call id and co-partitioned with calls.proposed.
+# The pipeline's topics (keyed by call id, except calls.proposed since v1.6: schemas/lanes.py).
 PIPELINE_TOPICS: tuple[Topic, ...] = tuple(Topic)
 
 # Compacted topics (latest value per key matters).

@@ -5,7 +5,7 @@ it is never authorized, executed or queued behind other tenants' calls.
 Agents publish to Kafka directly, so admission cannot live in the client. The validator
 decides a whole batch at once: its valid calls' verified context (the token cache makes
 that a dictionary lookup for an agent's reused token), their buckets (commands/limits.py),
-one Redis round trip for the batch (streams/limiter.py); a refusal is a small outcome
+one Redis round trip per 50 calls (streams/limiter.py); a refusal is a small outcome
 record. A call whose context does not verify is passed on untouched: the authorizer refuses
 it ``unauthenticated`` as before, and an unverified claim never spends another tenant's
 budget. Load shedding (the lag of the next stages' groups) refuses the lowest class first.
@@ -43,6 +43,10 @@ from streams.emit import Emit, outcome
 from streams.limiter import ADMITTED, Ask, FleetLimiter, Verdict
 
 log = logging.getLogger("ratifier.admission")
+
+# Calls decided per Lua call: a batch of 500 is several round trips, so that building one
+# script call never holds the event loop long (other partitions' batches run in between).
+ADMIT_CHUNK = 50
 
 # The next stages whose backlog admission watches: (group, topic it reads).
 DOWNSTREAM: tuple[tuple[str, Topic], ...] = (
@@ -163,7 +167,10 @@ class Admission:
             for (_, _, scope), verdict in zip(candidates, shed, strict=True)
             if verdict is None
         ]
-        counted = iter(await self.limiter.admit(asks))
+        verdicts: list[Verdict] = []
+        for start in range(0, len(asks), ADMIT_CHUNK):
+            verdicts += await self.limiter.admit(asks[start : start + ADMIT_CHUNK])
+        counted = iter(verdicts)
         out = list(results)
         for (index, call, scope), verdict in zip(candidates, shed, strict=True):
             final = verdict if verdict is not None else next(counted, ADMITTED)

@@ -52,6 +52,13 @@ from telemetry.tracing import Tracer, trace_id_of
 log = logging.getLogger("ratifier.streams")
 
 BATCH_MAX = 500  # records per poll: a backlog drains in large batches
+# Each partition is processed on its own, with one batch of at most this many records in
+# flight, so one tenant's backlog on its lanes (schemas/lanes.py) never delays another
+# partition's records (docs/operations.md, "Fair admission"). A backlog drains in large
+# batches (a batch waits for the broker's acknowledgements once), while the handlers and the
+# publisher give the event loop to the other partitions every few records.
+PARTITION_BATCH = BATCH_MAX
+YIELD_EVERY = 5  # records a handler decides before letting other partitions' batches run
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,19 +86,24 @@ def validator_handler(
     async def handle(records: Sequence[Consumed]) -> list[Handled]:
         now = datetime.now(UTC)
         version = feed.current.version
-        decided = [
-            on_proposed(
-                record.value,
-                source=position_of(record),
-                key=text_key(record.key),
-                catalog=catalog,
-                limits=limits,
-                now=now,
-                trace_id=trace_id_of(record.headers),
-                policy_version=version,
+        decided: list[tuple[Emit, ...]] = []
+        for n, record in enumerate(records, 1):
+            decided.append(
+                on_proposed(
+                    record.value,
+                    source=position_of(record),
+                    key=text_key(record.key),
+                    catalog=catalog,
+                    limits=limits,
+                    now=now,
+                    trace_id=trace_id_of(record.headers),
+                    policy_version=version,
+                )
             )
-            for record in records
-        ]
+            if n % YIELD_EVERY == 0:
+                # Other partitions' batches run meanwhile (a flood's batch holds the loop
+                # for a slice, not for the whole batch).
+                await asyncio.sleep(0)
         if admission is not None:
             decided = await admission.admit(decided, now=now, policy_version=version)
         return [_handled(emits) for emits in decided]
@@ -280,6 +292,7 @@ class StatelessStages:
                     max_records=BATCH_MAX,
                     poll_ms=100,
                     health=self._health,
+                    partition_records=PARTITION_BATCH,
                 )
             )
         if self._stopping.is_set():

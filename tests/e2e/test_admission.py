@@ -8,6 +8,7 @@ The flood is ``RATIFIER_TEST_FLOOD`` reads (default 2,000 so that `make test` st
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import shutil
@@ -16,6 +17,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,6 +30,7 @@ from ratifier_client.client import Pending, RatifierClient
 from runtime.clients import kafka_consumer, kafka_producer
 from schemas.envelopes import Outcome, Status
 from schemas.errors import ErrorCode
+from schemas.lanes import proposal_key
 from schemas.names import Topic
 from tests.e2e.conftest import Pipeline, SigningKeys, start_pipeline
 from tests.services import context_token, read_to_end, run
@@ -147,8 +150,11 @@ async def _scenario(
     async def tenant_a() -> None:
         for call_id in a_ids:
             watch.sent[call_id] = time.monotonic()
+            # Keyed as the client keys them (contract v1.6): A's lanes, not every partition.
             await producer.send(
-                topic, key=call_id.encode(), value=_proposal(settings, call_id, "tenant-a", token_a)
+                topic,
+                key=proposal_key(token_a, call_id=call_id).encode(),
+                value=_proposal(settings, call_id, "tenant-a", token_a),
             )
         await producer.flush()
 
@@ -161,7 +167,7 @@ async def _scenario(
             await (
                 await producer.send(
                     topic,
-                    key=call_id.encode(),
+                    key=proposal_key(token_b, call_id=call_id).encode(),
                     value=_proposal(settings, call_id, "tenant-b", token_b),
                 )
             )
@@ -178,6 +184,54 @@ async def _scenario(
         await follower
         await producer.stop()
     return watch, a_ids, b_ids
+
+
+def _process_cpu(pipeline: Pipeline) -> dict[str, float]:
+    """CPU seconds (user + system) each pipeline process used so far, by its command (Linux;
+    empty elsewhere): what a flood costs each process, whatever the neighbours on the CPU."""
+    found: dict[str, float] = {}
+    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    pending = [w.process.pid for w in pipeline.workers]
+    while pending:
+        pid = pending.pop()
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        except OSError:
+            continue
+        name = next((c.decode() for c in reversed(command) if c and not c.startswith(b"-")), "?")
+        found[name] = found.get(name, 0.0) + (int(stat[11]) + int(stat[12])) / ticks
+        pending += [int(c) for c in children]
+    return found
+
+
+HOPS = (Topic.PROPOSED, Topic.VALIDATED, Topic.AUTHORIZED, Topic.COMMITTED, Topic.OUTCOMES)
+
+
+def _hop_medians(settings: Settings, call_ids: list[str]) -> dict[str, float]:
+    """Median milliseconds ``call_ids`` spent from each topic to the next (the records'
+    broker timestamps): where a call waited."""
+    wanted = set(call_ids)
+    stamps: dict[str, dict[str, int]] = {}
+    for record in run(read_to_end(settings, list(HOPS))):
+        try:
+            call_id = json.loads(record.value or b"").get("call_id")
+        except ValueError:
+            continue
+        if call_id in wanted:
+            topic = record.topic.removeprefix(settings.topic_prefix)
+            stamps.setdefault(call_id, {}).setdefault(topic, record.timestamp)
+    found: dict[str, float] = {}
+    for before, after in itertools.pairwise(HOPS):
+        spans = [
+            s[after.value] - s[before.value]
+            for s in stamps.values()
+            if before.value in s and after.value in s
+        ]
+        if spans:
+            found[f"{before.value}->{after.value}"] = statistics.median(spans)
+    return found
 
 
 def _code(outcome: Outcome) -> ErrorCode | None:
@@ -200,7 +254,9 @@ def test_a_flood_of_one_tenant_leaves_another_at_its_unloaded_latency(
     settings = admitting.settings
     alone, _, b_alone = run(_scenario(settings, flood=0, b_calls=12))
     base = [alone.latency(c) for c in b_alone]
+    cpu_before, load_before = _process_cpu(admitting), os.getloadavg()[0]
     flooded, a_ids, b_ids = run(_scenario(settings, flood=FLOOD, b_calls=12))
+    cpu_after, load_after = _process_cpu(admitting), os.getloadavg()[0]
     loaded = [flooded.latency(c) for c in b_ids]
 
     # Every call has exactly one final outcome (repeats of the same outcome aside).
@@ -231,6 +287,11 @@ def test_a_flood_of_one_tenant_leaves_another_at_its_unloaded_latency(
         "b_alone_max_ms": round(max(base) * 1000, 1),
         "b_flood_p50_ms": round(statistics.median(loaded) * 1000, 1),
         "b_flood_max_ms": round(max(loaded) * 1000, 1),
+        # What the flood cost each process, and how busy the machine was (1-min load).
+        "cpu_s": {k: round(v - cpu_before.get(k, 0.0), 2) for k, v in cpu_after.items()},
+        "load_1m": [round(load_before, 1), round(load_after, 1)],
+        "b_alone_hops_ms": _hop_medians(settings, b_alone),
+        "b_flood_hops_ms": _hop_medians(settings, b_ids),
     }
     record_property("admission", figures)
     # `make bench` reports the last run's noisy-neighbour row (bench/admission.py).

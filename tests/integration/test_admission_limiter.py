@@ -1,11 +1,14 @@
-"""The fleet limiter on real Redis: several limiters (as several validator workers) share one
-budget; a redelivered call gets its first answer; concurrency slots are held and released;
+"""The fleet limiter on real Redis: three worker processes share one budget; a redelivered
+call gets its first answer; concurrency slots are held and released;
 Redis away fails open for reads and closed for writes."""
 
 from __future__ import annotations
 
-import asyncio
 import os
+import signal
+import subprocess
+import sys
+import threading
 import time
 import uuid
 
@@ -14,8 +17,8 @@ from redis.asyncio import Redis
 
 from commands.limits import Bucket, CallScope
 from config.settings import Admission, Settings
-from runtime.clients import redis_client
 from schemas.envelopes import Effect
+from schemas.names import REDIS_SLOTS_PREFIX
 from streams.limiter import Ask, FleetLimiter
 
 pytestmark = pytest.mark.integration
@@ -35,38 +38,94 @@ def _prefix() -> str:
     return f"test-{uuid.uuid4().hex[:8]}."
 
 
+def _admitted_marks(redis_url: str, prefix: str) -> int:
+    """Calls admitted under ``prefix``, counted in Redis (each call's decision mark), so a
+    worker killed mid-batch is counted exactly."""
+    import redis as sync_redis
+
+    client = sync_redis.Redis.from_url(redis_url)
+    try:
+        keys = list(client.scan_iter(match=f"{REDIS_SLOTS_PREFIX}{prefix}*", count=5000))
+        admitted = 0
+        for i in range(0, len(keys), 5000):
+            values: list[bytes | str | None] = client.mget(keys[i : i + 5000])
+            admitted += sum(1 for v in values if isinstance(v, bytes) and v.startswith(b"0"))
+        return admitted
+    finally:
+        client.close()
+
+
 @pytest.mark.timeout(FLEET_SECONDS + 60)
-async def test_three_limiters_share_one_rate_and_one_dying_keeps_it(settings: Settings) -> None:
+def test_three_worker_processes_share_one_rate_and_one_killed_keeps_it(
+    settings: Settings,
+) -> None:
+    """Three OS processes, each the real limiter on the real Redis offering twice the limit,
+    share one 300/s budget; one is SIGKILLed half-way; the fleet's admitted count stays
+    within ±10 % of burst + rate * the run."""
     prefix = _prefix()
     rate, burst = 300.0, 30.0
-    bucket = Bucket(key="tenant:a", rate=rate, capacity=burst, concurrency=None)
-    clients = [redis_client(settings) for _ in range(3)]
-    limiters = [FleetLimiter(c, Admission(), prefix=prefix) for c in clients]
-    admitted = [0, 0, 0]
-    end = time.monotonic() + FLEET_SECONDS
-    killed_at = time.monotonic() + FLEET_SECONDS / 2
-
-    async def worker(i: int) -> None:
-        # Each offers ~600 calls/s (twice the limit on its own) in batches of 30.
-        while time.monotonic() < end:
-            if i == 2 and time.monotonic() >= killed_at:
-                return  # this worker dies mid-run
-            verdicts = await limiters[i].admit([_ask("a", bucket) for _ in range(30)])
-            admitted[i] += sum(v.admitted for v in verdicts)
-            await asyncio.sleep(0.05)
-
-    started = time.monotonic()
-    await asyncio.gather(*(worker(i) for i in range(3)))
-    elapsed = time.monotonic() - started
-    for c in clients:
-        await c.aclose()
-    expected = burst + rate * elapsed
-    total = sum(admitted)
+    start = time.time() + 3.0  # after the three processes started and connected
+    end = start + FLEET_SECONDS
+    env = {**os.environ, "RATIFIER_STORAGE__REDIS_URL": settings.storage.redis_url}
+    workers = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "testsupport.admission_worker",
+                prefix,
+                str(rate),
+                str(burst),
+                str(start),
+                str(end),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for _ in range(3)
+    ]
+    lines: list[list[str]] = [[] for _ in workers]
+    readers = [
+        threading.Thread(target=lambda p=p, out=out: out.extend(p.stdout), daemon=True)
+        for p, out in zip(workers, lines, strict=True)
+    ]
+    for reader in readers:
+        reader.start()
+    try:
+        deadline = time.time() + 30
+        while not all("ready\n" in out for out in lines) and time.time() < deadline:
+            time.sleep(0.05)
+        assert all("ready\n" in out for out in lines), "a worker did not start"
+        # Worker 2 dies half-way, without a chance to tidy anything up.
+        time.sleep(max(0.0, start + FLEET_SECONDS / 2 - time.time()))
+        workers[2].send_signal(signal.SIGKILL)
+        for worker in workers:
+            worker.wait(timeout=FLEET_SECONDS + 30)
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
+    for reader, worker in zip(readers, workers, strict=True):
+        reader.join(timeout=5)
+        if worker.stdout is not None:
+            worker.stdout.close()
+    by_worker = [
+        int(next((x for x in reversed(out) if x.startswith("admitted")), "admitted 0").split()[1])
+        for out in lines
+    ]
+    assert workers[2].returncode == -signal.SIGKILL
+    assert workers[0].returncode == 0 and workers[1].returncode == 0
+    total = _admitted_marks(settings.storage.redis_url, prefix)
+    expected = burst + rate * (end - start)
     print(
-        f"fleet: {total} admitted in {elapsed:.1f} s, expected {expected:.0f}, by worker {admitted}"
+        f"fleet of 3 processes: {total} admitted in {end - start:.1f} s, expected"
+        f" {expected:.0f} ({(total - expected) / expected:+.1%}), by worker {by_worker}"
+        " (worker 2 killed half-way)"
     )
-    assert abs(total - expected) <= 0.10 * expected, (total, expected, admitted)
-    assert all(n > 0 for n in admitted)  # each worker got a share: one budget, not three
+    assert abs(total - expected) <= 0.10 * expected, (total, expected, by_worker)
+    assert all(n > 0 for n in by_worker)  # each worker got a share: one budget, not three
+    assert total >= sum(by_worker)  # the killed worker's last batch counted too
 
 
 async def test_refusals_advise_spread_waits_and_a_redelivered_call_gets_its_answer(

@@ -69,6 +69,7 @@ from ratifier_client.topics import REPLY_RETENTION_MS, delete_reply_topic, ensur
 from schemas.connection import KafkaConnection
 from schemas.envelopes import ApprovalRequest, Outcome, ReplyAddress, Status
 from schemas.errors import ErrorCode
+from schemas.lanes import PROPOSAL_LANES, proposal_key
 from schemas.names import REPLY_OF_HEADER, TRACEPARENT_HEADER, Topic, reply_namespace, topic_name
 
 log = logging.getLogger("ratifier_client.client")
@@ -205,6 +206,7 @@ class RatifierClient:
         reply_retention_ms: int = REPLY_RETENTION_MS,
         max_message_bytes: int = 1_048_588,
         rate_limit_retries: int = RATE_LIMIT_RETRIES,
+        lanes: int = PROPOSAL_LANES,
     ) -> None:
         """``connection``: the broker and its security (TLS, SASL), as the services take it;
         ``bootstrap`` alone: a plaintext broker list (or, with ``connection``, its override).
@@ -215,13 +217,15 @@ class RatifierClient:
         the home partitions of `outcomes` (``reply_topic`` must lie under
         ``<topic_prefix>replies.``; ``reply_partition``: the one partition of a shared reply
         topic this client reads). ``create_reply_topic`` (default: when ``replies`` names the
-        topic itself) creates it if missing, and deletes it on close."""
+        topic itself) creates it if missing, and deletes it on close. ``lanes``: how many
+        lanes (partitions' keys) each tenant's calls are spread over (schemas/lanes.py)."""
         if connection is None:
             connection = KafkaConnection(bootstrap=bootstrap or "127.0.0.1:9092")
         elif bootstrap is not None:
             connection = connection.model_copy(update={"bootstrap": bootstrap})
         self._connection = connection
         self._proof_key = proof_key
+        self._lanes = max(1, lanes)
         self._proof_algorithm = proof_algorithm
         self._prefix = topic_prefix
         self._home_count = max(1, home_partitions)
@@ -406,8 +410,8 @@ class RatifierClient:
         return tracked
 
     async def _publish(self, records: Sequence[tuple[str, bytes, bytes]]) -> None:
-        """Send (call id, value, traceparent) records and await every ack; a broker error is
-        retried with the very same records (same call ids and idempotency keys)."""
+        """Send (Kafka key, value, traceparent) records and await every ack; a broker error
+        is retried with the very same records (same call ids and idempotency keys)."""
         assert self._producer is not None
         topic = topic_name(self._prefix, Topic.PROPOSED)
         for attempt in range(PUBLISH_ATTEMPTS):
@@ -415,11 +419,11 @@ class RatifierClient:
                 sent = [
                     await self._producer.send(
                         topic,
-                        key=call_id.encode(),
+                        key=key.encode(),
                         value=value,
                         headers=[(TRACEPARENT_HEADER, traceparent)],
                     )
-                    for call_id, value, traceparent in records
+                    for key, value, traceparent in records
                 ]
                 await asyncio.gather(*sent)
                 return
@@ -443,7 +447,8 @@ class RatifierClient:
             self._track(call_id)
             records.append(
                 (
-                    call_id,
+                    # The tenant's lane (contract v1.6): its flood stays on its partitions.
+                    proposal_key(call.context, call_id=call_id, lanes=self._lanes),
                     self._envelope(call_id, call.tool, call.arguments, call.context, key),
                     header,
                 )
