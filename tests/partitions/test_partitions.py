@@ -45,7 +45,7 @@ from tests.e2e.executor_kit import seed_payments
 from tests.e2e.test_reconciliation import faults as provider_faults
 from tests.e2e.test_replicated_cluster import describe, wait_partitions
 from tests.partitions import network, proxy, report
-from tests.partitions.cluster import Cluster, clock_ahead, cluster, readiness_url
+from tests.partitions.cluster import Cluster, clock_ahead, cluster, readiness_urls
 from tests.partitions.network import BROKERS, address, proxy_address
 from tests.services import run
 
@@ -184,13 +184,13 @@ class PartitionSuite(MixedLoad):
         await asyncio.to_thread(self.pipeline.stop_worker, "executor-2")
 
     async def watch_readiness(self, stop: asyncio.Event) -> dict[str, Any]:
-        """What an operator sees during the experiment: every second, each executor's and
-        streams worker's /readyz; per worker, the seconds it answered 503 (or did not answer)
-        and why."""
+        """What an operator sees during the experiment: every second, each executor's, streams
+        worker's and approval-join's /readyz; per process, the seconds it answered 503 (or did
+        not answer) and why."""
         seen: dict[str, dict[str, Any]] = {}
         while not stop.is_set():
             names = [w.name for w in self.pipeline.workers if w.process.poll() is None]
-            polls = [(n, url) for n in names if (url := readiness_url(n)) is not None]
+            polls = [item for n in names for item in readiness_urls(n).items()]
             answers = await asyncio.gather(*(asyncio.to_thread(_readiness, u) for _, u in polls))
             for (name, _), why in zip(polls, answers, strict=True):
                 if why is not None:
