@@ -3,9 +3,9 @@ namespaces (tests/partitions/network.py, cluster.py), under the chaos suite's mi
 checked by its history checker (tests/chaos/test_chaos.py: MixedLoad).
 
 This test runs inside the driver's namespace (rpt-ctl); `deploy/partitions/cluster run`
-builds the network first and removes it afterwards. Faults, in order (the three that left the
-approval-join stuck in the first run go last, so that what they leave is not counted against
-the others):
+builds the network first and removes it afterwards. Faults, in order (the approval-join's three
+go last — two of them left it stuck in the first runs — so that what they leave is not
+counted against the others):
 
   broker_minority      k3 cut from k1, k2 (both ways) but still reached by clients; healed
   executor_no_redis    executor e1 cut from Redis while it holds claims (provider slowed)
