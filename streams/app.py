@@ -99,6 +99,34 @@ def faust_settings(settings: Settings) -> dict[str, Any]:
     }
 
 
+class DeliveredPositions:
+    """The join's consumer as the lag refresh and the readiness probe read it: assignment and
+    high watermarks as faust's consumer has them, and as each partition's position the offset
+    after the last record faust delivered to the join (None before the first, which leaves
+    the lag unknown; faust's read offset right after a seek is the next one, so a position
+    may be one record ahead, never past the high watermark). Never a question to the consumer
+    thread: aiokafka's `position` waits for a partition without a position until it has one,
+    which after a cut could be minutes, and the timer that keeps `/readyz` current waited with
+    it (docs/reliability.md, "Findings")."""
+
+    def __init__(self, consumer: Any) -> None:
+        self._consumer = consumer
+
+    def assignment(self) -> Any:
+        return self._consumer.assignment()
+
+    def highwater(self, tp: Any) -> int | None:
+        highwater: int | None = self._consumer.highwater(tp)
+        return highwater
+
+    async def position(self, tp: Any) -> int | None:
+        read: int | None = self._consumer._read_offset.get(tp)
+        if read is None:
+            return None
+        highwater = self.highwater(tp)
+        return read + 1 if highwater is None else min(read + 1, highwater)
+
+
 def create_app(
     settings: Settings, *, catalog: Catalog, feed: PolicyFeed, **faust_options: Any
 ) -> faust.App:
@@ -155,7 +183,8 @@ def create_app(
 
     @app.timer(interval=LAG_REFRESH_SECONDS)  # type: ignore[untyped-decorator]  # faust's is untyped
     async def refresh_lag() -> None:
-        await refresh_consumer_lag(app.consumer, settings.group(STREAMS_APP_ID))
+        delivered = DeliveredPositions(app.consumer)
+        await refresh_consumer_lag(delivered, settings.group(STREAMS_APP_ID))
         # Health: faust fetches in its own service; this timer turning is the worker's loop
         # turning, and the consumer's assignment and lag are read as the executor's are.
         if app.rebalancing:
@@ -163,7 +192,7 @@ def create_app(
         else:
             health.running()
             health.polled()
-            await health.observe(app.consumer)
+            await health.observe(delivered)
 
     del refresh_lag  # registered with the app
 

@@ -1,11 +1,11 @@
-"""Every correction this project makes to faust-streaming, in one place. faust hosts only the
-approval-join (streams/approval_join.py); these corrections keep its delivery around a
-rebalance from skipping a record or stopping a partition's commits.
+"""Every correction this project makes to faust-streaming (and to the aiokafka it drives), in
+one place. faust hosts only the approval-join (streams/approval_join.py); these corrections keep
+its delivery around a rebalance from skipping a record or stopping a partition's commits.
 
-Each hole was found in faust-streaming **0.15.3** (the version pinned in pyproject.toml) and
-each fix copies or wraps that version's internals. Importing this module asserts the installed
-version, so an upgrade fails at once and forces every hole below to be re-checked against the
-new code (tests/unit/test_faust_patches.py has one test per hole).
+Holes 1-3 were found in faust-streaming **0.15.3**, hole 4 in aiokafka **0.14.0** (the versions
+pinned in pyproject.toml); each fix copies or wraps that version's internals. Importing this
+module asserts both installed versions, so an upgrade fails at once and forces every hole below
+to be re-checked against the new code (tests/unit/test_faust_*.py have one test per hole).
 
 1. **Rewind never-committed partitions, to an offset.** After every rebalance faust pauses
    the stream partitions, restores tables, then calls `seek_to_committed()` to rewind anything
@@ -53,10 +53,22 @@ new code (tests/unit/test_faust_patches.py has one test per hole).
    commit stuck before them. As a second guard, duplicate offsets in faust's acknowledged list
    are removed before each commit computes its offset.
 
-All three can only cause redelivery, which every stage tolerates (idempotent by call id).
-The second copies faust-streaming 0.15.3's method, and all of them rely on its internals
-(`_read_offset`, `_acked`, `perform_seek`, `getmany`), which is why that version is pinned
-exactly.
+4. **Ask the new leader for a reset offset, not the old one** (aiokafka **0.14.0**, the client
+   faust drives, pinned with it). A partition without a position (just assigned and never
+   committed, or reset) gets one from its leader (`Fetcher._update_fetch_positions`). When that
+   request fails — the leader moved, or was cut off — aiokafka logs "Failed fetch offsets from
+   N" and retries every 100 ms against the leader it had cached, without refreshing its
+   metadata (its other offset lookups and its record fetches do refresh it), until the metadata
+   ages out (`consumer_metadata_max_age_ms`, 5 minutes). Meanwhile the partition is not fetched,
+   and whatever awaits its position waits with it: the join's lag timer (its readiness) sat
+   163 s in this loop after `leader_isolated` in the first partitions run. Here a failed offset
+   request whose error means stale metadata asks for a metadata refresh before it is retried.
+
+All four can only cause redelivery, which every stage tolerates (idempotent by call id).
+The second copies faust-streaming 0.15.3's method, the first three rely on its internals
+(`_read_offset`, `_acked`, `perform_seek`, `getmany`) and the fourth on aiokafka 0.14.0's
+(`Fetcher._proc_offset_request`), which is why both versions are pinned exactly and checked
+here.
 """
 
 from __future__ import annotations
@@ -68,28 +80,37 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, cast
 
+import aiokafka
 import faust
 from aiokafka import AIOKafkaConsumer
+from aiokafka.consumer.fetcher import Fetcher
+from aiokafka.errors import KafkaError
 from faust.tables.recovery import Recovery
 from faust.transport.consumer import Consumer
 from faust.types import TP
 
 log = logging.getLogger("ratifier.streams")
 
-# The faust-streaming version every correction here was written against (see above).
+# The versions every correction here was written against (see above).
 FAUST_VERSION = "0.15.3"
+AIOKAFKA_VERSION = "0.14.0"
 
 
-def check_faust_version(found: str) -> None:
-    """Refuse any faust-streaming but the one every hole here was checked against."""
-    if found != FAUST_VERSION:
+def check_version(package: str, wanted: str, found: str) -> None:
+    """Refuse any version of ``package`` but the one every hole here was checked against."""
+    if found != wanted:
         raise ImportError(
-            f"streams.faust_patches corrects faust-streaming {FAUST_VERSION}, found {found}: "
+            f"streams.faust_patches corrects {package} {wanted}, found {found}: "
             "re-check each hole against the new version, then update it"
         )
 
 
+def check_faust_version(found: str) -> None:
+    check_version("faust-streaming", FAUST_VERSION, found)
+
+
 check_faust_version(faust.__version__)
+check_version("aiokafka", AIOKAFKA_VERSION, aiokafka.__version__)
 
 _original_seek = AIOKafkaConsumer.seek_to_committed
 _original_on_recovery_completed = Recovery.on_recovery_completed
@@ -338,6 +359,25 @@ def _new_offset_without_duplicates(self: Any, tp: TP) -> int | None:
     return result
 
 
+_original_proc_offset_request = Fetcher._proc_offset_request
+
+
+async def _offset_request_refreshing_metadata(
+    self: Any, node_id: int, topic_data: Any
+) -> dict[Any, Any]:
+    """aiokafka 0.14.0's `Fetcher._proc_offset_request`, asking for fresh metadata when it
+    fails because of stale metadata (see 4. above)."""
+    try:
+        offsets: dict[Any, Any] = await _original_proc_offset_request(self, node_id, topic_data)
+    except KafkaError as error:
+        if error.invalid_metadata:
+            # Not awaited: the client refreshes in the background, as aiokafka's own fetch
+            # path does; the caller's retry 100 ms later then goes to the current leader.
+            self._client.force_metadata_update()
+        raise
+    return offsets
+
+
 def install_faust_patches() -> None:
     """Install the corrections in this process (idempotent)."""
     global _installed  # noqa: PLW0603 - one process-wide patch
@@ -350,4 +390,5 @@ def install_faust_patches() -> None:
         Consumer.seek = _seek_tracked  # type: ignore[method-assign]
         Consumer.on_partitions_revoked = _revoked_tracked  # type: ignore[method-assign]
         Consumer._new_offset = _new_offset_without_duplicates  # type: ignore[method-assign]
+        Fetcher._proc_offset_request = _offset_request_refreshing_metadata
         _installed = True

@@ -45,7 +45,7 @@ from tests.partitions.network import RUN_TAG, address, proxy_address
 
 REPO = Path(__file__).resolve().parents[2]
 CLIENT_PORT, INTERNAL_PORT, CONTROLLER_PORT, DIRECT_PORT = 9093, 9092, 9094, 9095
-EXECUTOR_HEALTH_PORT, STREAMS_HEALTH_PORT = 9102, 6066
+EXECUTOR_HEALTH_PORT, STREAMS_HEALTH_PORT, JOIN_HEALTH_PORT = 9102, 6066, 6067
 REDIS_PORT, PG_PORT, PROVIDER_PORT, PROXY_CONTROL_PORT = 6379, 5432, 8080, 7000
 # PostgreSQL refuses root; setpriv execs it as `postgres` (runuser would stay in between).
 SETPRIV = ["setpriv", "--reuid=postgres", "--regid=postgres", "--clear-groups"]
@@ -115,14 +115,18 @@ def wait_port(host: str, port: int, what: str, process: WorkerProcess, timeout: 
             time.sleep(0.3)
 
 
-def readiness_url(name: str) -> str | None:
-    """Where an operator would look: the worker's /readyz on its host (None: no endpoint)."""
+def readiness_urls(name: str) -> dict[str, str]:
+    """Where an operator would look: each of the worker's `/readyz` on its host, by the name
+    of what answers (a streams host runs two processes: the stages and the approval-join)."""
     host = WORKER_HOSTS[name]
     if name.startswith("executor"):
-        return f"http://{address(host)}:{EXECUTOR_HEALTH_PORT}/readyz"
+        return {name: f"http://{address(host)}:{EXECUTOR_HEALTH_PORT}/readyz"}
     if name.startswith("streams"):
-        return f"http://{address(host)}:{STREAMS_HEALTH_PORT}/readyz"
-    return None
+        return {
+            name: f"http://{address(host)}:{STREAMS_HEALTH_PORT}/readyz",
+            f"{name}/join": f"http://{address(host)}:{JOIN_HEALTH_PORT}/readyz",
+        }
+    return {}
 
 
 @dataclass
@@ -337,6 +341,7 @@ def worker_environment(prefix: str, keys: SigningKeys) -> dict[str, str]:
         "RATIFIER_OBSERVABILITY__RECONCILER_METRICS_PORT": "9103",
         "RATIFIER_OBSERVABILITY__AUDIT_METRICS_PORT": "0",
         "RATIFIER_STREAMS__HTTP_PORT": str(STREAMS_HEALTH_PORT),
+        "RATIFIER_STREAMS__JOIN_HTTP_PORT": str(JOIN_HEALTH_PORT),
         "RATIFIER_RECONCILER__BACKOFF_SECONDS": "0.5",
         "RATIFIER_RECONCILER__BACKOFF_CAP_SECONDS": "5",
         "RATIFIER_RECONCILER__ATTEMPTS": "1000",

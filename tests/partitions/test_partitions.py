@@ -3,9 +3,9 @@ namespaces (tests/partitions/network.py, cluster.py), under the chaos suite's mi
 checked by its history checker (tests/chaos/test_chaos.py: MixedLoad).
 
 This test runs inside the driver's namespace (rpt-ctl); `deploy/partitions/cluster run`
-builds the network first and removes it afterwards. Faults, in order (the two that left the
-approval-join stuck in the first run go last, so that what they leave is not counted against
-the others):
+builds the network first and removes it afterwards. Faults, in order (the approval-join's three
+go last — two of them left it stuck in the first runs — so that what they leave is not
+counted against the others):
 
   broker_minority      k3 cut from k1, k2 (both ways) but still reached by clients; healed
   executor_no_redis    executor e1 cut from Redis while it holds claims (provider slowed)
@@ -17,6 +17,8 @@ the others):
   scale_out            a third streams worker and a fourth executor added, then s2 and e2
                        removed; answers may pause at most SCALE_PAUSE_BOUND seconds
   leader_isolated      the leader of proposed[0] cut from every host; healed
+  coordinator_isolated the approval-join group's coordinator cut from every host; healed
+                       (the first run's leader_isolated stall: its leader was the coordinator)
   streams_no_kafka     streams worker s1 cut from every broker, longer than its session,
                        with approvals pending
 
@@ -36,16 +38,17 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient
 
 from ratifier.topics import ensure_topics
-from schemas.names import Topic
+from schemas.names import STREAMS_APP_ID, Topic
 from tests.chaos.test_chaos import RATE, MixedLoad
 from tests.e2e.conftest import ARTIFACTS, SigningKeys
 from tests.e2e.executor_kit import seed_payments
 from tests.e2e.test_reconciliation import faults as provider_faults
 from tests.e2e.test_replicated_cluster import describe, wait_partitions
 from tests.partitions import network, proxy, report
-from tests.partitions.cluster import Cluster, clock_ahead, cluster, readiness_url
+from tests.partitions.cluster import Cluster, clock_ahead, cluster, readiness_urls
 from tests.partitions.network import BROKERS, address, proxy_address
 from tests.services import run
 
@@ -125,6 +128,18 @@ class PartitionSuite(MixedLoad):
         self.notes["leader_isolated"] = {"isolated": host, "partition": f"{topic}[0]"}
         await self.cut(host, EVERYONE, HOLD_SECONDS)
 
+    async def coordinator_isolated(self) -> None:
+        group = self.settings.group(STREAMS_APP_ID)
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.direct_bootstrap)
+        await admin.start()
+        try:
+            coordinator = await admin.find_coordinator(group)
+        finally:
+            await admin.close()
+        host = BROKERS[int(coordinator) - 1]
+        self.notes["coordinator_isolated"] = {"isolated": host, "group": group}
+        await self.cut(host, EVERYONE, HOLD_SECONDS)
+
     async def _executor_cut(self, destinations: tuple[str, ...]) -> None:
         # A slow provider keeps e1 inside its effects (claims held) when the cut comes.
         await asyncio.to_thread(provider_faults, self.pipeline, latency_ms=1500)
@@ -184,13 +199,13 @@ class PartitionSuite(MixedLoad):
         await asyncio.to_thread(self.pipeline.stop_worker, "executor-2")
 
     async def watch_readiness(self, stop: asyncio.Event) -> dict[str, Any]:
-        """What an operator sees during the experiment: every second, each executor's and
-        streams worker's /readyz; per worker, the seconds it answered 503 (or did not answer)
-        and why."""
+        """What an operator sees during the experiment: every second, each executor's, streams
+        worker's and approval-join's /readyz; per process, the seconds it answered 503 (or did
+        not answer) and why."""
         seen: dict[str, dict[str, Any]] = {}
         while not stop.is_set():
             names = [w.name for w in self.pipeline.workers if w.process.poll() is None]
-            polls = [(n, url) for n in names if (url := readiness_url(n)) is not None]
+            polls = [item for n in names for item in readiness_urls(n).items()]
             answers = await asyncio.gather(*(asyncio.to_thread(_readiness, u) for _, u in polls))
             for (name, _), why in zip(polls, answers, strict=True):
                 if why is not None:
@@ -252,7 +267,7 @@ def _readiness(url: str) -> str | None:
     return None if body.get("ready", True) else str(body.get("why"))
 
 
-# The two faults that left the approval-join stuck in the first runs (docs/reliability.md,
+# The faults that left the approval-join stuck in the first runs (docs/reliability.md,
 # "Findings") go last, so that what they leave behind is not counted against the others.
 FAULTS: list[tuple[str, Callable[[PartitionSuite], Callable[[], Awaitable[None]]], float]] = [
     ("broker_minority", lambda s: s.broker_minority, LOAD_SECONDS),
@@ -264,6 +279,7 @@ FAULTS: list[tuple[str, Callable[[PartitionSuite], Callable[[], Awaitable[None]]
     ("rolling_restart", lambda s: s.rolling_restart, LOAD_SECONDS * 1.5),
     ("scale_out", lambda s: s.scale_out, LOAD_SECONDS),
     ("leader_isolated", lambda s: s.leader_isolated, LOAD_SECONDS),
+    ("coordinator_isolated", lambda s: s.coordinator_isolated, LOAD_SECONDS),
     ("streams_no_kafka", lambda s: s.streams_no_kafka, LOAD_SECONDS),
 ]
 

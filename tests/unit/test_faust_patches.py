@@ -1,22 +1,30 @@
 """streams/faust_patches.py: the faust-streaming version the corrections were written against,
 hole 1 (never-committed partitions rewound to their beginning) and the guard against duplicate
-acknowledged offsets. Hole 2 (resumption order) is in test_faust_resume.py, hole 3 (in-order
-delivery after a seek) in test_faust_delivery.py; all of them against faust-streaming 0.15.3."""
+acknowledged offsets, all against faust-streaming 0.15.3, and hole 4 (a reset offset asked of an
+old leader, without fresh metadata) against aiokafka 0.14.0. Hole 2 (resumption order) is in
+test_faust_resume.py, hole 3 (in-order delivery after a seek) in test_faust_delivery.py."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
+import aiokafka
 import faust
 import pytest
+from aiokafka.consumer.fetcher import Fetcher, OffsetResetStrategy
+from aiokafka.errors import KafkaTimeoutError, NotLeaderForPartitionError
 from faust.types import TP
 
 from streams import faust_patches
 from streams.faust_patches import (
+    AIOKAFKA_VERSION,
     FAUST_VERSION,
     _new_offset_without_duplicates,
+    _offset_request_refreshing_metadata,
     _seek_to_committed_or_beginning,
     check_faust_version,
+    check_version,
 )
 
 NEVER, AT_ZERO, AT_FIVE = (
@@ -85,3 +93,77 @@ def test_the_changelog_created_with_the_topics_is_the_one_faust_uses() -> None:
     app = faust.App(settings.group(STREAMS_APP_ID), broker="kafka://127.0.0.1:1")
     table = app.Table(APPROVAL_TABLE, default=None, partitions=settings.topic_partitions)
     assert table.changelog_topic.get_topic_name() == approvals_changelog(settings)
+
+
+def test_the_installed_aiokafka_is_the_one_the_corrections_were_written_for() -> None:
+    assert aiokafka.__version__ == AIOKAFKA_VERSION == "0.14.0"
+    with pytest.raises(ImportError, match=r"aiokafka 0\.14\.0, found 0\.15\.0"):
+        check_version("aiokafka", AIOKAFKA_VERSION, "0.15.0")
+
+
+class MetadataClient:
+    def __init__(self) -> None:
+        self.refreshes = 0
+
+    def force_metadata_update(self) -> None:
+        self.refreshes += 1
+
+
+def fetcher_resetting(tp: TP) -> tuple[Fetcher, MetadataClient, Any]:
+    """An aiokafka 0.14.0 Fetcher with one partition awaiting a reset (no position), and the
+    assignment `_update_fetch_positions` reads it from."""
+    client = MetadataClient()
+    fetcher = Fetcher.__new__(Fetcher)
+    fetcher._client = client
+    fetcher._retry_backoff = 0
+    state = type(
+        "State",
+        (),
+        {
+            "has_valid_position": False,
+            "awaiting_reset": True,
+            "reset_strategy": OffsetResetStrategy.EARLIEST,
+        },
+    )()
+    assignment = type("Assignment", (), {"state_value": lambda _self, _tp: state})()
+    return fetcher, client, assignment
+
+
+async def old_leader(_fetcher: Any, _node_id: int, topic_data: Any) -> Any:
+    (topic, partitions), *_ = topic_data.items()
+    raise NotLeaderForPartitionError(TP(topic, partitions[0][0]))
+
+
+async def test_aiokafka_0_14_0_retries_a_reset_against_the_old_leader_without_new_metadata() -> (
+    None
+):
+    """The hole (4. in the module): the reset path logs the failure and retries 100 ms later
+    with the same cached leader; nothing asks for fresh metadata."""
+    fetcher, client, assignment = fetcher_resetting(NEVER)
+    fetcher._proc_offset_request = partial(old_leader, fetcher)
+    await Fetcher._update_fetch_positions(fetcher, assignment, 3, [NEVER])
+    assert client.refreshes == 0
+
+
+async def test_hole_4_a_reset_that_met_an_old_leader_refreshes_the_metadata(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(faust_patches, "_original_proc_offset_request", old_leader)
+    fetcher, client, assignment = fetcher_resetting(NEVER)
+    fetcher._proc_offset_request = partial(_offset_request_refreshing_metadata, fetcher)
+    await Fetcher._update_fetch_positions(fetcher, assignment, 3, [NEVER])
+    assert client.refreshes == 1
+    # An error that says nothing about metadata asks for nothing.
+    monkeypatch.setattr(faust_patches, "_original_proc_offset_request", timed_out)
+    with pytest.raises(KafkaTimeoutError):
+        await _offset_request_refreshing_metadata(fetcher, 3, {})
+    assert client.refreshes == 1
+
+
+async def timed_out(_fetcher: Any, _node_id: int, _topic_data: Any) -> Any:
+    raise KafkaTimeoutError
+
+
+def test_the_join_asks_aiokafka_for_fresh_metadata_after_a_failed_offset_request() -> None:
+    faust_patches.install_faust_patches()
+    assert Fetcher._proc_offset_request is _offset_request_refreshing_metadata
