@@ -804,12 +804,11 @@ async def _writes(
         group=None,
     )
     producer = kafka_producer(settings, enable_idempotence=False)
-    if bot:
-        await consumer.start()
-        await producer.start()
-        # Only this run's requests: an earlier run's were decided already.
-        if consumer.assignment():
-            await consumer.seek_to_end()
+    await consumer.start()
+    await producer.start()
+    # Only this run's requests: an earlier run's were decided already.
+    if consumer.assignment():
+        await consumer.seek_to_end()
     approved = 0
 
     async def approve() -> None:
@@ -876,8 +875,10 @@ async def _writes(
             status = o.status if o else "open"
             statuses[status] = statuses.get(status, 0) + 1
         ms = [(o.at - o.proposed_at) * 1000 for o in done]
+        hops = {} if profiled else await hop_latencies(pipe, set(issued))
         return (
             {
+                **{f"{key}_{k}": ms for k, ms in hops.items()},
                 key: ok / elapsed,
                 f"{key}_statuses": statuses,
                 f"{key}_p50": percentile(ms, 50),
@@ -892,9 +893,9 @@ async def _writes(
             bot_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await bot_task
-            await consumer.stop()
-            await producer.stop()
         await writer.stop()
+        await consumer.stop()
+        await producer.stop()
 
 
 async def idle_latency(pipe: Pipeline, calls: int, gap: float) -> dict[str, Any]:

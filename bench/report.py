@@ -272,6 +272,22 @@ def _times(a: Any, b: Any) -> str:
     return "—" if r is None else f"{r:.1f}×"
 
 
+def _write_hops(v: dict[str, Any], key: str) -> str:
+    """Where a closed-loop write's time goes: p50 / p99 of each hop (broker append times);
+    → committed is the approval-join's hop (the receipt, or the human's decision)."""
+    hops = [
+        (t.value, v.get(f"{key}_hop_{t.value}_p50_ms"), v.get(f"{key}_hop_{t.value}_p99_ms"))
+        for t in HOP_TOPICS[1:]
+    ]
+    if all(p50 is None for _, p50, _ in hops):
+        return ""
+    return (
+        "Per-hop p50 / p99 (broker append times): "
+        + ", ".join(f"→ {t} {fmt(p50, '')} / {fmt(p99, ' ms')}" for t, p50, p99 in hops)
+        + "."
+    )
+
+
 def targets(v: dict[str, Any], found: dict[str, tuple[str, dict[str, Any]]]) -> list[Target]:
     cores = os.cpu_count() or 1
     t1 = ratio(v.get("T1_loop"), v.get("B1"))
@@ -386,7 +402,8 @@ def targets(v: dict[str, Any], found: dict[str, tuple[str, dict[str, Any]]]) -> 
             measured=f"{fmt(v.get('auto_writes'), ' calls/s', 1)} = {_pct(auto)}",
             ok=None if auto is None else auto >= 0.4,
             floor=f"p50 {fmt(v.get('auto_writes_p50'), ' ms')} per auto-approved write; CPU per "
-            f"write by process: {_by_process(v.get('auto_writes_cpu_by_process')) or '—'} µs.",
+            f"write by process: {_by_process(v.get('auto_writes_cpu_by_process')) or '—'} µs. "
+            + _write_hops(v, "auto_writes"),
             profile="auto_writes",
         ),
         Target(
@@ -397,7 +414,8 @@ def targets(v: dict[str, Any], found: dict[str, tuple[str, dict[str, Any]]]) -> 
             measured=f"{fmt(v.get('writes'), ' calls/s', 1)} = {_pct(writes)}",
             ok=None if writes is None else writes >= 0.2,
             floor=f"p50 {fmt(v.get('writes_p50'), ' ms')} per approved write; CPU per write by "
-            f"process: {_by_process(v.get('writes_cpu_by_process')) or '—'} µs.",
+            f"process: {_by_process(v.get('writes_cpu_by_process')) or '—'} µs. "
+            + _write_hops(v, "writes"),
             profile="writes",
         ),
         Target(

@@ -37,6 +37,13 @@ SESSION_TIMEOUT_MS = 6000
 HEARTBEAT_INTERVAL_MS = 1500
 # A few ms of linger lets the producer batch; without it every record is a request.
 LINGER_MS = 2
+# How long the broker may hold a fetch with nothing new. aiokafka sends one fetch per broker at
+# a time and leaves out the partitions whose records are still buffered, so a partition just
+# consumed is fetched again only once the fetch in flight returns: a record arriving on it
+# waits up to this long, even on an idle pipeline (aiokafka's 500 ms gave the raw 4-hop
+# chain a p99 of 0.2-1.5 s at 50 records/s; bench/FLOORS.md). An idle consumer pays ten empty
+# fetches a second for it.
+FETCH_MAX_WAIT_MS = 100
 FETCH_MAX_BYTES = 52_428_800  # aiokafka's default: a whole poll
 
 
@@ -58,6 +65,7 @@ def kafka_consumer(
         "auto_offset_reset": "earliest",
         "max_partition_fetch_bytes": fetch_bytes(settings),
         "fetch_max_bytes": max(FETCH_MAX_BYTES, fetch_bytes(settings)),
+        "fetch_max_wait_ms": FETCH_MAX_WAIT_MS,
     }
     if group is not None:
         config |= {
