@@ -727,8 +727,8 @@ async def latency(pipe: Pipeline, rate: float, seconds: float) -> dict[str, Any]
 
 
 async def hop_latencies(pipe: Pipeline, call_ids: set[str]) -> dict[str, Any]:
-    """p50 of the time between consecutive topics (broker append times of each call's
-    record), to see which stage the latency comes from."""
+    """p50 and p99 of the time between consecutive topics (broker append times of each
+    call's records), to see which stage the latency comes from."""
 
     settings = pipe.run.settings
     stamps: dict[Topic, dict[str, int]] = {t: {} for t in HOP_TOPICS}
@@ -752,7 +752,11 @@ async def hop_latencies(pipe: Pipeline, call_ids: set[str]) -> dict[str, Any]:
                         call_id = json.loads(r.value or b"").get("call_id")
                     except (ValueError, AttributeError):
                         continue
-                    if call_id in call_ids and call_id not in stamps[topic]:
+                    # The first record of a call on each topic; on `outcomes` the last
+                    # (a write waiting for a human has an awaiting_approval outcome first).
+                    if call_id in call_ids and (
+                        call_id not in stamps[topic] or topic is Topic.OUTCOMES
+                    ):
                         stamps[topic][call_id] = r.timestamp
             positions = [await consumer.position(tp) for tp in ends]
             if all(p >= ends[tp] for p, tp in zip(positions, ends, strict=True)):
