@@ -288,13 +288,30 @@ def _write_hops(v: dict[str, Any], key: str) -> str:
     )
 
 
+def _writes_target(
+    v: dict[str, Any], key: str, *, name: str, today: str, share: float, what: str
+) -> Target:
+    """A closed-loop write row (``key``: its values' prefix; also its profile's key): at
+    least ``share`` of B5g."""
+    got = ratio(v.get(key), v.get("B5_grouped"))
+    return Target(
+        name=name,
+        today=today,
+        wanted=f"≥ {share:.0%} of B5g".replace("%", " %"),
+        baseline=f"B5g {fmt(v.get('B5_grouped'), ' cmd/s')}",
+        measured=f"{fmt(v.get(key), ' calls/s', 1)} = {_pct(got)}",
+        ok=None if got is None else got >= share,
+        floor=f"p50 {fmt(v.get(f'{key}_p50'), ' ms')} per {what}; CPU per write by process: "
+        f"{_by_process(v.get(f'{key}_cpu_by_process')) or '—'} µs. " + _write_hops(v, key),
+        profile=key,
+    )
+
+
 def targets(v: dict[str, Any], found: dict[str, tuple[str, dict[str, Any]]]) -> list[Target]:
     cores = os.cpu_count() or 1
     t1 = ratio(v.get("T1_loop"), v.get("B1"))
     t2 = ratio(v.get("e2e_reads"), v.get("B2"))
     t3 = ratio(v.get("executor_dedup"), v.get("executor_nodedup"))
-    writes = ratio(v.get("writes"), v.get("B5_grouped"))
-    auto = ratio(v.get("auto_writes"), v.get("B5_grouped"))
     cpu = _cpu_of(v)
     cpu_x = ratio(cpu, v.get("B2_cpu_us"))
     p50, p99 = v.get("lat_p50"), v.get("lat_p99")
@@ -394,29 +411,21 @@ def targets(v: dict[str, Any], found: dict[str, tuple[str, dict[str, Any]]]) -> 
             + ", ".join(f"→ {t} {fmt(ms, ' ms', 1)}" for t, ms in idle_hops.items())
             + ". No CPU floor at idle: the time is the hops' produce, fetch and linger waits.",
         ),
-        Target(
+        _writes_target(
+            v,
+            "auto_writes",
             name="auto-approved writes (no human, provider), closed loop",
             today="not measured",
-            wanted="≥ 40 % of B5g",
-            baseline=f"B5g {fmt(v.get('B5_grouped'), ' cmd/s')}",
-            measured=f"{fmt(v.get('auto_writes'), ' calls/s', 1)} = {_pct(auto)}",
-            ok=None if auto is None else auto >= 0.4,
-            floor=f"p50 {fmt(v.get('auto_writes_p50'), ' ms')} per auto-approved write; CPU per "
-            f"write by process: {_by_process(v.get('auto_writes_cpu_by_process')) or '—'} µs. "
-            + _write_hops(v, "auto_writes"),
-            profile="auto_writes",
+            share=0.4,
+            what="auto-approved write",
         ),
-        Target(
+        _writes_target(
+            v,
+            "writes",
             name="approved writes (bot approver, provider), closed loop",
             today="79.1 calls/s = 4 %",
-            wanted="≥ 20 % of B5g",
-            baseline=f"B5g {fmt(v.get('B5_grouped'), ' cmd/s')}",
-            measured=f"{fmt(v.get('writes'), ' calls/s', 1)} = {_pct(writes)}",
-            ok=None if writes is None else writes >= 0.2,
-            floor=f"p50 {fmt(v.get('writes_p50'), ' ms')} per approved write; CPU per write by "
-            f"process: {_by_process(v.get('writes_cpu_by_process')) or '—'} µs. "
-            + _write_hops(v, "writes"),
-            profile="writes",
+            share=0.2,
+            what="approved write",
         ),
         Target(
             name="T5 first call after every connection was reset",

@@ -43,6 +43,11 @@ def decide(
     )
 
 
+def one_by_one(requests: list[AuthorizationRequest], policies: PolicySet) -> list[Any]:
+    """Each request decided alone (a batch of one, as `authorize` does)."""
+    return [authorize_batch([r], policies)[0] for r in requests]
+
+
 def test_read_own_tenant_is_auto(catalog: Catalog, policies: PolicySet) -> None:
     decision = decide(catalog, policies, "get_payment", {"payment_id": "pay_A1001"})
     assert decision.verdict is Verdict.PERMIT
@@ -174,16 +179,7 @@ def test_batch_equals_single_even_with_conflicting_entities(
         ]
     ]
     batched = [d.verdict for d in authorize_batch(requests, policies)]
-    single = [
-        authorize(
-            actor=r.actor,
-            tool=r.tool,
-            resource=r.resource,
-            arguments=r.arguments,
-            policies=policies,
-        ).verdict
-        for r in requests
-    ]
+    single = [d.verdict for d in one_by_one(requests, policies)]
     assert batched == single == [Verdict.PERMIT, Verdict.DENY, Verdict.DENY, Verdict.PERMIT]
 
 
@@ -221,17 +217,7 @@ def test_identical_requests_in_a_batch_are_decided_once(
     batched = authorize_batch(requests, policies)
     assert asked == [2]  # one evaluation, of the two distinct requests
     asked.clear()
-    single = [
-        authorize(
-            actor=r.actor,
-            tool=r.tool,
-            resource=r.resource,
-            arguments=r.arguments,
-            policies=policies,
-        )
-        for r in requests
-    ]
-    assert batched == single
+    assert batched == one_by_one(requests, policies)
     permit, deny = Verdict.PERMIT, Verdict.DENY
     assert [d.verdict for d in batched] == [permit, permit, deny, permit, deny]
 
