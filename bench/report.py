@@ -279,13 +279,25 @@ def _write_hops(v: dict[str, Any], key: str) -> str:
         (t.value, v.get(f"{key}_hop_{t.value}_p50_ms"), v.get(f"{key}_hop_{t.value}_p99_ms"))
         for t in HOP_TOPICS[1:]
     ]
-    if all(p50 is None for _, p50, _ in hops):
+    measured = {t: float(p50) for t, p50, _ in hops if isinstance(p50, int | float)}
+    if not measured:
         return ""
+    slowest = max(measured, key=measured.__getitem__)
+    who = HOP_STAGES.get(slowest, slowest)
     return (
         "Per-hop p50 / p99 (broker append times): "
         + ", ".join(f"→ {t} {fmt(p50, '')} / {fmt(p99, ' ms')}" for t, p50, p99 in hops)
-        + "."
+        + f"; the slowest hop is → {slowest}, the {who}'s."
     )
+
+
+# The stage that publishes to each topic a call's records go through (the topic's hop).
+HOP_STAGES = {
+    "calls.validated": "validator",
+    "calls.authorized": "authorizer",
+    "commands.committed": "approval-join",
+    "outcomes": "executor",
+}
 
 
 def _writes_target(
