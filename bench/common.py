@@ -189,12 +189,15 @@ def reset_payments(database_url: str) -> None:
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of ``pid`` (0 once it is gone)."""
+    """User + system CPU time of ``pid`` and of every process it started, live (their own
+    time, recursively) or ended and waited for (0 once it is gone). `ratifier streams` runs
+    its stages and its approval-join as child processes: their CPU is the worker's."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    ticks = sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
+    return ticks / os.sysconf("SC_CLK_TCK") + sum(cpu_seconds(c) for c in child_pids(pid))
 
 
 @dataclass
@@ -550,7 +553,8 @@ def start_spy(pid: int, path: Path) -> subprocess.Popen[bytes] | None:
     path.parent.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen(
         [
-            *(spy, "record", "--nonblocking", "-r", str(SPY_RATE), "-f", "raw"),
+            # --subprocesses: a worker's child processes (`ratifier streams`) are its own.
+            *(spy, "record", "--nonblocking", "--subprocesses", "-r", str(SPY_RATE), "-f", "raw"),
             *("-o", str(path), "-p", str(pid)),
         ],
         stdout=subprocess.DEVNULL,

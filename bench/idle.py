@@ -70,9 +70,9 @@ def reap_connections(pids: list[int]) -> tuple[int, str]:
 
 
 async def one_call(
-    proposer: Proposer, watcher: OutcomeWatcher, timeout: float = 60
+    proposer: Proposer, watcher: OutcomeWatcher, timeout: float = 60, call_id: str | None = None
 ) -> dict[str, float] | None:
-    call_id = f"idle-{uuid.uuid4().hex[:12]}"
+    call_id = call_id or f"idle-{uuid.uuid4().hex[:12]}"
     started = time.perf_counter()
     fut = await proposer.propose(call_id)
     await fut

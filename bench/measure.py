@@ -83,6 +83,9 @@ class Plan:
     closed_warmup: float = 5
     latency_seconds: float = 20
     writes_seconds: float = 15
+    # One call at a time on the idle pipeline, this many, this far apart.
+    idle_calls: int = 30
+    idle_gap: float = 0.5
     profile_seconds: float = 12
     # RSS under load at 50 % of T2: growth is measured from the value after `rss_first`.
     rss_seconds: float = 300
@@ -108,6 +111,8 @@ QUICK = Plan(
     closed_warmup=2,
     latency_seconds=5,
     writes_seconds=5,
+    idle_calls=8,
+    idle_gap=0.3,
     profile_seconds=4,
     rss_seconds=30,
     rss_first=6,
@@ -464,7 +469,8 @@ async def stages_alone(n: int) -> dict[str, Any]:
         for stage, source, target in chain:
 
             def start(stage: str = stage) -> list[Any]:
-                return [run.start("streams", f"stage-{stage}", RATIFIER_STREAMS__STAGES=stage)]
+                # `ratifier stages` alone: not `streams`, which also starts an idle join.
+                return [run.start("stages", f"stage-{stage}", RATIFIER_STREAMS__STAGES=stage)]
 
             rate, cpu = await drain(run, start, t(source), t(target), n, values, 300)
             out[f"stage_{stage}"] = rate
@@ -484,11 +490,7 @@ async def stages_alone(n: int) -> dict[str, Any]:
         t = join_run.settings.topic
 
         def join() -> list[Any]:
-            return [
-                join_run.start(
-                    "streams", "stage-approval-join", RATIFIER_STREAMS__STAGES="approval-join"
-                )
-            ]
+            return [join_run.start("approval-join", "stage-approval-join")]
 
         inputs = join_inputs(join_run.settings, n, lambda i: f"pay_Z{i % BENCH_PAYMENTS:04d}")
         rate, cpu = await drain(
@@ -725,8 +727,8 @@ async def latency(pipe: Pipeline, rate: float, seconds: float) -> dict[str, Any]
 
 
 async def hop_latencies(pipe: Pipeline, call_ids: set[str]) -> dict[str, Any]:
-    """p50 of the time between consecutive topics (broker append times of each call's
-    record), to see which stage the latency comes from."""
+    """p50 and p99 of the time between consecutive topics (broker append times of each
+    call's records), to see which stage the latency comes from."""
 
     settings = pipe.run.settings
     stamps: dict[Topic, dict[str, int]] = {t: {} for t in HOP_TOPICS}
@@ -750,7 +752,11 @@ async def hop_latencies(pipe: Pipeline, call_ids: set[str]) -> dict[str, Any]:
                         call_id = json.loads(r.value or b"").get("call_id")
                     except (ValueError, AttributeError):
                         continue
-                    if call_id in call_ids and call_id not in stamps[topic]:
+                    # The first record of a call on each topic; on `outcomes` the last
+                    # (a write waiting for a human has an awaiting_approval outcome first).
+                    if call_id in call_ids and (
+                        call_id not in stamps[topic] or topic is Topic.OUTCOMES
+                    ):
                         stamps[topic][call_id] = r.timestamp
             positions = [await consumer.position(tp) for tp in ends]
             if all(p >= ends[tp] for p, tp in zip(positions, ends, strict=True)):
@@ -771,9 +777,28 @@ async def approved_writes(
     """Refunds of 1 minor unit, each approved by a bot as soon as its request appears; with
     ``profiled``, py-spy samples every worker meanwhile (a separate, shorter run: the
     measured one is not slowed by the sampling)."""
+    return await _writes(pipe, seconds, window, bot=True, profiled=profiled, key="writes")
+
+
+async def auto_writes(
+    pipe: Pipeline, seconds: float, window: int, *, profiled: bool = False
+) -> dict[str, Any]:
+    """Refunds of 1 minor unit by an agent with the ``refund_auto`` role: the policy
+    `refund-small-auto-for-trusted-agents` (`@approval("auto")`) commits them with a signed
+    receipt and no human, so this is the write path alone (authorizer, approval-join's
+    receipt, executor's ledger and provider call), closed loop."""
+    return await _writes(pipe, seconds, window, bot=False, profiled=profiled, key="auto_writes")
+
+
+async def _writes(
+    pipe: Pipeline, seconds: float, window: int, *, bot: bool, profiled: bool, key: str
+) -> dict[str, Any]:
+    """Closed loop of ``window`` refunds in flight for ``seconds``; with ``bot``, a bot
+    approves each request as soon as it appears (else the policy auto-approves them)."""
 
     settings = pipe.run.settings
-    refund_token = agent_token(settings, roles=("refund",), sub="bench-refunder")
+    roles = ("refund",) if bot else ("refund_auto",)
+    refund_token = agent_token(settings, roles=roles, sub=f"bench-{key}")
     # The approval service signs for the approver it authenticated (approvals.signing).
     signing = approval_keys(settings)
     approver = Actor(sub="bench-approver", tenant="tenant-a", roles=("approver",))
@@ -790,7 +815,7 @@ async def approved_writes(
         await consumer.seek_to_end()
     approved = 0
 
-    async def bot() -> None:
+    async def approve() -> None:
         nonlocal approved
         while True:
             batches = await consumer.getmany(timeout_ms=100, max_records=1000)
@@ -816,12 +841,12 @@ async def approved_writes(
                     )
                     approved += 1
 
-    bot_task = asyncio.create_task(bot())
+    bot_task = asyncio.create_task(approve()) if bot else None
     writer = Proposer(settings, pipe.watcher, refund_token)
     await writer.start()
     tag = uuid.uuid4().hex[:6]
     issued: list[str] = []
-    spies = pipe.spy("writes") if profiled else {}
+    spies = pipe.spy(key) if profiled else {}
     cpu0 = pipe.cpu()
     try:
         started = time.perf_counter()
@@ -851,24 +876,57 @@ async def approved_writes(
         statuses: dict[str, int] = {}
         for c in issued:
             o = pipe.watcher.ended.get(c)
-            key = o.status if o else "open"
-            statuses[key] = statuses.get(key, 0) + 1
+            status = o.status if o else "open"
+            statuses[status] = statuses.get(status, 0) + 1
         ms = [(o.at - o.proposed_at) * 1000 for o in done]
-        return {
-            "writes": ok / elapsed,
-            "writes_statuses": statuses,
-            "writes_p50": percentile(ms, 50),
-            "writes_approved": approved,
-            "writes_cpu_by_process": per_call_us(cpu0, cpu1, ok),
-        } | ({"profile_writes": profiles} if profiled else {})
+        hops = {} if profiled else await hop_latencies(pipe, set(issued))
+        return (
+            {
+                **{f"{key}_{k}": ms for k, ms in hops.items()},
+                key: ok / elapsed,
+                f"{key}_statuses": statuses,
+                f"{key}_p50": percentile(ms, 50),
+                f"{key}_cpu_by_process": per_call_us(cpu0, cpu1, ok),
+            }
+            | ({"writes_approved": approved} if bot else {})
+            | ({f"profile_{key}": profiles} if profiled else {})
+        )
     finally:
         collect_spies(spies)
-        bot_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await bot_task
+        if bot_task is not None:
+            bot_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await bot_task
         await writer.stop()
         await consumer.stop()
         await producer.stop()
+
+
+async def idle_latency(pipe: Pipeline, calls: int, gap: float) -> dict[str, Any]:
+    """One read call at a time on an otherwise idle pipeline, ``gap`` seconds apart (each
+    call finds every stage waiting in its poll): the client's time from send to the
+    outcome's arrival (as B2 lat: send → arrival after the last hop), and the p50 of each
+    hop between the broker append times."""
+    client_ms: list[float] = []
+    call_ids: set[str] = set()
+    tag = uuid.uuid4().hex[:6]
+    for i in range(calls):
+        await asyncio.sleep(gap)
+        call_id = f"idle-{tag}-{i}"
+        sample = await idle_bench.one_call(pipe.proposer, pipe.watcher, 30, call_id)
+        if sample is None:
+            continue
+        client_ms.append(sample["client_ms"])
+        call_ids.add(call_id)
+    hops = await hop_latencies(pipe, call_ids)
+    return {
+        "idle_calls": len(client_ms),
+        "idle_gap_s": gap,
+        "idle_p50": percentile(client_ms, 50),
+        "idle_p90": percentile(client_ms, 90),
+        "idle_max": max(client_ms, default=float("nan")),
+        **{f"idle_{k}": ms for k, ms in hops.items()},
+    }
 
 
 async def idle_short(pipe: Pipeline, idle_seconds: float) -> dict[str, Any]:
@@ -956,7 +1014,9 @@ async def profile(pipe: Pipeline, seconds: float, warmup: float) -> dict[str, An
     finally:
         profiles = collect_spies(spies)
     writes = await approved_writes(pipe, seconds, 200, profiled=True)
+    auto = await auto_writes(pipe, seconds, 200, profiled=True)
     return {
+        "profile_auto_writes": auto.get("profile_auto_writes", {}),
         "profile_reads": profiles,
         "profile_reads_cpu_by_process": loop["e2e_cpu_by_process"],
         "profile_writes": writes.get("profile_writes", {}),
@@ -1087,6 +1147,11 @@ async def whole_pipeline(report: Measurements, plan: Plan) -> None:
             return
         p = pipe
         await report.step(
+            "latency of one call on the idle pipeline",
+            120,
+            lambda: idle_latency(p, plan.idle_calls, plan.idle_gap),
+        )
+        await report.step(
             "T2 read calls, closed loop",
             120,
             lambda: closed_loop(p, 1000, plan.closed_seconds, plan.closed_warmup),
@@ -1094,6 +1159,11 @@ async def whole_pipeline(report: Measurements, plan: Plan) -> None:
         top = float(report.values.get("e2e_reads") or 100.0)
         await report.step(
             "T4 latency, open loop at 50 %", 120, lambda: latency(p, top / 2, plan.latency_seconds)
+        )
+        await report.step(
+            "auto-approved writes (no human), closed loop",
+            120,
+            lambda: auto_writes(p, plan.writes_seconds, 200),
         )
         await report.step(
             "approved writes with a bot approver",

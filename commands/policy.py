@@ -583,11 +583,22 @@ def authorize_batch(
         entities: dict[tuple[str, str], dict[str, Any]] = {}
         for _, (_, request_entities) in group:
             entities.update({(e["uid"]["type"], e["uid"]["id"]): e for e in request_entities})
-        results = _evaluate([cedar for _, (cedar, _) in group], list(entities.values()), policies)
-        if len(group) > 1 and any(r.diagnostics.errors for r in results):
+        # Identical requests of a group (same principal, action, resource and context; its
+        # entities agree by construction) have one answer: Cedar decides each once.
+        calls: list[CedarCall] = []  # the distinct requests, first of each
+        slots: list[int] = []  # each member's place in ``calls``
+        distinct: dict[str, int] = {}
+        for _, call in group:
+            slot = distinct.setdefault(_request_key(call[0]), len(calls))
+            if slot == len(calls):
+                calls.append(call)
+            slots.append(slot)
+        unique = _evaluate([cedar for cedar, _ in calls], list(entities.values()), policies)
+        if len(calls) > 1 and any(r.diagnostics.errors for r in unique):
             # An entity Cedar refuses fails its whole batch: decide each call on its own, so
             # that one bad resource never decides the others.
-            results = [_evaluate([cedar], ents, policies)[0] for _, (cedar, ents) in group]
+            unique = [_evaluate([cedar], ents, policies)[0] for cedar, ents in calls]
+        results = [unique[slot] for slot in slots]
         for i, result in zip(indexes, results, strict=True):
             decision = decisions[i] = _decide(requests[i], policies, result)
             _report(requests[i], decision)
@@ -603,6 +614,13 @@ def _evaluate(
 
 
 CedarCall = tuple[dict[str, Any], list[dict[str, Any]]]
+
+
+def _request_key(cedar: dict[str, Any]) -> str:
+    """A Cedar request as text: equal texts are the same question. `repr` of the plain
+    JSON values a request holds is unambiguous and a third of `json.dumps`' cost; two equal
+    requests built in another key order only miss the reuse."""
+    return repr(cedar)
 
 
 def _consistent_groups(

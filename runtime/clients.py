@@ -37,6 +37,12 @@ SESSION_TIMEOUT_MS = 6000
 HEARTBEAT_INTERVAL_MS = 1500
 # A few ms of linger lets the producer batch; without it every record is a request.
 LINGER_MS = 2
+# How long the broker may hold a fetch with nothing new (aiokafka's default). aiokafka sends
+# one fetch per broker at a time and leaves out the partitions whose records are still
+# buffered, so a record arriving on a partition just consumed can wait up to this long. 100 ms
+# cut the raw 4-hop chain's p99 in four of four pairs but left the pipeline's idle p50 no
+# better (worse in two of two, within the noise of a loaded machine): kept (bench/FLOORS.md).
+FETCH_MAX_WAIT_MS = 500
 FETCH_MAX_BYTES = 52_428_800  # aiokafka's default: a whole poll
 
 
@@ -58,6 +64,7 @@ def kafka_consumer(
         "auto_offset_reset": "earliest",
         "max_partition_fetch_bytes": fetch_bytes(settings),
         "fetch_max_bytes": max(FETCH_MAX_BYTES, fetch_bytes(settings)),
+        "fetch_max_wait_ms": FETCH_MAX_WAIT_MS,
     }
     if group is not None:
         config |= {

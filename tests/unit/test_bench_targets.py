@@ -1,4 +1,4 @@
-"""The target table of bench/RESULTS.md (issue 16), rendered from results fixtures alone:
+"""The target table of bench/RESULTS.md (issue 29), rendered from results fixtures alone:
 each target's baseline, verdict, and — when not met — its floor shown by the profile of the
 process that bounds it, with the next step; whatever the pipeline's processes are named."""
 
@@ -45,8 +45,8 @@ def all_met() -> dict[str, Any]:
         "B3": 4000.0,
         "T1_loop": 12000.0,
         "T1_loop_cpu_us": 35.0,
-        "e2e_reads": 2400.0,
-        "e2e_cpu_us": 800.0,
+        "e2e_reads": 3200.0,
+        "e2e_cpu_us": 400.0,  # 3.6x B2's CPU per record
         "e2e_cpu_by_process": {
             "streams-validator": 150.0,
             "streams-authorizer": 250.0,
@@ -57,7 +57,11 @@ def all_met() -> dict[str, Any]:
         "executor_nodedup": 1000.0,
         "executor_dedup": 900.0,
         "B5_grouped": 1500.0,
-        "writes": 700.0,
+        "writes": 400.0,
+        "auto_writes": 700.0,
+        "B2_lat_p50": 10.0,
+        "B2_lat_p99": 25.0,
+        "idle_p50": 14.0,
         "lat_p50": 12.0,
         "lat_p99": 40.0,
         "lat_rate": 1200.0,
@@ -75,29 +79,37 @@ def results(values: dict[str, Any]) -> Results:
 
 
 def target_rows(markdown: str) -> list[str]:
-    section = markdown.split("## Targets (issue 16)", 1)[1].split("\n## ", 1)[0]
+    section = markdown.split("## Targets (issue 29)", 1)[1].split("\n## ", 1)[0]
     return [line for line in section.splitlines() if line.startswith("| ") and "---" not in line][
         1:
     ]
 
 
-def test_the_issue_table_has_its_eight_targets_with_baselines_and_verdicts() -> None:
+def test_the_issue_table_has_its_ten_targets_with_baselines_and_verdicts() -> None:
     md = render(results(all_met()))
     rows = target_rows(md)
     assert [r.split(" | ")[0].removeprefix("| ") for r in rows] == [
-        "T1 a stateless stage hop vs B1",
+        "T1 a stateless stage hop vs B1 (issue 16)",
         "T2 read calls end to end vs B2",
-        "CPU per read call, all ratifier processes",
-        "T3 executor with dedup vs without (median of 3 drains)",
+        "CPU per read call, all ratifier processes, vs B2's CPU per record",
+        "T3 executor with dedup vs without (median of 3 drains; issue 16)",
+        "T4 latency at 50 % of T2's load, p50 / p99 vs B2's chain",
+        "latency of one call on an idle pipeline (p50, send → outcome in the client)",
+        "auto-approved writes (no human, provider), closed loop",
         "approved writes (bot approver, provider), closed loop",
-        "T4 at 50 % of T2 load: p50 / p99",
         "T5 first call after every connection was reset",
-        "RSS per worker process under load",
+        "RSS per worker process under load (issue 16)",
     ]
     assert all(r.endswith("| **met** |") for r in rows), rows
     assert "| 19 % (faust) | ≥ 50 % | B1 20,000 rec/s | 12,000 rec/s = 60 %" in rows[0]
-    assert "2,400 calls/s = 30 %" in rows[1]
-    assert "B5g 1,500 cmd/s" in rows[4] and "= 47 %" in rows[4]
+    assert "3,200 calls/s = 40 %" in rows[1]
+    x = "\N{MULTIPLICATION SIGN}"
+    assert f"400 µs = 3.6{x}" in rows[2]
+    assert f"12.0 / 40.0 ms = 1.2{x} / 1.6{x}" in rows[4]
+    assert f"14.0 ms = 1.4{x}" in rows[5]
+    assert "B5g 1,500 cmd/s" in rows[6] and "= 47 %" in rows[6]
+    assert "= 27 %" in rows[7]
+    assert f"60 ms = 3.0{x}" in rows[8]
     assert "Every target is met." in md
     assert "| B1 relay | linger_ms=2 | fetch_max_wait_ms=500 | 100 ms |" in md
 
@@ -113,12 +125,14 @@ def test_a_target_not_met_shows_the_profile_of_its_process_and_the_next_step() -
     rows = target_rows(md)
     assert rows[0].endswith("| **not met** |") and rows[2].endswith("| **not met** |")
     floors = md.split("## Floors of the targets not met", 1)[1].split("\n## ", 1)[0]
-    assert "### T1 a stateless stage hop vs B1: not met" in floors
+    assert "### T1 a stateless stage hop vs B1 (issue 16): not met" in floors
     assert "the loop adds 15.0 µs per record" in floors
     assert "`record_hop (runtime/hop.py)`" in floors
     assert NEXT_STEP["ratifier runtime loop"] in floors
     # The CPU target's bounding executor is the one profiled; its floor is psycopg.
-    assert "### CPU per read call, all ratifier processes: not met" in floors
+    assert (
+        "### CPU per read call, all ratifier processes, vs B2's CPU per record: not met" in floors
+    )
     assert "executor1 (the busiest executor process)" in floors
     assert NEXT_STEP["psycopg"] in floors
     # Met targets get no floor section.
@@ -161,7 +175,7 @@ def test_rss_over_the_limit_or_growing_is_not_met() -> None:
 def test_a_run_that_measured_nothing_renders_dashes() -> None:
     md = render(results({}))
     rows = target_rows(md)
-    assert len(rows) == 8
+    assert len(rows) == 10
     assert all(r.endswith("| — |") for r in rows)
     assert "No profile was recorded" in md
 

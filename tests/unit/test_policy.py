@@ -3,6 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import cedarpy
 import pytest
 
 from commands.catalog import Catalog, Resource
@@ -40,6 +41,11 @@ def decide(
         arguments=args,
         policies=policies,
     )
+
+
+def one_by_one(requests: list[AuthorizationRequest], policies: PolicySet) -> list[Any]:
+    """Each request decided alone (a batch of one, as `authorize` does)."""
+    return [authorize_batch([r], policies)[0] for r in requests]
 
 
 def test_read_own_tenant_is_auto(catalog: Catalog, policies: PolicySet) -> None:
@@ -173,17 +179,47 @@ def test_batch_equals_single_even_with_conflicting_entities(
         ]
     ]
     batched = [d.verdict for d in authorize_batch(requests, policies)]
-    single = [
-        authorize(
-            actor=r.actor,
-            tool=r.tool,
-            resource=r.resource,
-            arguments=r.arguments,
-            policies=policies,
-        ).verdict
-        for r in requests
-    ]
+    single = [d.verdict for d in one_by_one(requests, policies)]
     assert batched == single == [Verdict.PERMIT, Verdict.DENY, Verdict.DENY, Verdict.PERMIT]
+
+
+def test_identical_requests_in_a_batch_are_decided_once(
+    catalog: Catalog, policies: PolicySet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch of repeats asks Cedar each distinct question once; every call still gets
+    the decision it would get alone, in order."""
+    refund = catalog.get("propose_refund")
+    assert refund is not None
+    asked: list[int] = []
+    real = cedarpy.is_authorized_batch
+
+    def counting(requests: list[Any], *args: Any) -> Any:
+        asked.append(len(requests))
+        return real(requests, *args)
+
+    monkeypatch.setattr(cedarpy, "is_authorized_batch", counting)
+
+    def request(roles: tuple[str, ...], amount: int) -> AuthorizationRequest:
+        return AuthorizationRequest(
+            actor=Actor(sub="u", tenant="tenant-a", roles=roles),
+            tool=refund,
+            resource=PAYMENT_A,
+            arguments={"payment_id": "pay_A1001", "amount_minor": amount, "reason": "r"},
+        )
+
+    requests = [
+        request(("refund",), 4000),
+        request(("refund",), 4000),
+        request(("refund",), 999_999),  # over the refundable amount: denied
+        request(("refund",), 4000),
+        request(("refund",), 999_999),
+    ]
+    batched = authorize_batch(requests, policies)
+    assert asked == [2]  # one evaluation, of the two distinct requests
+    asked.clear()
+    assert batched == one_by_one(requests, policies)
+    permit, deny = Verdict.PERMIT, Verdict.DENY
+    assert [d.verdict for d in batched] == [permit, permit, deny, permit, deny]
 
 
 def test_resource_not_matching_schema_fails_closed(catalog: Catalog, policies: PolicySet) -> None:
