@@ -49,6 +49,7 @@ from commands.catalog import (
     ExecutionContext,
     ExternalEffect,
     HandlerResult,
+    Resource,
     Tool,
     downstream_of,
 )
@@ -140,6 +141,9 @@ class _Pending:
     budgeted: bool = False
     # The downstream's breaker let it through: each attempt's result is counted there.
     ticket: Ticket | None = None
+    # What the commit-time check loaded: the last check before the effect decides on the
+    # same facts (a freeze of the resource's owner, `subject:`, included).
+    resource: Resource | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -618,7 +622,13 @@ class CommandExecutor:
         placeholder = Execution(
             outcome=self._failed(command, ErrorCode.TIMEOUT, trace_id), unknown=True
         )
-        pending = _Pending(request=request, external=tool.external, fence=fence, ticket=ticket)
+        pending = _Pending(
+            request=request,
+            external=tool.external,
+            fence=fence,
+            ticket=ticket,
+            resource=context.resource,
+        )
         return placeholder, pending
 
     async def _count(self, ticket: Ticket, *, ok: bool, started: float) -> None:
@@ -641,7 +651,7 @@ class CommandExecutor:
     ) -> _Invoked:
         """Invoke the external effect (bounded retries only for failures known to precede
         it); what it answered, as the outcome to record."""
-        if command_freeze(self._freezes.current, command, None) is not None:
+        if command_freeze(self._freezes.current, command, pending.resource) is not None:
             # Frozen since the commit-time check (the kill switch): the effect never starts;
             # the prepared effect is released like any failure known to precede it.
             frozen = self._failed(command, ErrorCode.FROZEN, trace_id)

@@ -309,3 +309,49 @@ async def test_cancelled_before_the_effect(
         ErrorCode.CANCELLED,
     )
     assert (await provider_stats(provider_url))["posts"] == 0
+
+
+class FrozenAfterCommit:
+    """A freeze source whose first answer (the commit-time check) is "nothing frozen" and
+    every later one (the last check before the effect) freezes the refund's payer."""
+
+    def __init__(self, scope: str) -> None:
+        from commands.freezes import NO_FREEZES, applied
+        from schemas.envelopes import FreezeRecord
+
+        self.asked = 0
+        self._before = NO_FREEZES
+        record = FreezeRecord(
+            scope=scope, frozen=True, by="ops-1", reason="incident 7", at=datetime.now(UTC)
+        )
+        self._after = applied(NO_FREEZES, record)
+
+    @property
+    def current(self) -> Any:
+        self.asked += 1
+        return self._before if self.asked == 1 else self._after
+
+
+async def test_a_subject_frozen_between_commit_and_effect_stops_the_effect(
+    pool: AsyncConnectionPool[Any], redis: Redis, settings: Settings, provider_url: str
+) -> None:
+    """The last check before the effect decides on the resource the commit-time check
+    loaded: a freeze of its owner (`subject:`) stops the refund there too."""
+    freezes = FrozenAfterCommit("subject:tenant-a:bob@example.com")  # pay_A1002's payer
+    await catalog.start(settings.model_copy(update={"provider_url": provider_url}))
+    try:
+        executor = CommandExecutor(
+            pool=pool,
+            claims=ClaimStore(redis, prefix=settings.topic_prefix, owner="t"),
+            catalog=catalog,
+            policies=POLICIES,
+            freezes=freezes,
+        )
+        outcome = await run(
+            executor, command("propose_refund", REFUND, roles=("refund",), approved=True)
+        )
+    finally:
+        await catalog.stop()
+    assert freezes.asked == 2  # at commit, then before the effect
+    assert outcome.error is not None and outcome.error.code is ErrorCode.FROZEN
+    assert (await provider_stats(provider_url))["posts"] == 0
