@@ -288,22 +288,36 @@ async def test_toctou_refundable_reduced_after_approval(
             )
 
 
-async def test_cancelled_before_the_effect(
-    pool: AsyncConnectionPool[Any], redis: Redis, settings: Settings, provider_url: str
-) -> None:
-    cancelled = command("propose_refund", REFUND, roles=("refund",), approved=True)
+async def run_approved_refund(
+    pool: AsyncConnectionPool[Any],
+    redis: Redis,
+    settings: Settings,
+    provider_url: str,
+    **executor: Any,
+) -> tuple[CommittedCommand, Outcome]:
+    """One approved refund through an executor built with ``executor``'s extra arguments
+    (a function of the command: ``cancelled``, ``freezes``)."""
+    refund = command("propose_refund", REFUND, roles=("refund",), approved=True)
     await catalog.start(settings.model_copy(update={"provider_url": provider_url}))
     try:
-        executor = CommandExecutor(
+        built = CommandExecutor(
             pool=pool,
             claims=ClaimStore(redis, prefix=settings.topic_prefix, owner="t"),
             catalog=catalog,
             policies=POLICIES,
-            cancelled={cancelled.call_id},
+            **{name: of(refund) for name, of in executor.items()},
         )
-        outcome = await run(executor, cancelled)
+        return refund, await run(built, refund)
     finally:
         await catalog.stop()
+
+
+async def test_cancelled_before_the_effect(
+    pool: AsyncConnectionPool[Any], redis: Redis, settings: Settings, provider_url: str
+) -> None:
+    _, outcome = await run_approved_refund(
+        pool, redis, settings, provider_url, cancelled=lambda refund: {refund.call_id}
+    )
     assert (outcome.status, outcome.error and outcome.error.code) == (
         Status.CANCELLED,
         ErrorCode.CANCELLED,
@@ -338,20 +352,9 @@ async def test_a_subject_frozen_between_commit_and_effect_stops_the_effect(
     """The last check before the effect decides on the resource the commit-time check
     loaded: a freeze of its owner (`subject:`) stops the refund there too."""
     freezes = FrozenAfterCommit("subject:tenant-a:bob@example.com")  # pay_A1002's payer
-    await catalog.start(settings.model_copy(update={"provider_url": provider_url}))
-    try:
-        executor = CommandExecutor(
-            pool=pool,
-            claims=ClaimStore(redis, prefix=settings.topic_prefix, owner="t"),
-            catalog=catalog,
-            policies=POLICIES,
-            freezes=freezes,
-        )
-        outcome = await run(
-            executor, command("propose_refund", REFUND, roles=("refund",), approved=True)
-        )
-    finally:
-        await catalog.stop()
+    _, outcome = await run_approved_refund(
+        pool, redis, settings, provider_url, freezes=lambda _refund: freezes
+    )
     assert freezes.asked == 2  # at commit, then before the effect
     assert outcome.error is not None and outcome.error.code is ErrorCode.FROZEN
     assert (await provider_stats(provider_url))["posts"] == 0
