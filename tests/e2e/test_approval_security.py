@@ -41,7 +41,7 @@ from tests.e2e.approvals_kit import (
     wait_for,
 )
 from tests.e2e.conftest import Pipeline, SigningKeys, start_pipeline
-from tests.services import publish, read_to_end, read_until, run
+from tests.services import proposal, publish, read_to_end, read_until, run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
 
@@ -269,17 +269,15 @@ def propose_deletion(pipeline: Pipeline, prefix: str) -> str:
             " VALUES ('tenant-a', %s, 'alice@example.com', 'visa', '4242')",
             (method,),
         )
-    call_id = f"{prefix}-{uuid.uuid4().hex[:12]}"
-    body = {
-        "v": 1,
-        "call_id": call_id,
-        "tool": "delete_payment_method",
-        "arguments": {"payment_method_id": method},
-        "context": token(pipeline.settings, "operator-1", roles=("destructive_operator",)),
-        "proposed_at": datetime.now(UTC).isoformat(),
-    }
-    run(publish(pipeline.settings, [(call_id, json.dumps(body).encode())]))
-    return call_id
+    body = proposal(
+        pipeline.settings,
+        tool="delete_payment_method",
+        arguments={"payment_method_id": method},
+        call_id=f"{prefix}-{uuid.uuid4().hex[:12]}",
+        context=token(pipeline.settings, "operator-1", roles=("destructive_operator",)),
+    )
+    run(publish(pipeline.settings, [(body["call_id"], json.dumps(body).encode())]))
+    return str(body["call_id"])
 
 
 def test_an_approver_over_the_amount_is_refused(secured: Pipeline) -> None:
