@@ -2,10 +2,10 @@
 one place. faust hosts only the approval-join (streams/approval_join.py); these corrections keep
 its delivery around a rebalance from skipping a record or stopping a partition's commits.
 
-Holes 1-3 were found in faust-streaming **0.15.3**, hole 4 in aiokafka **0.14.0** (the versions
-pinned in pyproject.toml); each fix copies or wraps that version's internals. Importing this
-module asserts both installed versions, so an upgrade fails at once and forces every hole below
-to be re-checked against the new code (tests/unit/test_faust_*.py have one test per hole).
+Holes 1-3 and 5 were found in faust-streaming **0.15.3**, hole 4 in aiokafka **0.14.0** (the
+versions pinned in pyproject.toml); each fix copies or wraps that version's internals. Importing
+this module asserts both installed versions, so an upgrade fails at once and forces every hole
+below to be re-checked against the new code (tests/unit/test_faust_*.py test each hole).
 
 1. **Rewind never-committed partitions, to an offset.** After every rebalance faust pauses
    the stream partitions, restores tables, then calls `seek_to_committed()` to rewind anything
@@ -64,8 +64,21 @@ to be re-checked against the new code (tests/unit/test_faust_*.py have one test 
    163 s in this loop after `leader_isolated` in the first partitions run. Here a failed offset
    request whose error means stale metadata asks for a metadata refresh before it is retried.
 
-All four can only cause redelivery, which every stage tolerates (idempotent by call id).
-The second copies faust-streaming 0.15.3's method, the first three rely on its internals
+5. **Fetch only what can be delivered, and fetch again what was not.** faust hands the consumer
+   thread its *live* set of active partitions, which the event loop keeps changing while the
+   thread waits up to a second for records; aiokafka reads an empty set as "every partition".
+   faust then drops, without a word, each returned record of a partition that is not active
+   when the record's turn comes, or that comes after the flow stopped or the generation
+   changed, although aiokafka's position has already moved past it. When table recovery
+   ended (the changelogs paused, the set empty for a moment), the decisions published while
+   the join restarted were fetched and dropped that way: never processed, never committed,
+   the approvals expired (CI, issue 26; a loop of restarts lost them in 2 of 14 restarts, and
+   none in 30 after this correction). Here the thread gets a copy of the set, nothing is
+   fetched while it is empty, and an acknowledged partition whose records were not delivered
+   is sought back to the first of them.
+
+All five can only cause redelivery, which every stage tolerates (idempotent by call id).
+The second and fifth copy faust-streaming 0.15.3's methods, the first three rely on its internals
 (`_read_offset`, `_acked`, `perform_seek`, `getmany`) and the fourth on aiokafka 0.14.0's
 (`Fetcher._proc_offset_request`), which is why both versions are pinned exactly and checked
 here.
@@ -74,6 +87,7 @@ here.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
@@ -84,7 +98,7 @@ import aiokafka
 import faust
 from aiokafka import AIOKafkaConsumer
 from aiokafka.consumer.fetcher import Fetcher
-from aiokafka.errors import KafkaError
+from aiokafka.errors import IllegalStateError, KafkaError
 from faust.tables.recovery import Recovery
 from faust.transport.consumer import Consumer
 from faust.types import TP
@@ -276,6 +290,7 @@ class InOrderDelivery:
 
 
 _original_getmany = Consumer.getmany
+_original_wait_next_records = Consumer._wait_next_records
 _original_perform_seek = Consumer.perform_seek
 _original_consumer_seek = Consumer.seek
 _original_revoked = Consumer.on_partitions_revoked
@@ -289,14 +304,65 @@ def _delivery_of(consumer: Any) -> InOrderDelivery:
     return delivery
 
 
+async def _wait_next_records_snapshot(
+    self: Any,
+    timeout: float,  # noqa: ASYNC109 - faust's signature
+) -> tuple[Any, set[TP] | None]:
+    """faust 0.15.3's `Consumer._wait_next_records`, handing the consumer thread a copy of the
+    active partitions (see 5. above): never the live set, which an empty value turns into
+    "every partition" on the other side."""
+    if not self.flow_active:
+        await self.wait(self.can_resume_flow)
+    try:
+        self.not_waiting_next_records.set()
+        active = set(self._get_active_partitions())
+        if not active:
+            await self.sleep(1)  # faust's: still release the event loop
+            return {}, active
+        records = await self._getmany(active_partitions=active, timeout=timeout)
+        return records, active
+    finally:
+        self.not_waiting_next_records.set()
+
+
 async def _getmany_in_order(
     self: Any,
     timeout: float,  # noqa: ASYNC109 - faust's signature
 ) -> AsyncIterator[tuple[TP, Any]]:
+    """faust 0.15.3's `Consumer.getmany` with two corrections: each acknowledged partition is
+    delivered in offset order (3. above), and a record fetched but not delivered because the
+    flow stopped or the generation changed meanwhile sends its partition back to it (5.)."""
     delivery = _delivery_of(self)
     delivery.next_fetch()
+    records, _active = await self._wait_next_records(timeout)
+    generation_id = self.app.consumer_generation_id
+    if records is None or self.should_stop:
+        return
+    if not self.flow_active:
+        # faust's: a fetch that returns while the flow is stopped seeks back to committed.
+        try:
+            await self.perform_seek()
+        except Exception as error:  # noqa: BLE001 - faust's: logged, the next fetch retries
+            log.warning("exception performing seek when flow not active %s", error)
+        return
     acks_enabled_for = self.app.topics.acks_enabled_for
-    async for tp, message in _original_getmany(self, timeout):
+    undelivered: dict[TP, int] = {}
+    for tp, record in self.scheduler.iterate(records):
+        # faust's conditions, read as it reads them, per record: the partitions' live state.
+        if (
+            tp in undelivered
+            or not self.flow_active
+            or self.app.consumer_generation_id != generation_id
+            or not (tp in self._get_active_partitions() or tp in self._buffered_partitions)
+        ):
+            # faust drops these, its fetch position already past them. A changelog's records
+            # are recovery's concern (it stopped reading them, or starts again); an acknowledged
+            # partition's are fetched again.
+            if acks_enabled_for(tp.topic):
+                undelivered.setdefault(tp, record.offset)
+            continue
+        self.app.monitor.track_tp_end_offset(tp, self.highwater(tp))
+        message = self._to_message(tp, record)
         if not acks_enabled_for(message.topic):
             yield tp, message  # a changelog: compacted, its holes are real; faust's concern
             continue
@@ -316,6 +382,22 @@ async def _getmany_in_order(
                 want,
             )
             await _seek_in_consumer_thread(self, tp, want)
+    for tp, offset in undelivered.items():
+        await _return_undelivered(self, tp, offset)
+
+
+async def _return_undelivered(consumer: Any, tp: TP, offset: int) -> None:
+    """Fetch ``tp`` again from ``offset``, its first record fetched and not delivered (5.)."""
+    if tp not in consumer.assignment():
+        return  # revoked: its next owner starts at the committed offset
+    log.info(
+        "%s[%d]: records from %d fetched but not delivered (rebalance); fetching them again",
+        tp.topic,
+        tp.partition,
+        offset,
+    )
+    with contextlib.suppress(IllegalStateError):  # revoked meanwhile: as above
+        await _seek_in_consumer_thread(consumer, tp, offset)
 
 
 async def _seek_in_consumer_thread(consumer: Any, tp: TP, offset: int) -> None:
@@ -386,6 +468,7 @@ def install_faust_patches() -> None:
         Recovery._resume_streams = _resume_streams_in_order  # type: ignore[method-assign]
         Recovery.on_recovery_completed = _on_recovery_completed_in_order  # type: ignore[method-assign]
         Consumer.getmany = _getmany_in_order  # type: ignore[method-assign]
+        Consumer._wait_next_records = _wait_next_records_snapshot  # type: ignore[method-assign]
         Consumer.perform_seek = _perform_seek_tracked  # type: ignore[method-assign]
         Consumer.seek = _seek_tracked  # type: ignore[method-assign]
         Consumer.on_partitions_revoked = _revoked_tracked  # type: ignore[method-assign]

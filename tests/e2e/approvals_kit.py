@@ -187,13 +187,11 @@ def call_history(pipeline: Pipeline, call_id: str, *, since: float) -> str:
         f"  +{float(at) - since:7.2f}s {kind} {json.dumps(detail)[:300]}"
         for at, kind, detail in rows
     ]
-    for worker in pipeline.workers:
-        noted = [
-            line
-            for line in worker.log_tail(2000).splitlines()
-            if any(mark in line for mark in _PARTITION_MARKS)
-        ]
-        lines.append(f"--- {worker.name} ({len(noted)} partition lines)")
+    # Every worker's log, stopped ones too: a restart test's lost record may be the old one's.
+    for log in sorted(pipeline.log_dir.glob("*.log"), key=lambda p: p.stat().st_mtime):
+        text = log.read_text(encoding="utf-8", errors="replace")
+        noted = [line for line in text.splitlines() if any(m in line for m in _PARTITION_MARKS)]
+        lines.append(f"--- {log.stem} ({len(noted)} partition lines)")
         lines += noted[-30:]
     return "\n".join(lines)
 
@@ -203,6 +201,7 @@ _PARTITION_MARKS = (
     "Worker ready",
     "Restore complete",
     "seeking back",
+    "fetching them again",
     "no longer exist",
     "Joined group",
     "Stopping...",

@@ -2,7 +2,8 @@
 hole 1 (never-committed partitions rewound to their beginning) and the guard against duplicate
 acknowledged offsets, all against faust-streaming 0.15.3, and hole 4 (a reset offset asked of an
 old leader, without fresh metadata) against aiokafka 0.14.0. Hole 2 (resumption order) is in
-test_faust_resume.py, hole 3 (in-order delivery after a seek) in test_faust_delivery.py."""
+test_faust_resume.py, hole 3 (in-order delivery after a seek) in test_faust_delivery.py, hole 5
+(what is fetched, and fetched again) in test_faust_fetch.py."""
 
 from __future__ import annotations
 
