@@ -1,8 +1,8 @@
 """The kill switch on the real pipeline (Kafka, Redis, PostgreSQL, worker processes):
 freezing a tenant's writes under load stops every effect within 1 s of the freeze record's
-acknowledgement (provider counters), later calls end `frozen`, unfreezing restores service;
-a committed command not started yet is refused at commit time; an approval in a frozen scope
-is refused."""
+acknowledgement (provider counters, matched by the executor's audit rows), later calls end
+`frozen`, unfreezing restores service; a committed command not started yet is refused at
+commit time; an approval in a frozen scope is refused."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import uuid
 from datetime import datetime
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from approvals.operators import OperatorRights, throw_switch
@@ -159,6 +160,20 @@ def test_a_freeze_under_load_stops_every_effect_within_a_second(pipeline: Pipeli
             assert effect is None, outcome
         if at > acked + 1.0:  # proposed a second after the freeze: refused
             assert code == "frozen", outcome
+    # The audit tells the same story as the provider: each refund the executor recorded as
+    # succeeded is an effect the provider applied (so started before the deadline, above), and
+    # each refund it refused at commit time is recorded `frozen` with no effect.
+    refunds = {c for c, (kind, _) in sent.items() if kind == "refund"}
+    recorded = _executed(settings, refunds)
+    for call_id in refunds:
+        final_status = (final[call_id]["status"], (final[call_id].get("error") or {}).get("code"))
+        if final[call_id]["stage"] == "execute" or final_status[0] == "succeeded":
+            assert recorded.get(call_id) == [final_status], (call_id, recorded.get(call_id))
+        else:  # refused at admission: never reached the executor
+            assert call_id not in recorded, (call_id, recorded[call_id])
+        assert (recorded.get(call_id) == [("succeeded", None)]) == (
+            f"tenant-a:{call_id}" in applied
+        ), call_id
     assert by_status.get(("refund", "succeeded", None), 0) > 0, by_status  # load was flowing
     assert by_status.get(("refund", "denied", "frozen"), 0) > 0, by_status
 
@@ -168,6 +183,20 @@ def test_a_freeze_under_load_stops_every_effect_within_a_second(pipeline: Pipeli
     assert outcome["status"] == "succeeded", outcome
     applied_again = provider_stats(pipeline.provider_url)["applied_at"][f"tenant-a:{again}"]
     assert _at(applied_again) > unfrozen
+
+
+def _executed(settings: Settings, call_ids: set[str]) -> dict[str, list[tuple[str, str | None]]]:
+    """The executor's `executed` audit rows of ``call_ids``: (status, code) per row."""
+    with psycopg.connect(settings.storage.database_url) as conn:
+        rows = conn.execute(
+            "SELECT call_id, detail->>'status', detail->>'code' FROM audit_log"
+            " WHERE tenant = 'tenant-a' AND kind = 'executed' AND call_id = ANY(%s) ORDER BY id",
+            (sorted(call_ids),),
+        ).fetchall()
+    found: dict[str, list[tuple[str, str | None]]] = {}
+    for call_id, status, code in rows:
+        found.setdefault(call_id, []).append((status, code))
+    return found
 
 
 def test_a_command_committed_before_the_freeze_is_refused_at_commit_time(
