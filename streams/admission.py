@@ -341,18 +341,23 @@ async def release_slots(settings: Settings, admission: Admission, stop: asyncio.
                 if not started:
                     await consumer.start()
                     started = True
+                # Without a concurrency limit in force there is nothing to release: the
+                # partitions are paused, so that this process does not fetch and decode every
+                # outcome it publishes (one per refusal, in a flood); with one, reading goes on
+                # from where it stopped (releasing what has nothing to release is harmless).
+                counting = admission.counts_slots()
+                assigned = consumer.assignment()
+                if counting:
+                    consumer.resume(*assigned)
+                else:
+                    consumer.pause(*assigned)
                 batches = await consumer.getmany(timeout_ms=500)
-                # Without a concurrency limit in force there is nothing to release.
-                ended = (
-                    [
-                        c
-                        for records in batches.values()
-                        for r in records
-                        if (c := ended_call(r.value)) is not None
-                    ]
-                    if admission.counts_slots()
-                    else []
-                )
+                ended = [
+                    c
+                    for records in batches.values()
+                    for r in records
+                    if counting and (c := ended_call(r.value)) is not None
+                ]
                 if ended:
                     await admission.limiter.release(ended)
                 if batches:
