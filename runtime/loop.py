@@ -542,46 +542,53 @@ class ConsumerLoop:
         return future
 
     async def _send_many(
-        self, pairs: Sequence[tuple[Emit, bytes | None]]
-    ) -> list[Awaitable[Any] | None]:
-        """``pairs`` handed to the producer in one batch per topic-partition (in their order
-        within it), partitioned by key as the producer's default partitioner does; a keyless,
-        large or unserializable record is left to be sent alone (None)."""
+        self, items: Sequence[tuple[tuple[Emit, ...], bytes | None]]
+    ) -> list[list[Awaitable[Any]] | None]:
+        """Each of ``items`` (an item's records and traceparent) handed to the producer in one
+        batch per topic-partition (in their order within it), partitioned by key as the
+        producer's default partitioner does: per item, the acknowledgements of the batches
+        that hold its records, or None for an item left to be sent alone (one of its records is
+        keyless, large or unserializable: none of them is taken, so none goes twice)."""
         assert self._producer is not None
         producer = self._producer
-        acks: list[Awaitable[Any] | None] = [None] * len(pairs)
+        acks: list[list[Awaitable[Any]] | None] = [None] * len(items)
         partitions: dict[str, list[int]] = {}
         building: dict[tuple[str, int], tuple[Any, list[int]]] = {}
         built: list[tuple[str, int, Any, list[int]]] = []
-        for index, (emit, traceparent) in enumerate(pairs):
+        for index, (emits, traceparent) in enumerate(items):
             if index % BUILD_YIELD_EVERY == BUILD_YIELD_EVERY - 1:
                 await asyncio.sleep(0)  # other partitions' batches run meanwhile
-            if emit.key is None:
-                continue
-            try:
-                value = emit.value.to_bytes()
-            except Exception:
-                log.debug("%s: a record left to be sent alone", self._stage, exc_info=True)
-                continue
-            if len(value) > BATCHED_RECORD_MAX:
-                continue
-            topic = self._settings.topic(emit.topic)
-            every = partitions.get(topic)
-            if every is None:
-                every = partitions[topic] = list(await producer.partitions_for(topic))
-            key = emit.key.encode()
-            partition: int = self._partitioner(key, every, every)
-            headers = [(TRACEPARENT_HEADER, traceparent)] if traceparent else []
-            slot = (topic, partition)
-            batch, members = building.get(slot) or building.setdefault(
-                slot, (producer.create_batch(), [])
-            )
-            if not batch.append(timestamp=None, key=key, value=value, headers=headers):
-                built.append((topic, partition, batch, members))  # full: a new one
-                batch, members = building[slot] = (producer.create_batch(), [])
-                if not batch.append(timestamp=None, key=key, value=value, headers=headers):
-                    continue  # not even alone in a batch: sent alone
-            members.append(index)
+            prepared = []
+            for emit in emits:
+                if emit.key is None:
+                    break
+                try:
+                    value = emit.value.to_bytes()
+                except Exception:
+                    log.debug("%s: a record left to be sent alone", self._stage, exc_info=True)
+                    break
+                if len(value) > BATCHED_RECORD_MAX:
+                    break
+                topic = self._settings.topic(emit.topic)
+                every = partitions.get(topic)
+                if every is None:
+                    every = partitions[topic] = list(await producer.partitions_for(topic))
+                key = emit.key.encode()
+                prepared.append((topic, self._partitioner(key, every, every), key, value))
+            else:
+                headers = [(TRACEPARENT_HEADER, traceparent)] if traceparent else []
+                for topic, partition, key, value in prepared:
+                    slot = (topic, partition)
+                    batch, members = building.get(slot) or building.setdefault(
+                        slot, (producer.create_batch(), [])
+                    )
+                    if not batch.append(timestamp=None, key=key, value=value, headers=headers):
+                        built.append((topic, partition, batch, members))  # full: a new one,
+                        batch, members = building[slot] = (producer.create_batch(), [])
+                        # which takes its first record whatever its size (aiokafka's builder)
+                        batch.append(timestamp=None, key=key, value=value, headers=headers)
+                    members.append(index)
+                acks[index] = []
         built += [(topic, partition, *b) for (topic, partition), b in building.items()]
         for topic, partition, batch, members in built:
             if not members:
@@ -593,9 +600,13 @@ class ConsumerLoop:
                 log.warning(
                     "%s: a batch for %s[%d] not taken (%r)", self._stage, topic, partition, exc
                 )
+                for index in members:
+                    acks[index] = None
                 continue
             for index in members:
-                acks[index] = ack
+                taken = acks[index]
+                if taken is not None:
+                    taken.append(ack)
         return acks
 
     async def _commit(self, batches: dict[TopicPartition, list[Consumed]]) -> None:

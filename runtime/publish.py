@@ -31,10 +31,13 @@ YIELD_EVERY = 10
 
 # Hands one record to the producer with the given `traceparent`; returns its acknowledgement.
 Send = Callable[[Emit, bytes | None], Awaitable[Awaitable[Any]]]
-# Hands many records to the producer at once, in one batch per topic-partition: per record
-# (in order), the acknowledgement of the batch that holds it, or None for a record it did not
-# take (that record is sent alone). Never raises for one record's fault.
-SendMany = Callable[[Sequence[tuple[Emit, bytes | None]]], Awaitable[list[Awaitable[Any] | None]]]
+# Hands many items' records to the producer at once, in one batch per topic-partition: per
+# item (in order), the acknowledgements of the batches that hold its records, or None for an
+# item it did not take whole (that item is sent alone). Never raises for one record's fault.
+SendMany = Callable[
+    [Sequence[tuple[tuple[Emit, ...], bytes | None]]],
+    Awaitable[list[list[Awaitable[Any]] | None]],
+]
 # A refused record's answer after its n-th refusal (1: dead letter and its outcome kept, 2:
 # a generic typed outcome), given why.
 Answer = Callable[[int, str], tuple[Emit, ...]]
@@ -164,22 +167,18 @@ class IsolatedPublisher:
             await self.replies.settle([reply for item in items for reply in item.replies])
 
     async def _send_batched(self, items: Sequence[Publication]) -> None:
-        """Hand ``items`` to ``send_many``; an item it did not wholly take is sent alone (one
-        whose records were partly taken, when a batch could not be handed over, may then be
+        """Hand ``items`` to ``send_many``; an item it did not take is sent alone (one whose
+        records went into two batches, one of which could not be handed over, may then be
         published twice: at least once, as for a resend)."""
         assert self._send_many is not None
-        pairs = [(emit, item.traceparent) for item in items for emit in item.emits]
         try:
-            acks = await self._send_many(pairs)
+            acks = await self._send_many([(item.emits, item.traceparent) for item in items])
         except Exception as exc:  # noqa: BLE001 - then every item goes alone, as without it
             log.warning("%s: batched send failed (%r); records go alone", self._what, exc)
-            acks = [None] * len(pairs)
-        at = 0
-        for n, item in enumerate(items, 1):
-            mine = acks[at : at + len(item.emits)]
-            at += len(item.emits)
-            if all(ack is not None for ack in mine):
-                item.futures = [ack for ack in mine if ack is not None]
+            acks = [None] * len(items)
+        for n, (item, taken) in enumerate(zip(items, acks, strict=True), 1):
+            if taken is not None:
+                item.futures = list(taken)
                 item.batched = True
                 if self.replies is not None:
                     item.replies = await self.replies.send(item.emits, item.traceparent)

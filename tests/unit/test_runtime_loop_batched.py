@@ -13,12 +13,15 @@ from typing import Any
 from aiokafka.errors import KafkaTimeoutError, MessageSizeTooLargeError
 from aiokafka.partitioner import DefaultPartitioner
 
+from runtime.emit import Emit
+from runtime.loop import BATCHED_RECORD_MAX
 from schemas.names import Topic
 from tests.unit.test_runtime_loop import (
     SETTINGS,
     TP,
     FakeConsumer,
     FakeProducer,
+    answer,
     make_loop,
     rec,
 )
@@ -152,3 +155,22 @@ async def test_without_the_default_partitioner_nothing_is_batched() -> None:
     producer._partitioner = object()
     await make_loop(consumer, producer, batched_sends=True).run()
     assert producer.offered == 0 and producer.alone == [b"c-0"]
+
+
+async def test_an_item_with_a_record_too_large_to_batch_goes_alone_whole_each_record_once() -> None:
+    consumer, producer = FakeConsumer([]), BatchingProducer()
+    loop = make_loop(consumer, producer, batched_sends=True)
+    small = Emit(topic=Topic.OUTCOMES, key="c-1", value=answer("c-1"))
+    large = Emit(
+        topic=Topic.OUTCOMES,
+        key="c-1",
+        value=answer("c-1").model_copy(update={"result": {"pad": "x" * BATCHED_RECORD_MAX}}),
+    )
+    alone = Emit(topic=Topic.OUTCOMES, key="c-2", value=answer("c-2"))
+    acks = await loop._send_many([((small, large), None), ((alone,), None)])
+    # Nothing of the first item went into a batch (it is sent alone, whole: no record twice);
+    # the second did.
+    assert acks[0] is None
+    assert acks[1] is not None and len(acks[1]) == 1
+    assert [keys for _topic, _partition, keys in producer.batches] == [[b"c-2"]]
+    assert producer.offered == 1
