@@ -55,6 +55,7 @@ from aiokafka.errors import (
     CommitFailedError,
     IllegalStateError,
 )
+from aiokafka.partitioner import DefaultPartitioner
 from pydantic import ValidationError
 
 from config.settings import Settings
@@ -83,6 +84,11 @@ LAG_REFRESH_SECONDS = 5.0
 # Independent partitions commit the acknowledged offsets of all partitions at most this often
 # (one request, not one per batch); a crash redelivers at most this much more.
 COMMIT_EVERY_SECONDS = 0.2
+# Batched sends (``batched_sends``): a record larger than this is sent alone (the producer
+# then checks its size against the broker's limit, and a refusal is its own).
+BATCHED_RECORD_MAX = 64 * 1024
+# Records a batched send builds before giving the event loop to other partitions' batches.
+BUILD_YIELD_EVERY = 25
 # Recover a call id from a record too broken or too big to parse whole.
 _CALL_ID_PROBE = re.compile(rb'"call_id"\s*:\s*"([A-Za-z0-9._:-]{1,128})"')
 
@@ -242,9 +248,14 @@ class ConsumerLoop:
         max_records: int = 200,
         health: Health | None = None,
         partition_records: int | None = None,
+        batched_sends: bool = False,
     ) -> None:
         if partition_records is not None and (tick is not None or partition_records < 1):
             raise ValueError("independent partitions take no tick and at least one record")
+        # Batched sends partition records as the producer would, so only with its default
+        # partitioner (runtime/clients.py's producers): the same key lands where it always did.
+        self._partitioner: Any = getattr(producer, "_partitioner", None)
+        batched_sends = batched_sends and isinstance(self._partitioner, DefaultPartitioner)
         self._settings = settings
         self._consumer = consumer
         self._producer = producer
@@ -275,6 +286,7 @@ class ConsumerLoop:
                     timeout=settings.replies.send_timeout_seconds,
                     skip_for=settings.replies.skip_seconds,
                 ),
+                send_many=self._send_many if batched_sends else None,
             )
             if producer is not None
             else None
@@ -528,6 +540,74 @@ class ConsumerLoop:
             headers=[(TRACEPARENT_HEADER, traceparent)] if traceparent else [],
         )
         return future
+
+    async def _send_many(
+        self, items: Sequence[tuple[tuple[Emit, ...], bytes | None]]
+    ) -> list[list[Awaitable[Any]] | None]:
+        """Each of ``items`` (an item's records and traceparent) handed to the producer in one
+        batch per topic-partition (in their order within it), partitioned by key as the
+        producer's default partitioner does: per item, the acknowledgements of the batches
+        that hold its records, or None for an item left to be sent alone (one of its records is
+        keyless, large or unserializable: none of them is taken, so none goes twice)."""
+        assert self._producer is not None
+        producer = self._producer
+        acks: list[list[Awaitable[Any]] | None] = [None] * len(items)
+        partitions: dict[str, list[int]] = {}
+        building: dict[tuple[str, int], tuple[Any, list[int]]] = {}
+        built: list[tuple[str, int, Any, list[int]]] = []
+        for index, (emits, traceparent) in enumerate(items):
+            if index % BUILD_YIELD_EVERY == BUILD_YIELD_EVERY - 1:
+                await asyncio.sleep(0)  # other partitions' batches run meanwhile
+            prepared = []
+            for emit in emits:
+                if emit.key is None:
+                    break
+                try:
+                    value = emit.value.to_bytes()
+                except Exception:
+                    log.debug("%s: a record left to be sent alone", self._stage, exc_info=True)
+                    break
+                if len(value) > BATCHED_RECORD_MAX:
+                    break
+                topic = self._settings.topic(emit.topic)
+                every = partitions.get(topic)
+                if every is None:
+                    every = partitions[topic] = list(await producer.partitions_for(topic))
+                key = emit.key.encode()
+                prepared.append((topic, self._partitioner(key, every, every), key, value))
+            else:
+                headers = [(TRACEPARENT_HEADER, traceparent)] if traceparent else []
+                for topic, partition, key, value in prepared:
+                    slot = (topic, partition)
+                    batch, members = building.get(slot) or building.setdefault(
+                        slot, (producer.create_batch(), [])
+                    )
+                    if not batch.append(timestamp=None, key=key, value=value, headers=headers):
+                        built.append((topic, partition, batch, members))  # full: a new one,
+                        batch, members = building[slot] = (producer.create_batch(), [])
+                        # which takes its first record whatever its size (aiokafka's builder)
+                        batch.append(timestamp=None, key=key, value=value, headers=headers)
+                    members.append(index)
+                acks[index] = []
+        built += [(topic, partition, *b) for (topic, partition), b in building.items()]
+        for topic, partition, batch, members in built:
+            if not members:
+                continue
+            batch.close()
+            try:
+                ack = await producer.send_batch(batch, topic, partition=partition)
+            except Exception as exc:  # noqa: BLE001 - its records then go alone
+                log.warning(
+                    "%s: a batch for %s[%d] not taken (%r)", self._stage, topic, partition, exc
+                )
+                for index in members:
+                    acks[index] = None
+                continue
+            for index in members:
+                taken = acks[index]
+                if taken is not None:
+                    taken.append(ack)
+        return acks
 
     async def _commit(self, batches: dict[TopicPartition, list[Consumed]]) -> None:
         await self._commit_offsets(

@@ -31,6 +31,13 @@ YIELD_EVERY = 10
 
 # Hands one record to the producer with the given `traceparent`; returns its acknowledgement.
 Send = Callable[[Emit, bytes | None], Awaitable[Awaitable[Any]]]
+# Hands many items' records to the producer at once, in one batch per topic-partition: per
+# item (in order), the acknowledgements of the batches that hold its records, or None for an
+# item it did not take whole (that item is sent alone). Never raises for one record's fault.
+SendMany = Callable[
+    [Sequence[tuple[tuple[Emit, ...], bytes | None]]],
+    Awaitable[list[list[Awaitable[Any]] | None]],
+]
 # A refused record's answer after its n-th refusal (1: dead letter and its outcome kept, 2:
 # a generic typed outcome), given why.
 Answer = Callable[[int, str], tuple[Emit, ...]]
@@ -56,6 +63,9 @@ class Publication:
     answer: Answer | None  # None: no other answer can be given
     refusals: int = 0
     futures: list[Awaitable[Any]] = field(default_factory=list)
+    # Sent in batches shared with other records: a batch refused or lost as a whole is not
+    # this record's refusal (another record of the batch may be the cause).
+    batched: bool = False
     replies: list[tuple[Reply, Awaitable[Any]]] = field(default_factory=list)
 
 
@@ -71,8 +81,10 @@ class IsolatedPublisher:
         stop: asyncio.Event | None = None,
         beat: Callable[[], object] | None = None,
         replies: ReplySender | None = None,
+        send_many: SendMany | None = None,
     ) -> None:
         self._send_one = send
+        self._send_many = send_many
         self._what = what
         self._stop = stop
         self._beat = beat
@@ -116,14 +128,29 @@ class IsolatedPublisher:
 
     async def publish_all(self, items: Sequence[Publication]) -> None:
         """Send every item, then wait for the acknowledgements of all of them; an item the
-        broker refused is sent again as its next answer, one the broker lost is resent."""
-        for n, item in enumerate(items, 1):
+        broker refused is sent again as its next answer, one the broker lost is resent. With
+        ``send_many``, the items go out in a few batches (one await and one acknowledgement per
+        batch, not per record); an item of a batch refused or lost as a whole is then sent
+        again alone, so that only its own refusal counts against it."""
+        if self._send_many is not None:
+            await self._send_batched(items)
+        else:
+            for n, item in enumerate(items, 1):
+                await self.send(item)
+                if n % YIELD_EVERY == 0:
+                    await asyncio.sleep(0)  # other batches of the loop run meanwhile
+        pending = {f for item in items for f in item.futures if isinstance(f, asyncio.Future)}
+        if pending:
+            await asyncio.wait(pending)  # one wait for the whole publication
+        alone = [i for i in items if i.batched and not _acknowledged(i.futures)]
+        if alone:
+            log.info("%s: %d records' batches not acknowledged; sent alone", self._what, len(alone))
+        for item in alone:
+            item.batched = False
             await self.send(item)
-            if n % YIELD_EVERY == 0:
-                await asyncio.sleep(0)  # other batches of the loop run meanwhile
         for item in items:
             attempt = 0
-            while True:
+            while not _acknowledged(item.futures):
                 acks = await asyncio.gather(*item.futures, return_exceptions=True)
                 errors = [a for a in acks if isinstance(a, BaseException)]
                 if not errors:
@@ -138,3 +165,32 @@ class IsolatedPublisher:
                 await self.send(item)
         if self.replies is not None:
             await self.replies.settle([reply for item in items for reply in item.replies])
+
+    async def _send_batched(self, items: Sequence[Publication]) -> None:
+        """Hand ``items`` to ``send_many``; an item it did not take is sent alone (one whose
+        records went into two batches, one of which could not be handed over, may then be
+        published twice: at least once, as for a resend)."""
+        assert self._send_many is not None
+        try:
+            acks = await self._send_many([(item.emits, item.traceparent) for item in items])
+        except Exception as exc:  # noqa: BLE001 - then every item goes alone, as without it
+            log.warning("%s: batched send failed (%r); records go alone", self._what, exc)
+            acks = [None] * len(items)
+        for n, (item, taken) in enumerate(zip(items, acks, strict=True), 1):
+            if taken is not None:
+                item.futures = list(taken)
+                item.batched = True
+                if self.replies is not None:
+                    item.replies = await self.replies.send(item.emits, item.traceparent)
+            else:
+                await self.send(item)
+            if n % YIELD_EVERY == 0:
+                await asyncio.sleep(0)
+
+
+def _acknowledged(futures: Sequence[Awaitable[Any]]) -> bool:
+    """Whether every one of ``futures`` is a future already acknowledged without error."""
+    return all(
+        isinstance(f, asyncio.Future) and f.done() and not f.cancelled() and f.exception() is None
+        for f in futures
+    )

@@ -59,6 +59,10 @@ BATCH_MAX = 500  # records per poll: a backlog drains in large batches
 # publisher give the event loop to the other partitions every few records.
 PARTITION_BATCH = BATCH_MAX
 YIELD_EVERY = 5  # records a handler decides before letting other partitions' batches run
+# The producer's batches (bytes): a partition batch's outputs (500 refusals of ≈ 0.6 KiB over
+# a few partitions) go out as one batch per topic-partition (runtime/loop.py, batched sends);
+# within the broker's `max.message.bytes` (kafka_max_message_bytes, at least 64 KiB).
+PRODUCER_BATCH_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -262,7 +266,10 @@ class StatelessStages:
         if not self._specs:
             return
         settings = self._settings
-        producer = kafka_producer(settings)
+        producer = kafka_producer(
+            settings,
+            max_batch_size=min(PRODUCER_BATCH_BYTES, settings.limits.kafka_max_message_bytes),
+        )
         consumers: list[AIOKafkaConsumer] = []
         for spec in self._specs:
             await retrying(
@@ -293,6 +300,7 @@ class StatelessStages:
                     poll_ms=100,
                     health=self._health,
                     partition_records=PARTITION_BATCH,
+                    batched_sends=True,
                 )
             )
         if self._stopping.is_set():

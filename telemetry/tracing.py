@@ -30,6 +30,7 @@ from __future__ import annotations
 import random  # trace and span ids need uniqueness, not secrecy; os.urandom is slow
 import re
 from collections.abc import Iterable, Mapping
+from functools import lru_cache
 from typing import Any
 
 from config.settings import Settings
@@ -52,10 +53,23 @@ def parse_traceparent(value: str | bytes | bytearray | None) -> TraceParent | No
     if value is None:
         return None
     if isinstance(value, bytes | bytearray):
-        try:
-            value = bytes(value).decode("ascii")
-        except UnicodeDecodeError:
-            return None
+        value = bytes(value)
+        # Only a header of a plausible size is remembered (a `traceparent` is 55 bytes).
+        return _parsed_header(value) if len(value) <= 128 else _parsed_header.__wrapped__(value)
+    return _parsed(value)
+
+
+# A consumed record's header is parsed by its handler and again by its hop (a stage's batch
+# is at most 500 records); TraceParent is frozen, so one parse can be shared.
+@lru_cache(maxsize=2048)
+def _parsed_header(value: bytes) -> TraceParent | None:
+    try:
+        return _parsed(value.decode("ascii"))
+    except UnicodeDecodeError:
+        return None
+
+
+def _parsed(value: str) -> TraceParent | None:
     found = _TRACEPARENT.match(value.strip())
     if found is None:
         return None

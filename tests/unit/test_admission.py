@@ -31,7 +31,7 @@ from ratifier_client.client import Pending, rate_limited_wait
 from schemas.envelopes import Effect, ErrorInfo, Outcome, Stage, Status, ValidatedCall
 from schemas.errors import ConfigurationError, ErrorCode
 from schemas.providers import result_text
-from streams.admission import Admission, shedding_for
+from streams.admission import Admission, Refusals, refused, scope_of, shedding_for
 from streams.emit import Emit
 from streams.limiter import ADMITTED, Ask, Verdict, script_arguments
 from tests.unit.conftest import KEYS
@@ -221,6 +221,32 @@ async def test_shedding_refuses_bulk_without_asking_redis(catalog: Catalog) -> N
     assert refused.error.code is ErrorCode.RATE_LIMITED and refused.error.retry_after == 2.0
     assert isinstance(out[1][0].value, ValidatedCall)  # tenant-b is interactive
     assert [a.call.call_id for a in limiter.asked] == ["c-2"]
+
+
+def test_a_batch_s_refusals_are_the_records_refused_builds_one_by_one(catalog: Catalog) -> None:
+    refusals = Refusals(now=NOW, policy_version="sha256:x")
+    calls = [
+        validated(call_id="c-1", trace_id="a" * 32),
+        validated(call_id="c-2", reply_to={"topic": "ratifier.replies.agent-7", "partition": 2}),
+        validated(call_id="c-3", trace_id="b" * 32),
+        validated(call_id="c-4", tool="get_refund_policy", arguments={}),
+        validated(call_id="c-5", tenant="tenant-b"),
+    ]
+    verdicts = [
+        Verdict(admitted=False, retry_after=0.001, reason="limit"),
+        Verdict(admitted=False, retry_after=2.5, reason="limit"),
+        Verdict(admitted=False, retry_after=3, reason="shed"),  # an int, as a setting may be
+        Verdict(admitted=False, retry_after=None, reason="unavailable"),
+        Verdict(admitted=False, retry_after=0.5, reason="limit"),
+    ]
+    for call, verdict in zip(calls * 2, verdicts * 2, strict=True):
+        scope = scope_of(call, catalog, KEYS)
+        assert scope is not None
+        got = refusals.of(call, scope, verdict)
+        one = refused(call, scope, verdict, now=NOW, policy_version="sha256:x")
+        assert (got.topic, got.key) == (one.topic, one.key)
+        assert got.value.to_bytes() == one.value.to_bytes()
+        assert got.value == one.value
 
 
 def _outcome(code: ErrorCode, retry_after: float | None) -> Outcome:
