@@ -10,10 +10,17 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from pydantic import ValidationError
 
 from commands.catalog import Catalog, Tool, ToolArguments
-from schemas.envelopes import CALL_ID_PATTERN, CallFormat, FieldProblem, ProposedCall
+from schemas.envelopes import (
+    CALL_ID_PATTERN,
+    CallFormat,
+    FieldProblem,
+    ProposedCall,
+    ReplyAddress,
+)
 from schemas.errors import ErrorCode
 
 _CALL_ID = re.compile(CALL_ID_PATTERN)
@@ -105,6 +112,62 @@ def parse_envelope(raw: bytes | None, limits: Limits) -> ProposedCall | Malforme
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "envelope"
         return Malformed(reason=f"invalid envelope field {where}"[:200], call_id=call_id)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Glance:
+    """What fleet admission reads of a proposed call before validating it
+    (streams/admission.py): who asks (the context token, verified there) for which tool, and
+    where its refusal goes."""
+
+    call_id: str
+    tool: str  # the catalog's name of the tool
+    context: str
+    reply_to: ReplyAddress | None
+
+
+# The envelope's fields (a record with any other is malformed: not glanced at).
+_ENVELOPE_FIELDS = frozenset(ProposedCall.model_fields)
+_CONTEXT_MAX = 8192  # as ProposedCall.context
+
+
+def glance(raw: bytes | None, catalog: Catalog, limits: Limits) -> Glance | None:
+    """A cheap first read of a `calls.proposed` record, for admission to judge it before it
+    is validated (a flood is refused without validating each call): None unless the record is
+    a JSON object of the envelope's fields, version 1, in the native format, with a valid call
+    id, a context token, a catalog tool and no reply address the validator would refuse. A
+    record glanced at is validated as any other when admission admits it; one it is not is
+    validated first and admitted after (parse_envelope and validate are the judges of
+    validity, this is not)."""
+    if raw is None or len(raw) > limits.max_record_bytes:
+        return None
+    try:
+        # orjson: a quarter of json's cost, and no more lenient (what it cannot read is left
+        # to parse_envelope).
+        data = orjson.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict) or data.get("v") != 1 or not data.keys() <= _ENVELOPE_FIELDS:
+        return None
+    if data.get("format", CallFormat.NATIVE.value) != CallFormat.NATIVE.value:
+        return None
+    call_id, name, context = data.get("call_id"), data.get("tool"), data.get("context")
+    if not isinstance(call_id, str) or _CALL_ID.match(call_id) is None:
+        return None
+    if not isinstance(context, str) or not 0 < len(context) <= _CONTEXT_MAX:
+        return None
+    tool = catalog.get(name) if isinstance(name, str) else None
+    if tool is None:
+        return None
+    reply_to = None
+    if data.get("reply_to") is not None:
+        try:
+            reply_to = ReplyAddress.model_validate(data["reply_to"])
+        except ValidationError:
+            return None
+        if not reply_to.under(limits.reply_namespace):
+            return None
+    return Glance(call_id=call_id, tool=tool.name, context=context, reply_to=reply_to)
 
 
 def _tool_and_arguments(call: ProposedCall) -> tuple[str | None, Any, str]:

@@ -115,6 +115,10 @@ class Handled:
     # outcome `tick` produced, continuing the hop that reported the operation unknown).
     parent: TraceParent | None = None
     observe: bool = True
+    # Published by the loop's bulk producer when it has one (``bulk_producer``): a flood's
+    # refusals, which must not queue in front of other calls' records (the producer keeps
+    # one request in flight per broker).
+    bulk: bool = False
 
 
 BatchHandler = Callable[[Sequence[Consumed]], Awaitable[Sequence[Handled]]]
@@ -249,6 +253,7 @@ class ConsumerLoop:
         health: Health | None = None,
         partition_records: int | None = None,
         batched_sends: bool = False,
+        bulk_producer: AIOKafkaProducer | None = None,
     ) -> None:
         if partition_records is not None and (tick is not None or partition_records < 1):
             raise ValueError("independent partitions take no tick and at least one record")
@@ -274,25 +279,47 @@ class ConsumerLoop:
         # Independent partitions: offsets acknowledged and not yet committed.
         self._acked: dict[TopicPartition, int] = {}
         self.stopping = asyncio.Event()
-        self._publisher = (
-            IsolatedPublisher(
-                self._send,
-                what=stage,
-                stop=self.stopping,
-                beat=health.beat if health is not None else None,
-                replies=ReplySender(
-                    partial(send_reply, producer),
-                    namespace=settings.reply_namespace,
-                    timeout=settings.replies.send_timeout_seconds,
-                    skip_for=settings.replies.skip_seconds,
-                ),
-                send_many=self._send_many if batched_sends else None,
+        replies = (
+            ReplySender(
+                partial(send_reply, producer),
+                namespace=settings.reply_namespace,
+                timeout=settings.replies.send_timeout_seconds,
+                skip_for=settings.replies.skip_seconds,
             )
             if producer is not None
             else None
         )
+        self._publisher = self._publisher_on(
+            producer, replies, batched=batched_sends, health=health
+        )
+        # Items marked ``bulk`` go out through their own producer (its own connection and
+        # request in flight), so that what other calls publish never waits behind them.
+        self._bulk_publisher = (
+            self._publisher_on(bulk_producer, replies, batched=batched_sends, health=health)
+            if producer is not None and bulk_producer is not None
+            else None
+        )
         self.processed = 0  # records handled and committed (or offered for commit)
         self.dead_lettered = 0
+
+    def _publisher_on(
+        self,
+        producer: AIOKafkaProducer | None,
+        replies: ReplySender | None,
+        *,
+        batched: bool,
+        health: Health | None,
+    ) -> IsolatedPublisher | None:
+        if producer is None:
+            return None
+        return IsolatedPublisher(
+            partial(self._send, producer),
+            what=self._stage,
+            stop=self.stopping,
+            beat=health.beat if health is not None else None,
+            replies=replies,
+            send_many=partial(self._send_many, producer) if batched else None,
+        )
 
     def stop(self) -> None:
         self.stopping.set()
@@ -516,6 +543,7 @@ class ConsumerLoop:
         """Publish each record's emits (its answer when it failed), one record never
         affecting another (runtime/publish.py); return when all are acknowledged."""
         items: list[Publication] = []
+        bulk: list[Publication] = []
         for n, (record, handled) in enumerate(results, 1):
             if n % YIELD_EVERY == 0:
                 await asyncio.sleep(0)  # other partitions' batches run meanwhile
@@ -527,13 +555,23 @@ class ConsumerLoop:
             else:
                 item = Publication(handled.emits, None, answer)
             item.traceparent = self._hop(record, handled, item.emits, started)
-            items.append(item)
+            (bulk if handled.bulk and handled.failure is None else items).append(item)
+        if self._bulk_publisher is None:
+            items += bulk
+            bulk = []
         if self._publisher is not None:
-            await self._publisher.publish_all(items)
+            if bulk:
+                assert self._bulk_publisher is not None
+                await asyncio.gather(
+                    self._publisher.publish_all(items), self._bulk_publisher.publish_all(bulk)
+                )
+            else:
+                await self._publisher.publish_all(items)
 
-    async def _send(self, emit: Emit, traceparent: bytes | None) -> Awaitable[Any]:
-        assert self._producer is not None
-        future: Awaitable[Any] = await self._producer.send(
+    async def _send(
+        self, producer: AIOKafkaProducer, emit: Emit, traceparent: bytes | None
+    ) -> Awaitable[Any]:
+        future: Awaitable[Any] = await producer.send(
             self._settings.topic(emit.topic),
             key=emit.key.encode() if emit.key is not None else None,
             value=emit.value.to_bytes(),
@@ -542,15 +580,15 @@ class ConsumerLoop:
         return future
 
     async def _send_many(
-        self, items: Sequence[tuple[tuple[Emit, ...], bytes | None]]
+        self,
+        producer: AIOKafkaProducer,
+        items: Sequence[tuple[tuple[Emit, ...], bytes | None]],
     ) -> list[list[Awaitable[Any]] | None]:
         """Each of ``items`` (an item's records and traceparent) handed to the producer in one
         batch per topic-partition (in their order within it), partitioned by key as the
         producer's default partitioner does: per item, the acknowledgements of the batches
         that hold its records, or None for an item left to be sent alone (one of its records is
         keyless, large or unserializable: none of them is taken, so none goes twice)."""
-        assert self._producer is not None
-        producer = self._producer
         acks: list[list[Awaitable[Any]] | None] = [None] * len(items)
         partitions: dict[str, list[int]] = {}
         building: dict[tuple[str, int], tuple[Any, list[int]]] = {}

@@ -18,7 +18,9 @@ import contextlib
 import json
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
@@ -35,10 +37,11 @@ from commands.limits import (
     buckets_of,
     priority_of,
 )
+from commands.validate import Glance, Limits, glance
 from config.settings import Settings
 from runtime.clients import kafka_admin, kafka_consumer
 from runtime.identity import ContextKeys, verify_context_token
-from schemas.envelopes import ErrorInfo, Outcome, Stage, Status, ValidatedCall
+from schemas.envelopes import ErrorInfo, Outcome, ReplyAddress, Stage, Status, ValidatedCall
 from schemas.errors import ErrorCode, Unauthenticated
 from schemas.names import (
     ADMISSION_RELEASE_GROUP,
@@ -49,13 +52,16 @@ from schemas.names import (
 )
 from streams.emit import Emit, outcome
 from streams.limiter import ADMITTED, Ask, FleetLimiter, Verdict
+from telemetry.tracing import trace_id_of
 
 log = logging.getLogger("ratifier.admission")
 
-# Calls decided per Lua call: a batch of 500 is several round trips, so that building one
-# script call never holds the event loop long (other partitions' batches run in between).
-# Each round trip costs the client ≈ 0.4 ms of CPU of its own, hence not fewer calls.
-ADMIT_CHUNK = 100
+# Calls decided per Lua call: a batch of 500 is two round trips, so that building one
+# script call never holds the event loop long (other partitions' batches run in between),
+# while each round trip's fixed cost (≈ 0.4 ms of the client's CPU) is shared by many calls.
+ADMIT_CHUNK = 250
+# Records glanced at before letting other partitions' batches run (≈ 10 µs each).
+SCREEN_YIELD_EVERY = 50
 # Buckets remembered per (tenant, agent, tool) while the limits in force stay the same.
 BUCKETS_CACHED = 10_000
 
@@ -67,7 +73,43 @@ DOWNSTREAM: tuple[tuple[str, Topic], ...] = (
 )
 
 
-def scope_of(call: ValidatedCall, catalog: Catalog, keys: ContextKeys) -> CallScope | None:
+class Refusable(Protocol):
+    """What a refusal is built from: a validated call, or a proposal admission glanced at."""
+
+    @property
+    def call_id(self) -> str: ...
+    @property
+    def tool(self) -> str: ...
+    @property
+    def context(self) -> str: ...
+    @property
+    def trace_id(self) -> str | None: ...
+    @property
+    def reply_to(self) -> ReplyAddress | None: ...
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Proposal:
+    """A `calls.proposed` record admission judges before it is validated."""
+
+    call_id: str
+    tool: str
+    context: str
+    trace_id: str | None
+    reply_to: ReplyAddress | None
+
+    @classmethod
+    def of(cls, seen: Glance, trace_id: str | None) -> Proposal:
+        return cls(
+            call_id=seen.call_id,
+            tool=seen.tool,
+            context=seen.context,
+            trace_id=trace_id,
+            reply_to=seen.reply_to,
+        )
+
+
+def scope_of(call: Refusable, catalog: Catalog, keys: ContextKeys) -> CallScope | None:
     """Who asks for what, from the verified context; None when it does not verify."""
     tool = catalog.get(call.tool)
     if tool is None:
@@ -86,7 +128,7 @@ def scope_of(call: ValidatedCall, catalog: Catalog, keys: ContextKeys) -> CallSc
 
 
 def refused(
-    call: ValidatedCall,
+    call: Refusable,
     scope: CallScope,
     verdict: Verdict,
     *,
@@ -125,8 +167,10 @@ class Refusals:
         self._now = now
         self._policy_version = policy_version
         self._built: dict[tuple[str, str, str | None], Outcome] = {}
+        # The error of each kind of refusal per advised wait (a batch's refusals share few).
+        self._errors: dict[tuple[tuple[str, str, str | None], float | None], ErrorInfo] = {}
 
-    def of(self, call: ValidatedCall, scope: CallScope, verdict: Verdict) -> Emit:
+    def of(self, call: Refusable, scope: CallScope, verdict: Verdict) -> Emit:
         after = verdict.retry_after
         kind = (scope.tenant, call.tool, verdict.reason)
         template = self._built.get(kind)
@@ -137,9 +181,12 @@ class Refusals:
             assert isinstance(first.value, Outcome)
             self._built[kind] = first.value
             return first
-        error = template.error.model_copy(
-            update={"retry_after": float(after) if after is not None else None}
-        )
+        wait = float(after) if after is not None else None
+        error = self._errors.get((kind, wait))
+        if error is None:
+            error = self._errors[(kind, wait)] = template.error.model_copy(
+                update={"retry_after": wait}
+            )
         value = template.model_copy(
             update={
                 "call_id": call.call_id,
@@ -163,6 +210,14 @@ def shed_verdicts(
         else None
         for s in scopes
     ]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Screening:
+    """What :meth:`Admission.screen` decided for a batch of proposals, by their index."""
+
+    refusals: dict[int, tuple[Emit, ...]] = field(default_factory=dict)
+    judged: frozenset[int] = frozenset()  # admitted or refused: not to be judged again
 
 
 class Admission:
@@ -200,6 +255,35 @@ class Admission:
         """Whether a concurrency limit is in force (slots to release when calls end)."""
         return any(limit.concurrency is not None for limit in self._limits().limits)
 
+    async def screen(
+        self,
+        proposals: Sequence[tuple[bytes | None, Any]],
+        *,
+        limits: Limits,
+        now: datetime,
+        policy_version: str | None,
+    ) -> Screening:
+        """Judge ``proposals`` (each record's value and headers) before they are validated:
+        those :func:`~commands.validate.glance` reads and whose context verifies are admitted
+        or refused now, so that a flood's refusals cost neither validation nor a validated
+        record each (docs/operations.md, "Fair admission"); the others are left to
+        :meth:`admit` after validation."""
+        if self._limits().empty and self.shedding is None:
+            return Screening()
+        candidates: list[tuple[int, Refusable, CallScope]] = []
+        for index, (raw, headers) in enumerate(proposals):
+            if index % SCREEN_YIELD_EVERY == SCREEN_YIELD_EVERY - 1:
+                await asyncio.sleep(0)  # other partitions' batches run meanwhile
+            seen = glance(raw, self._catalog, limits)
+            if seen is None:
+                continue
+            proposal = Proposal.of(seen, trace_id=trace_id_of(headers))
+            scope = scope_of(proposal, self._catalog, self._keys)
+            if scope is not None:
+                candidates.append((index, proposal, scope))
+        refused = await self._judge(candidates, now=now, policy_version=policy_version)
+        return Screening(refusals=refused, judged=frozenset(i for i, _, _ in candidates))
+
     async def admit(
         self,
         results: Sequence[tuple[Emit, ...]],
@@ -209,20 +293,34 @@ class Admission:
     ) -> list[tuple[Emit, ...]]:
         """``results`` (what the validator decided per record) with each valid call that is
         refused replaced by its ``rate_limited`` outcome."""
-        limits = self._limits()
-        shedding = self.shedding
-        if limits.empty and shedding is None:
+        if self._limits().empty and self.shedding is None:
             return list(results)
-        candidates: list[tuple[int, ValidatedCall, CallScope]] = []
+        candidates: list[tuple[int, Refusable, CallScope]] = []
         for index, emits in enumerate(results):
             if len(emits) == 1 and isinstance(emits[0].value, ValidatedCall):
                 call = emits[0].value
                 scope = scope_of(call, self._catalog, self._keys)
                 if scope is not None:
                     candidates.append((index, call, scope))
+        out = list(results)
+        for index, emits in (
+            await self._judge(candidates, now=now, policy_version=policy_version)
+        ).items():
+            out[index] = emits
+        return out
+
+    async def _judge(
+        self,
+        candidates: Sequence[tuple[int, Refusable, CallScope]],
+        *,
+        now: datetime,
+        policy_version: str | None,
+    ) -> dict[int, tuple[Emit, ...]]:
+        """The ``rate_limited`` outcome of each of ``candidates`` refused, by its index."""
         if not candidates:
-            return list(results)
-        shed = shed_verdicts([s for _, _, s in candidates], limits, shedding)
+            return {}
+        limits = self._limits()
+        shed = shed_verdicts([s for _, _, s in candidates], limits, self.shedding)
         asks = [
             Ask(call=scope, buckets=self.buckets(limits, scope))
             for (_, _, scope), verdict in zip(candidates, shed, strict=True)
@@ -232,8 +330,8 @@ class Admission:
         for start in range(0, len(asks), ADMIT_CHUNK):
             verdicts += await self.limiter.admit(asks[start : start + ADMIT_CHUNK])
         counted = iter(verdicts)
-        out = list(results)
         refusals = Refusals(now=now, policy_version=policy_version)
+        out: dict[int, tuple[Emit, ...]] = {}
         for (index, call, scope), verdict in zip(candidates, shed, strict=True):
             final = verdict if verdict is not None else next(counted, ADMITTED)
             if not final.admitted:

@@ -58,32 +58,51 @@ class Ask:
 def script_arguments(
     asks: Sequence[Ask], *, prefix: str, settings: Admission
 ) -> tuple[list[str], list[str | float | int]]:
-    """The KEYS and ARGV of ``admit.lua`` for ``asks`` (pure): each distinct bucket once."""
+    """The KEYS and ARGV of ``admit.lua`` for ``asks`` (pure): each distinct bucket once, the
+    calls as runs of those drawing from the same buckets, and their ids in one string."""
     index: dict[str, int] = {}
     keys: list[str] = []
     bucket_args: list[str | float | int] = []
-    call_args: list[str | float | int] = []
+    plan: list[str] = []
+    run: tuple[int, ...] | None = None
+    count = 0
+    # The calls of a batch mostly share their buckets' tuple (Admission.buckets remembers
+    # it per tenant, agent and tool): its indexes are found once per tuple.
+    drawn_by: dict[int, tuple[int, ...]] = {}
     for ask in asks:
-        drawn: list[int] = []
-        for bucket in ask.buckets:
-            for kind, limit, capacity in _counters(bucket):
-                key = f"{REDIS_LIMIT_PREFIX}{prefix}{bucket.key}:{kind}"
-                if key not in index:
-                    index[key] = len(keys) + 1
-                    keys.append(key)
-                    bucket_args += [kind, limit, capacity]
-                drawn.append(index[key])
-        call_args += [ask.call.call_id, len(drawn), *drawn]
-    marks = [f"{REDIS_SLOTS_PREFIX}{prefix}{ask.call.call_id}" for ask in asks]
+        same = drawn_by.get(id(ask.buckets))
+        if same is None:
+            drawn: list[int] = []
+            for bucket in ask.buckets:
+                for kind, limit, capacity in _counters(bucket):
+                    key = f"{REDIS_LIMIT_PREFIX}{prefix}{bucket.key}:{kind}"
+                    if key not in index:
+                        index[key] = len(keys) + 1
+                        keys.append(key)
+                        bucket_args += [kind, limit, capacity]
+                    drawn.append(index[key])
+            same = drawn_by[id(ask.buckets)] = tuple(drawn)
+        if same != run:
+            if run is not None:
+                plan.append(_run(count, run))
+            run, count = same, 0
+        count += 1
+    if run is not None:
+        plan.append(_run(count, run))
     argv: list[str | float | int] = [
         len(keys),
         settings.max_retry_after_seconds,
         settings.concurrency_lease_seconds,
+        f"{REDIS_SLOTS_PREFIX}{prefix}",
         *bucket_args,
-        len(asks),
-        *call_args,
+        " ".join(plan),
+        " ".join(ask.call.call_id for ask in asks),
     ]
-    return keys + marks, argv
+    return keys, argv
+
+
+def _run(count: int, drawn: tuple[int, ...]) -> str:
+    return " ".join(map(str, (count, len(drawn), *drawn)))
 
 
 def _counters(bucket: Bucket) -> list[tuple[str, float, float]]:
@@ -120,15 +139,25 @@ class FleetLimiter:
         except (RedisError, OSError) as exc:
             self.unavailable += 1
             log.warning("admission: Redis unavailable (%s); failing per settings", exc)
-            decided = {id(a): self._without_redis(a.call) for a in counted}
+            decided = iter([self._without_redis(a.call) for a in counted])
         else:
-            decided = {
-                id(a): ADMITTED
-                if int(ms) == 0
-                else Verdict(admitted=False, retry_after=int(ms) / 1000, reason="limit")
-                for a, ms in zip(counted, answers, strict=True)
-            }
-        return [decided.get(id(a), ADMITTED) for a in asks]
+            refusals: dict[int, Verdict] = {}  # one verdict per advised wait
+            verdicts = []
+            for ms in answers:
+                wait = int(ms)
+                if wait == 0:
+                    verdicts.append(ADMITTED)
+                    continue
+                found = refusals.get(wait)
+                if found is None:
+                    found = refusals[wait] = Verdict(
+                        admitted=False, retry_after=wait / 1000, reason="limit"
+                    )
+                verdicts.append(found)
+            if len(verdicts) != len(counted):
+                raise RuntimeError(f"admit.lua answered {len(verdicts)} of {len(counted)} calls")
+            decided = iter(verdicts)
+        return [next(decided) if a.buckets else ADMITTED for a in asks]
 
     def _without_redis(self, call: CallScope) -> Verdict:
         is_read = call.effect is Effect.READ

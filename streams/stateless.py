@@ -42,7 +42,7 @@ from schemas.envelopes import ValidatedCall
 from schemas.errors import StorageUnavailable
 from schemas.names import AUTHORIZER_GROUP, STREAMS_APP_ID, VALIDATOR_GROUP, Topic
 from schemas.vocabulary import StreamStage
-from streams.admission import Admission, release_slots, watch_lag
+from streams.admission import Admission, Screening, release_slots, watch_lag
 from streams.authorizer import BudgetsFetch, ResourcesFetch, on_validated_batch
 from streams.limiter import FleetLimiter
 from streams.repeats import OperationsSeen
@@ -57,7 +57,7 @@ BATCH_MAX = 500  # records per poll: a backlog drains in large batches
 # partition's records (docs/operations.md, "Fair admission"). A backlog drains in large
 # batches (a batch waits for the broker's acknowledgements once), while the handlers and the
 # publisher give the event loop to the other partitions every few records.
-PARTITION_BATCH = BATCH_MAX
+PARTITION_BATCH = 5000
 YIELD_EVERY = 5  # records a handler decides before letting other partitions' batches run
 # The producer's batches (bytes): a partition batch's outputs (500 refusals of ≈ 0.6 KiB over
 # a few partitions) go out as one batch per topic-partition (runtime/loop.py, batched sends);
@@ -90,8 +90,26 @@ def validator_handler(
     async def handle(records: Sequence[Consumed]) -> list[Handled]:
         now = datetime.now(UTC)
         version = feed.current.version
+        # Admission first judges the calls it can read without validating them: a flood's
+        # refusals are decided before any of its calls is validated (streams/admission.py).
+        screening = (
+            await admission.screen(
+                [(r.value, r.headers) for r in records],
+                limits=limits,
+                now=now,
+                policy_version=version,
+            )
+            if admission is not None
+            else Screening()
+        )
         decided: list[tuple[Emit, ...]] = []
-        for n, record in enumerate(records, 1):
+        later: list[int] = []  # validated before admission judges them
+        validated = 0
+        for index, record in enumerate(records):
+            refusal = screening.refusals.get(index)
+            if refusal is not None:
+                decided.append(refusal)
+                continue
             decided.append(
                 on_proposed(
                     record.value,
@@ -104,13 +122,24 @@ def validator_handler(
                     policy_version=version,
                 )
             )
-            if n % YIELD_EVERY == 0:
+            if index not in screening.judged:
+                later.append(index)
+            validated += 1
+            if validated % YIELD_EVERY == 0:
                 # Other partitions' batches run meanwhile (a flood's batch holds the loop
                 # for a slice, not for the whole batch).
                 await asyncio.sleep(0)
-        if admission is not None:
-            decided = await admission.admit(decided, now=now, policy_version=version)
-        return [_handled(emits) for emits in decided]
+        refused = set(screening.refusals)
+        if admission is not None and later:
+            judged = await admission.admit(
+                [decided[i] for i in later], now=now, policy_version=version
+            )
+            for index, emits in zip(later, judged, strict=True):
+                if emits is not decided[index]:
+                    refused.add(index)
+                decided[index] = emits
+        # Refusals go out through the loop's bulk producer (runtime/loop.py, Handled.bulk).
+        return [Handled(emits=emits, bulk=i in refused) for i, emits in enumerate(decided)]
 
     return handle
 
@@ -266,10 +295,11 @@ class StatelessStages:
         if not self._specs:
             return
         settings = self._settings
-        producer = kafka_producer(
-            settings,
-            max_batch_size=min(PRODUCER_BATCH_BYTES, settings.limits.kafka_max_message_bytes),
-        )
+        batch_bytes = min(PRODUCER_BATCH_BYTES, settings.limits.kafka_max_message_bytes)
+        producer = kafka_producer(settings, max_batch_size=batch_bytes)
+        # Admission's refusals have a producer of their own (runtime/loop.py, Handled.bulk):
+        # a flood's refusals never hold up what the stages publish for other calls.
+        refusals = kafka_producer(settings, max_batch_size=batch_bytes)
         consumers: list[AIOKafkaConsumer] = []
         for spec in self._specs:
             await retrying(
@@ -301,12 +331,14 @@ class StatelessStages:
                     health=self._health,
                     partition_records=PARTITION_BATCH,
                     batched_sends=True,
+                    bulk_producer=refusals if spec.name is StreamStage.VALIDATOR else None,
                 )
             )
         if self._stopping.is_set():
             return
         await producer.start()
         try:
+            await refusals.start()
             for consumer in consumers:
                 await consumer.start()
             log.info("stateless stages running: %s", ", ".join(s.name for s in self._specs))
@@ -323,5 +355,6 @@ class StatelessStages:
         finally:
             for consumer in consumers:
                 await consumer.stop()
+            await refusals.stop()
             await producer.stop()
             await self.admission.limiter.close()

@@ -4,11 +4,14 @@ limiter), and what a refusal tells agents (client wait, model-facing text)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
+from aiokafka import ConsumerRecord
 
 from commands.catalog import Catalog
 from commands.limits import (
@@ -25,6 +28,7 @@ from commands.limits import (
     priority_of,
 )
 from commands.policy import DEFAULT_POLICY_DIR, PolicySet
+from commands.validate import Limits, glance
 from config.settings import Admission as AdmissionSettings
 from config.settings import Settings
 from ratifier_client.client import Pending, rate_limited_wait
@@ -34,7 +38,8 @@ from schemas.providers import result_text
 from streams.admission import Admission, Refusals, refused, scope_of, shedding_for
 from streams.emit import Emit
 from streams.limiter import ADMITTED, Ask, Verdict, script_arguments
-from tests.unit.conftest import KEYS
+from streams.stateless import validator_handler
+from tests.unit.conftest import KEYS, token
 from tests.unit.test_stages import validated
 
 NOW = datetime(2026, 12, 2, 8, 0, tzinfo=UTC)
@@ -139,13 +144,24 @@ def test_the_script_gets_each_bucket_once_and_each_call_its_indexes() -> None:
         for i in range(2)
     ]
     keys, argv = script_arguments(asks, prefix="p.", settings=AdmissionSettings())
-    assert keys == [
-        "ratifier:limit:p.tenant:t:r",
-        "ratifier:limit:p.tenant:t:c",
-        "ratifier:slots:p.c-0",
-        "ratifier:slots:p.c-1",
-    ]
-    assert argv == [2, 60.0, 300, "r", 10, 20, "c", 3, 3, 2, "c-0", 2, 1, 2, "c-1", 2, 1, 2]
+    assert keys == ["ratifier:limit:p.tenant:t:r", "ratifier:limit:p.tenant:t:c"]
+    # One run of two calls drawing from buckets 1 and 2; the ids in one string.
+    assert argv == [2, 60.0, 300, "ratifier:slots:p.", "r", 10, 20, "c", 3, 3, "2 2 1 2", "c-0 c-1"]
+
+
+def test_calls_drawing_from_other_buckets_start_a_new_run_in_order() -> None:
+    a = Bucket(key="tenant:a", rate=10, capacity=20, concurrency=None)
+    b = Bucket(key="tenant:b", rate=5, capacity=5, concurrency=None)
+
+    def ask(call_id: str, *buckets: Bucket) -> Ask:
+        scope = CallScope(call_id=call_id, tenant="t", agent="x", tool="y", effect=Effect.READ)
+        return Ask(call=scope, buckets=buckets)
+
+    asks = [ask("c-0", a), ask("c-1", a), ask("c-2", b), ask("c-3", a, b), ask("c-4", b)]
+    keys, argv = script_arguments(asks, prefix="", settings=AdmissionSettings())
+    assert keys == ["ratifier:limit:tenant:a:r", "ratifier:limit:tenant:b:r"]
+    # (count, m, indexes) per run: c-0 and c-1 on bucket 1, c-2 on 2, c-3 on both, c-4 on 2.
+    assert argv[-2:] == ["2 1 1 1 1 2 1 2 1 2 1 1 2", "c-0 c-1 c-2 c-3 c-4"]
 
 
 class MemoryLimiter:
@@ -301,3 +317,108 @@ def test_the_audit_story_says_what_a_rate_limited_outcome_means() -> None:
     )
     assert stage == "validator" and text == "outcome: rejected (rate_limited)"
     assert any(k == "meaning" and "nothing was executed or queued" in v for k, v in facts)
+
+
+def _proposed(**fields: Any) -> bytes:
+    body: dict[str, Any] = {
+        "v": 1,
+        "call_id": "c-1",
+        "tool": "get_payment",
+        "arguments": {"payment_id": "pay_A1001"},
+        "context": token(tenant="tenant-a"),
+        "proposed_at": "2026-12-02T08:00:00+00:00",
+    }
+    body.update(fields)
+    return json.dumps({k: v for k, v in body.items() if v is not DROP}).encode()
+
+
+DROP = object()
+
+
+def test_admission_glances_at_a_plain_native_call_only(catalog: Catalog) -> None:
+    limits = Limits()
+    seen = glance(_proposed(), catalog, limits)
+    assert seen is not None
+    assert (seen.call_id, seen.tool, seen.reply_to) == ("c-1", "get_payment", None)
+    address = {"topic": "ratifier.replies.agent-7", "partition": 1}
+    replied = glance(_proposed(reply_to=address), catalog, limits)
+    assert replied is not None and replied.reply_to is not None
+    assert replied.reply_to.topic == "ratifier.replies.agent-7"
+    # Anything else is validated first (and admitted after): parse_envelope judges it.
+    for raw in [
+        None,
+        b"not json",
+        b"[1, 2]",
+        _proposed(v=2),
+        _proposed(surprise=1),
+        _proposed(format="openai", tool=DROP, arguments=DROP, call={"function": {}}),
+        _proposed(call_id="c 1"),
+        _proposed(call_id=7),
+        _proposed(context=""),
+        _proposed(context=DROP),
+        _proposed(tool="no_such_tool"),
+        _proposed(reply_to={"topic": "outcomes"}),
+        _proposed(reply_to={"topic": "ratifier.replies.x", "partition": -1}),
+        b"x" * (limits.max_record_bytes + 1),
+    ]:
+        assert glance(raw, catalog, limits) is None, raw
+
+
+def _kind(value: object) -> str:
+    if isinstance(value, Outcome) and value.error is not None:
+        return f"Outcome:{value.error.code.value}"
+    return type(value).__name__
+
+
+class _Feed:
+    def __init__(self, policies: PolicySet) -> None:
+        self.current = policies
+
+
+def _consumed(raw: bytes, offset: int) -> ConsumerRecord[bytes, bytes]:
+    return ConsumerRecord("calls.proposed", 0, offset, 0, 0, b"k", raw, None, 1, len(raw), [])
+
+
+async def test_the_validator_refuses_a_flood_before_validating_it(
+    catalog: Catalog, policies: PolicySet
+) -> None:
+    admission, limiter = _admission(catalog, LIMITS, room=1)
+    handle = validator_handler(
+        catalog=catalog,
+        limits=Limits(),
+        feed=_Feed(policies),  # type: ignore[arg-type]
+        admission=admission,
+    )
+    records = [
+        _consumed(_proposed(call_id="c-1"), 0),  # glanced at, admitted, validated
+        # glanced at and refused: its arguments are never validated (rate limited first)
+        _consumed(_proposed(call_id="c-2", arguments={"payment_id": 7}), 1),
+        # not glanced at (another format): validated first, then judged
+        _consumed(
+            _proposed(
+                call_id="c-3",
+                format="anthropic",
+                tool=DROP,
+                arguments=DROP,
+                call={"name": "get_payment", "input": {"payment_id": "pay_A1001"}},
+            ),
+            2,
+        ),
+        _consumed(_proposed(call_id="c-4"), 3),  # glanced at, refused
+        _consumed(b"not json", 4),  # dead-lettered as before, never judged
+    ]
+    handled = await handle(records)
+    assert [a.call.call_id for a in limiter.asked] == ["c-1", "c-2", "c-4", "c-3"]
+    kinds = [_kind(h.emits[-1].value) for h in handled]
+    assert kinds == [
+        "ValidatedCall",
+        "Outcome:rate_limited",
+        "Outcome:rate_limited",  # c-3: the limiter's room was spent by then
+        "Outcome:rate_limited",
+        "DeadLetter",
+    ]
+    # Refusals go out through the bulk producer; the rest through the main one.
+    assert [h.bulk for h in handled] == [False, True, True, True, False]
+    refusal = handled[1].emits[0].value
+    assert isinstance(refusal, Outcome) and refusal.tenant == "tenant-a"
+    assert refusal.tool == "get_payment" and refusal.call_id == "c-2"

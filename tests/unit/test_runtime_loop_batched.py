@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from aiokafka.errors import KafkaTimeoutError, MessageSizeTooLargeError
 from aiokafka.partitioner import DefaultPartitioner
 
 from runtime.emit import Emit
-from runtime.loop import BATCHED_RECORD_MAX
+from runtime.loop import BATCHED_RECORD_MAX, Handled
 from schemas.names import Topic
 from tests.unit.test_runtime_loop import (
     SETTINGS,
@@ -22,6 +24,7 @@ from tests.unit.test_runtime_loop import (
     FakeConsumer,
     FakeProducer,
     answer,
+    handle,
     make_loop,
     rec,
 )
@@ -167,10 +170,27 @@ async def test_an_item_with_a_record_too_large_to_batch_goes_alone_whole_each_re
         value=answer("c-1").model_copy(update={"result": {"pad": "x" * BATCHED_RECORD_MAX}}),
     )
     alone = Emit(topic=Topic.OUTCOMES, key="c-2", value=answer("c-2"))
-    acks = await loop._send_many([((small, large), None), ((alone,), None)])
+    acks = await loop._send_many(producer, [((small, large), None), ((alone,), None)])
     # Nothing of the first item went into a batch (it is sent alone, whole: no record twice);
     # the second did.
     assert acks[0] is None
     assert acks[1] is not None and len(acks[1]) == 1
     assert [keys for _topic, _partition, keys in producer.batches] == [[b"c-2"]]
     assert producer.offered == 1
+
+
+async def test_bulk_items_go_out_through_the_bulk_producer_and_the_batch_waits_for_both() -> None:
+    records = [rec(n, f"ok:c-{n}".encode()) for n in range(6)]
+
+    async def marking(batch: Sequence[Any]) -> list[Handled]:
+        done = await handle(batch)
+        # Odd records are refusals of a flood: they go out through the bulk producer.
+        return [replace(h, bulk=r.offset % 2 == 1) for r, h in zip(batch, done, strict=True)]
+
+    consumer, producer, bulk = FakeConsumer([{TP: records}]), BatchingProducer(), BatchingProducer()
+    loop = make_loop(consumer, producer, batched_sends=True, bulk_producer=bulk, handle=marking)
+    await loop.run()
+
+    assert sorted(_outcome_ids(producer)) == ["c-0", "c-2", "c-4"]
+    assert sorted(_outcome_ids(bulk)) == ["c-1", "c-3", "c-5"]
+    assert consumer.committed == [{TP: 6}]
