@@ -29,6 +29,7 @@ from ratifier_client.kafka import kafka_security as kafka_security
 from ratifier_client.kafka import kafka_ssl_context as kafka_ssl_context
 from ratifier_client.kafka import start_kafka_client as start_kafka_client
 from ratifier_client.kafka import token_provider as token_provider
+from runtime.partitioning import KeyPartitioner
 from schemas.errors import ConfigurationError
 
 # A crashed member's partitions move after 6 s rather than 10 (45 in newer clients): failover
@@ -83,6 +84,8 @@ def kafka_producer(settings: Settings, **options: Any) -> AIOKafkaProducer:
         "enable_idempotence": True,
         "linger_ms": LINGER_MS,
         "max_request_size": settings.limits.kafka_max_message_bytes,
+        # The default partitioning, computed faster (runtime/partitioning.py).
+        "partitioner": KeyPartitioner(),
     }
     return AIOKafkaProducer(**(config | options))
 

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
+from pydantic import PrivateAttr
 from redis.exceptions import RedisError
 
 from commands.catalog import Catalog
@@ -156,6 +157,76 @@ def refused(
     )
 
 
+class Refusal(Outcome):
+    """A ``rate_limited`` outcome copied from its kind's template (:class:`Refusals`), with
+    its JSON stamped from the template's: the call's own values put between the template's
+    bytes, not the whole record serialized again (a flood's refusals are most of what the
+    validator publishes). The same bytes as ``Outcome.to_bytes`` (tests/unit/test_admission.py)."""
+
+    _json: bytes | None = PrivateAttr(default=None)
+
+    def to_bytes(self) -> bytes:
+        return self._json if self._json is not None else super().to_bytes()
+
+
+# Placeholders in a template's JSON: each call's values go there.
+_CALL_MARK = "@call_id@"
+_TRACE_MARK = "@trace_id@"
+_WAIT_MARK = 123456.789  # retry_after: a float, as the field holds one
+
+
+@dataclass(frozen=True)
+class _Stamp:
+    """A template's JSON cut at its placeholders: (bytes before, which value) ..., the end."""
+
+    parts: tuple[tuple[bytes, str], ...]
+    end: bytes
+
+    @classmethod
+    def of(cls, template: Outcome) -> _Stamp | None:
+        if template.error is None:
+            return None
+        marked = template.model_copy(
+            update={
+                "call_id": _CALL_MARK,
+                "trace_id": _TRACE_MARK,
+                "reply_to": None,
+                "error": template.error.model_copy(update={"retry_after": _WAIT_MARK}),
+            }
+        ).to_bytes()
+        marks = {
+            "call_id": f'"call_id":"{_CALL_MARK}"'.encode(),
+            "trace_id": f'"trace_id":"{_TRACE_MARK}"'.encode(),
+            "retry_after": f'"retry_after":{_WAIT_MARK!r}'.encode(),
+        }
+        found = sorted((marked.find(mark), name, mark) for name, mark in marks.items())
+        if any(at < 0 or marked.count(mark) != 1 for at, _, mark in found):
+            return None
+        parts, start = [], 0
+        for at, name, mark in found:
+            prefix = mark[: mark.index(b":") + 1]
+            parts.append((marked[start:at] + prefix, name))
+            start = at + len(mark)
+        return cls(parts=tuple(parts), end=marked[start:])
+
+    def json(self, call_id: str, trace_id: str | None, retry_after: float | None) -> bytes | None:
+        """The record's JSON with these values; None when one is not written here as JSON
+        would write it (an unusual wait, a trace id outside plain characters)."""
+        if retry_after is not None and not 1e-4 <= retry_after < 1e15:
+            return None
+        if trace_id is not None and not trace_id.isalnum():
+            return None
+        values = {
+            # A call id is of [A-Za-z0-9._:-] (CALL_ID_PATTERN): nothing to escape.
+            "call_id": f'"{call_id}"',
+            "trace_id": f'"{trace_id}"' if trace_id is not None else "null",
+            "retry_after": repr(retry_after) if retry_after is not None else "null",
+        }
+        return b"".join(
+            [b for prefix, name in self.parts for b in (prefix, values[name].encode())] + [self.end]
+        )
+
+
 class Refusals:
     """:func:`refused` for the calls of one batch: the outcome of each (tenant, tool, kind of
     refusal) is built and validated once, then copied with each call's own fields, which come
@@ -166,21 +237,24 @@ class Refusals:
     def __init__(self, *, now: datetime, policy_version: str | None) -> None:
         self._now = now
         self._policy_version = policy_version
-        self._built: dict[tuple[str, str, str | None], Outcome] = {}
+        self._built: dict[tuple[str, str, str | None], tuple[Refusal, _Stamp | None]] = {}
         # The error of each kind of refusal per advised wait (a batch's refusals share few).
         self._errors: dict[tuple[tuple[str, str, str | None], float | None], ErrorInfo] = {}
 
     def of(self, call: Refusable, scope: CallScope, verdict: Verdict) -> Emit:
         after = verdict.retry_after
         kind = (scope.tenant, call.tool, verdict.reason)
-        template = self._built.get(kind)
-        if template is None or template.error is None or (after is not None and after < 0):
+        built = self._built.get(kind)
+        if built is None or built[0].error is None or (after is not None and after < 0):
             first = refused(
                 call, scope, verdict, now=self._now, policy_version=self._policy_version
             )
             assert isinstance(first.value, Outcome)
-            self._built[kind] = first.value
+            template = Refusal.model_validate(first.value.model_dump())
+            self._built[kind] = (template, _Stamp.of(template))
             return first
+        template, stamp = built
+        assert template.error is not None
         wait = float(after) if after is not None else None
         error = self._errors.get((kind, wait))
         if error is None:
@@ -195,6 +269,8 @@ class Refusals:
                 "error": error,
             }
         )
+        if stamp is not None and call.reply_to is None:
+            value._json = stamp.json(call.call_id, call.trace_id, wait)
         return Emit(topic=Topic.OUTCOMES, key=call.call_id, value=value)
 
 

@@ -35,7 +35,7 @@ from ratifier_client.client import Pending, rate_limited_wait
 from schemas.envelopes import Effect, ErrorInfo, Outcome, Stage, Status, ValidatedCall
 from schemas.errors import ConfigurationError, ErrorCode
 from schemas.providers import result_text
-from streams.admission import Admission, Refusals, refused, scope_of, shedding_for
+from streams.admission import Admission, Refusal, Refusals, refused, scope_of, shedding_for
 from streams.emit import Emit
 from streams.limiter import ADMITTED, Ask, Verdict, script_arguments
 from streams.stateless import validator_handler
@@ -255,6 +255,7 @@ def test_a_batch_s_refusals_are_the_records_refused_builds_one_by_one(catalog: C
         Verdict(admitted=False, retry_after=None, reason="unavailable"),
         Verdict(admitted=False, retry_after=0.5, reason="limit"),
     ]
+    stamped = []
     for call, verdict in zip(calls * 2, verdicts * 2, strict=True):
         scope = scope_of(call, catalog, KEYS)
         assert scope is not None
@@ -262,7 +263,11 @@ def test_a_batch_s_refusals_are_the_records_refused_builds_one_by_one(catalog: C
         one = refused(call, scope, verdict, now=NOW, policy_version="sha256:x")
         assert (got.topic, got.key) == (one.topic, one.key)
         assert got.value.to_bytes() == one.value.to_bytes()
-        assert got.value == one.value
+        assert got.value.model_dump() == one.value.model_dump()
+        stamped.append(isinstance(got.value, Refusal) and got.value._json is not None)
+    # Copies after the first of each kind have their JSON stamped, but the one with a reply
+    # address (serialized as any record).
+    assert stamped == [False, False, False, False, False, True, False, True, True, True]
 
 
 def _outcome(code: ErrorCode, retry_after: float | None) -> Outcome:
