@@ -54,10 +54,13 @@ log = logging.getLogger("ratifier.streams")
 BATCH_MAX = 500  # records per poll: a backlog drains in large batches
 # Each partition is processed on its own, with one batch of at most this many records in
 # flight, so one tenant's backlog on its lanes (schemas/lanes.py) never delays another
-# partition's records (docs/operations.md, "Fair admission"). A backlog drains in large
-# batches (a batch waits for the broker's acknowledgements once), while the handlers and the
-# publisher give the event loop to the other partitions every few records.
-PARTITION_BATCH = 5000
+# partition's records (docs/operations.md, "Fair admission"). The validator's batches take all
+# that a fetch brought (≈ 2,400 proposals; aiokafka fetches a partition's next records only
+# once those are taken), while the handlers and the publisher give the event loop to the
+# other partitions every few records. The authorizer's work per call is larger (a storage
+# read, the policies), and its batches are decided whole: smaller ones keep a call of
+# another tenant from waiting long behind them.
+PARTITION_BATCH = {StreamStage.VALIDATOR: 5000, StreamStage.AUTHORIZER: 100}
 YIELD_EVERY = 5  # records a handler decides before letting other partitions' batches run
 # The producer's batches (bytes): a partition batch's outputs (500 refusals of ≈ 0.6 KiB over
 # a few partitions) go out as one batch per topic-partition (runtime/loop.py, batched sends);
@@ -329,7 +332,7 @@ class StatelessStages:
                     max_records=BATCH_MAX,
                     poll_ms=100,
                     health=self._health,
-                    partition_records=PARTITION_BATCH,
+                    partition_records=PARTITION_BATCH[spec.name],
                     batched_sends=True,
                     bulk_producer=refusals if spec.name is StreamStage.VALIDATOR else None,
                 )
