@@ -57,10 +57,10 @@ BATCH_MAX = 500  # records per poll: a backlog drains in large batches
 # partition's records (docs/operations.md, "Fair admission"). The validator's batches take all
 # that a fetch brought (≈ 2,400 proposals; aiokafka fetches a partition's next records only
 # once those are taken), while the handlers and the publisher give the event loop to the
-# other partitions every few records. The authorizer's work per call is larger (a storage
-# read, the policies), and its batches are decided whole: smaller ones keep a call of
-# another tenant from waiting long behind them.
-PARTITION_BATCH = {StreamStage.VALIDATOR: 5000, StreamStage.AUTHORIZER: 100}
+# other partitions every few records. The authorizer keeps batches of 500: batches of 100 did
+# not measurably shorten another tenant's wait in the flood (docs/operations.md), and more
+# batches cost more round trips under a backlog.
+PARTITION_BATCH = {StreamStage.VALIDATOR: 5000, StreamStage.AUTHORIZER: BATCH_MAX}
 YIELD_EVERY = 5  # records a handler decides before letting other partitions' batches run
 # The producer's batches (bytes): a partition batch's outputs (500 refusals of ≈ 0.6 KiB over
 # a few partitions) go out as one batch per topic-partition (runtime/loop.py, batched sends);
