@@ -4,7 +4,6 @@ limiter), and what a refusal tells agents (client wait, model-facing text)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -40,6 +39,7 @@ from streams.emit import Emit
 from streams.limiter import ADMITTED, Ask, Verdict, script_arguments
 from streams.stateless import validator_handler
 from tests.unit.conftest import KEYS, token
+from tests.unit.test_envelope import envelope
 from tests.unit.test_stages import validated
 
 NOW = datetime(2026, 12, 2, 8, 0, tzinfo=UTC)
@@ -325,19 +325,8 @@ def test_the_audit_story_says_what_a_rate_limited_outcome_means() -> None:
 
 
 def _proposed(**fields: Any) -> bytes:
-    body: dict[str, Any] = {
-        "v": 1,
-        "call_id": "c-1",
-        "tool": "get_payment",
-        "arguments": {"payment_id": "pay_A1001"},
-        "context": token(tenant="tenant-a"),
-        "proposed_at": "2026-12-02T08:00:00+00:00",
-    }
-    body.update(fields)
-    return json.dumps({k: v for k, v in body.items() if v is not DROP}).encode()
-
-
-DROP = object()
+    """A proposal of tenant-a with a context that verifies (``...`` drops a field)."""
+    return envelope(**{"context": token(tenant="tenant-a"), **fields})
 
 
 def test_admission_glances_at_a_plain_native_call_only(catalog: Catalog) -> None:
@@ -356,11 +345,11 @@ def test_admission_glances_at_a_plain_native_call_only(catalog: Catalog) -> None
         b"[1, 2]",
         _proposed(v=2),
         _proposed(surprise=1),
-        _proposed(format="openai", tool=DROP, arguments=DROP, call={"function": {}}),
+        _proposed(format="openai", tool=..., arguments=..., call={"function": {}}),
         _proposed(call_id="c 1"),
         _proposed(call_id=7),
         _proposed(context=""),
-        _proposed(context=DROP),
+        _proposed(context=...),
         _proposed(tool="no_such_tool"),
         _proposed(reply_to={"topic": "outcomes"}),
         _proposed(reply_to={"topic": "ratifier.replies.x", "partition": -1}),
@@ -403,8 +392,8 @@ async def test_the_validator_refuses_a_flood_before_validating_it(
             _proposed(
                 call_id="c-3",
                 format="anthropic",
-                tool=DROP,
-                arguments=DROP,
+                tool=...,
+                arguments=...,
                 call={"name": "get_payment", "input": {"payment_id": "pay_A1001"}},
             ),
             2,
