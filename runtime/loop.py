@@ -65,6 +65,7 @@ from runtime.hop import record_hop, status_of, trace_id_in
 from runtime.publish import YIELD_EVERY, Answer, IsolatedPublisher, Publication
 from runtime.replies import ReplySender, send_reply
 from runtime.retry import Stopped, retrying
+from runtime.turns import batch_of, turn
 from schemas.envelopes import (
     Outcome,
     ReplyAddress,
@@ -439,7 +440,8 @@ class ConsumerLoop:
         """One partition's batch: handled, published and acknowledged; its offset is then
         committed with the others' at the loop's next commit (while still assigned)."""
         try:
-            await self.process(records)
+            with batch_of(len(records)):  # a backlog gives way to other lanes' few records
+                await self.process(records)
             if self._before_commit is not None:
                 self._before_commit()
             self._acked[tp] = records[-1].offset + 1
@@ -546,7 +548,7 @@ class ConsumerLoop:
         bulk: list[Publication] = []
         for n, (record, handled) in enumerate(results, 1):
             if n % YIELD_EVERY == 0:
-                await asyncio.sleep(0)  # other partitions' batches run meanwhile
+                await turn()  # other partitions' batches run meanwhile
             answer = self._answer(record, handled)
             if handled.failure is not None:
                 if record is not None:
@@ -595,7 +597,7 @@ class ConsumerLoop:
         built: list[tuple[str, int, Any, list[int]]] = []
         for index, (emits, traceparent) in enumerate(items):
             if index % BUILD_YIELD_EVERY == BUILD_YIELD_EVERY - 1:
-                await asyncio.sleep(0)  # other partitions' batches run meanwhile
+                await turn()  # other partitions' batches run meanwhile
             prepared = []
             for emit in emits:
                 if emit.key is None:

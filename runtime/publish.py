@@ -21,6 +21,7 @@ from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
 from runtime.emit import Emit
 from runtime.replies import Reply, ReplySender
 from runtime.retry import backoff, pause
+from runtime.turns import turn
 from schemas.names import Topic
 
 log = logging.getLogger("ratifier.runtime")
@@ -139,7 +140,7 @@ class IsolatedPublisher:
             for n, item in enumerate(items, 1):
                 await self.send(item)
                 if n % YIELD_EVERY == 0:
-                    await asyncio.sleep(0)  # other batches of the loop run meanwhile
+                    await turn()  # other batches of the loop run meanwhile
         pending = {f for item in items for f in item.futures if isinstance(f, asyncio.Future)}
         if pending:
             await asyncio.wait(pending)  # one wait for the whole publication
@@ -186,7 +187,7 @@ class IsolatedPublisher:
             else:
                 await self.send(item)
             if n % YIELD_EVERY == 0:
-                await asyncio.sleep(0)
+                await turn()
 
 
 def _acknowledged(futures: Sequence[Awaitable[Any]]) -> bool:

@@ -42,6 +42,7 @@ from commands.validate import Glance, Limits, glance
 from config.settings import Settings
 from runtime.clients import kafka_admin, kafka_consumer
 from runtime.identity import ContextKeys, verify_context_token
+from runtime.turns import turn
 from schemas.envelopes import ErrorInfo, Outcome, ReplyAddress, Stage, Status, ValidatedCall
 from schemas.errors import ErrorCode, Unauthenticated
 from schemas.names import (
@@ -349,7 +350,7 @@ class Admission:
         candidates: list[tuple[int, Refusable, CallScope]] = []
         for index, (raw, headers) in enumerate(proposals):
             if index % SCREEN_YIELD_EVERY == SCREEN_YIELD_EVERY - 1:
-                await asyncio.sleep(0)  # other partitions' batches run meanwhile
+                await turn()  # other partitions' batches run meanwhile
             seen = glance(raw, self._catalog, limits)
             if seen is None:
                 continue

@@ -38,6 +38,7 @@ from runtime.health import Health
 from runtime.identity import ContextKeys
 from runtime.loop import Consumed, ConsumerLoop, Handled, position_of, text_key
 from runtime.retry import retrying
+from runtime.turns import turn
 from schemas.envelopes import ValidatedCall
 from schemas.errors import StorageUnavailable
 from schemas.names import AUTHORIZER_GROUP, STREAMS_APP_ID, VALIDATOR_GROUP, Topic
@@ -131,7 +132,7 @@ def validator_handler(
             if validated % YIELD_EVERY == 0:
                 # Other partitions' batches run meanwhile (a flood's batch holds the loop
                 # for a slice, not for the whole batch).
-                await asyncio.sleep(0)
+                await turn()
         refused = set(screening.refusals)
         if admission is not None and later:
             judged = await admission.admit(
