@@ -524,13 +524,16 @@ class ConsumerLoop:
         parent = handled.parent or (traceparent_of(record.headers) if record is not None else None)
         if not handled.observe:
             return None
-        status, code = status_of(emits)
+        if handled.status is not None:
+            status, code = handled.status, handled.code
+        else:
+            status, code = status_of(emits)
         first = emits[0].value if emits else None
         return record_hop(
             self._tracer,
             self._stage,
-            status=handled.status or status,
-            code=handled.code if handled.status is not None else code,
+            status=status,
+            code=code,
             parent=parent,
             start_ns=started,
             end_ns=time.time_ns(),
@@ -593,6 +596,7 @@ class ConsumerLoop:
         keyless, large or unserializable: none of them is taken, so none goes twice)."""
         acks: list[list[Awaitable[Any]] | None] = [None] * len(items)
         partitions: dict[str, list[int]] = {}
+        names: dict[Topic, str] = {}
         building: dict[tuple[str, int], tuple[Any, list[int]]] = {}
         built: list[tuple[str, int, Any, list[int]]] = []
         for index, (emits, traceparent) in enumerate(items):
@@ -609,7 +613,9 @@ class ConsumerLoop:
                     break
                 if len(value) > BATCHED_RECORD_MAX:
                     break
-                topic = self._settings.topic(emit.topic)
+                topic = names.get(emit.topic) or names.setdefault(
+                    emit.topic, self._settings.topic(emit.topic)
+                )
                 every = partitions.get(topic)
                 if every is None:
                     every = partitions[topic] = list(await producer.partitions_for(topic))

@@ -20,12 +20,12 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
-from pydantic import PrivateAttr
+from pydantic import BaseModel, PrivateAttr
 from redis.exceptions import RedisError
 
 from commands.catalog import Catalog
@@ -167,7 +167,34 @@ class Refusal(Outcome):
     _json: bytes | None = PrivateAttr(default=None)
 
     def to_bytes(self) -> bytes:
-        return self._json if self._json is not None else super().to_bytes()
+        # The private dict itself: ``self._json`` goes through pydantic's ``__getattr__``.
+        stamped: bytes | None = (self.__pydantic_private__ or {}).get("_json")
+        return stamped if stamped is not None else super().to_bytes()
+
+    def with_call(self, values: dict[str, Any], stamped: bytes | None) -> Refusal:
+        """A copy with ``values`` in place of the template's (:func:`_copied`) and its JSON
+        ``stamped`` (None: serialized when sent)."""
+        return _copied(self, values, {"_json": stamped})
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _copied(model: M, values: dict[str, Any], private: dict[str, Any] | None = None) -> M:
+    """``model`` with ``values`` (fields already valid: a call's own, or values of the
+    fields' types) in place of its own: what ``model_copy(update=...)`` does (it does not
+    validate either), without its generic copying, which was a flood's largest cost after
+    the limiter's (each refusal has a wait of its own)."""
+    copy = model.__class__.__new__(model.__class__)
+    fields = dict(model.__dict__)
+    fields.update(values)
+    object.__setattr__(copy, "__dict__", fields)
+    object.__setattr__(
+        copy, "__pydantic_fields_set__", model.__pydantic_fields_set__ | values.keys()
+    )
+    object.__setattr__(copy, "__pydantic_extra__", None)
+    object.__setattr__(copy, "__pydantic_private__", private)
+    return copy
 
 
 # Placeholders in a template's JSON: each call's values go there.
@@ -219,13 +246,16 @@ class _Stamp:
             return None
         values = {
             # A call id is of [A-Za-z0-9._:-] (CALL_ID_PATTERN): nothing to escape.
-            "call_id": f'"{call_id}"',
-            "trace_id": f'"{trace_id}"' if trace_id is not None else "null",
-            "retry_after": repr(retry_after) if retry_after is not None else "null",
+            "call_id": b'"' + call_id.encode() + b'"',
+            "trace_id": b'"' + trace_id.encode() + b'"' if trace_id is not None else b"null",
+            "retry_after": repr(retry_after).encode() if retry_after is not None else b"null",
         }
-        return b"".join(
-            [b for prefix, name in self.parts for b in (prefix, values[name].encode())] + [self.end]
-        )
+        out = bytearray()
+        for prefix, name in self.parts:
+            out += prefix
+            out += values[name]
+        out += self.end
+        return bytes(out)
 
 
 class Refusals:
@@ -259,19 +289,18 @@ class Refusals:
         wait = float(after) if after is not None else None
         error = self._errors.get((kind, wait))
         if error is None:
-            error = self._errors[(kind, wait)] = template.error.model_copy(
-                update={"retry_after": wait}
-            )
-        value = template.model_copy(
-            update={
+            error = self._errors[(kind, wait)] = _copied(template.error, {"retry_after": wait})
+        value = template.with_call(
+            {
                 "call_id": call.call_id,
                 "trace_id": call.trace_id,
                 "reply_to": call.reply_to,
                 "error": error,
-            }
+            },
+            stamp.json(call.call_id, call.trace_id, wait)
+            if stamp is not None and call.reply_to is None
+            else None,
         )
-        if stamp is not None and call.reply_to is None:
-            value._json = stamp.json(call.call_id, call.trace_id, wait)
         return Emit(topic=Topic.OUTCOMES, key=call.call_id, value=value)
 
 

@@ -39,8 +39,8 @@ from runtime.identity import ContextKeys
 from runtime.loop import Consumed, ConsumerLoop, Handled, position_of, text_key
 from runtime.retry import retrying
 from runtime.turns import turn
-from schemas.envelopes import ValidatedCall
-from schemas.errors import StorageUnavailable
+from schemas.envelopes import Status, ValidatedCall
+from schemas.errors import ErrorCode, StorageUnavailable
 from schemas.names import AUTHORIZER_GROUP, STREAMS_APP_ID, VALIDATOR_GROUP, Topic
 from schemas.vocabulary import StreamStage
 from streams.admission import Admission, Screening, release_slots, watch_lag
@@ -84,6 +84,10 @@ SPECS = (
 
 def _handled(emits: tuple[Emit, ...]) -> Handled:
     return Handled(emits=emits)
+
+
+# A refusal's metric status and code (what ``status_of`` would read from its outcome).
+REJECTED, RATE_LIMITED = Status.REJECTED.value, ErrorCode.RATE_LIMITED.value
 
 
 def validator_handler(
@@ -143,7 +147,12 @@ def validator_handler(
                     refused.add(index)
                 decided[index] = emits
         # Refusals go out through the loop's bulk producer (runtime/loop.py, Handled.bulk).
-        return [Handled(emits=emits, bulk=i in refused) for i, emits in enumerate(decided)]
+        return [
+            Handled(emits=emits, bulk=True, status=REJECTED, code=RATE_LIMITED)
+            if i in refused
+            else Handled(emits=emits)
+            for i, emits in enumerate(decided)
+        ]
 
     return handle
 
