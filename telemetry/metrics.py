@@ -139,21 +139,30 @@ _dedup: dict[tuple[str, str], Any] = {}
 
 def observe_record(stage: str, *, status: str, code: str | None, seconds: float) -> None:
     """One record finished ``stage`` with ``status`` (and error ``code``) in ``seconds``."""
+    observe_records(stage, status=status, code=code, seconds=seconds, n=1)
+
+
+def observe_records(stage: str, *, status: str, code: str | None, seconds: float, n: int) -> None:
+    """``n`` records finished ``stage`` with ``status`` (and error ``code``), each in
+    ``seconds`` (a batch's records: one count of ``n``, ``n`` observations)."""
+    if n <= 0:
+        return
     key = (stage, status)
     counter = _records.get(key)
     if counter is None:
         counter = _records[key] = RECORDS.labels(stage, status)
-    counter.inc()
+    counter.inc(n)
     if code is not None:
         key = (stage, code)
         errors = _errors.get(key)
         if errors is None:
             errors = _errors[key] = ERRORS.labels(stage, code)
-        errors.inc()
+        errors.inc(n)
     histogram = _seconds.get(stage)
     if histogram is None:
         histogram = _seconds[stage] = STAGE_SECONDS.labels(stage)
-    histogram.observe(seconds)
+    for _ in range(n):
+        histogram.observe(seconds)
 
 
 def count_records(stage: str, status: str, n: int = 1) -> None:

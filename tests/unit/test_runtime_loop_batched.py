@@ -14,15 +14,17 @@ from typing import Any
 
 from aiokafka.errors import KafkaTimeoutError, MessageSizeTooLargeError
 from aiokafka.partitioner import DefaultPartitioner
+from prometheus_client import REGISTRY
 
 from runtime.emit import Emit
 from runtime.loop import BATCHED_RECORD_MAX, Handled
-from schemas.names import Topic
+from schemas.names import TRACEPARENT_HEADER, Topic
 from tests.unit.test_runtime_loop import (
     SETTINGS,
     TP,
     FakeConsumer,
     FakeProducer,
+    Rec,
     answer,
     handle,
     make_loop,
@@ -65,12 +67,14 @@ class BatchingProducer(FakeProducer):
         self.refuse_batches: bytes | None = None
         self.lose_batches = False
         self.offered = 0  # batches handed over, acknowledged or not
+        self.built: list[Builder] = []
 
     async def partitions_for(self, topic: str) -> set[int]:
         return set(range(PARTITIONS))
 
     def create_batch(self) -> Builder:
-        return Builder(self.room)
+        self.built.append(Builder(self.room))
+        return self.built[-1]
 
     async def send_batch(self, batch: Builder, topic: str, *, partition: int) -> Any:
         assert batch.closed
@@ -193,4 +197,57 @@ async def test_bulk_items_go_out_through_the_bulk_producer_and_the_batch_waits_f
 
     assert sorted(_outcome_ids(producer)) == ["c-0", "c-2", "c-4"]
     assert sorted(_outcome_ids(bulk)) == ["c-1", "c-3", "c-5"]
+    assert consumer.committed == [{TP: 6}]
+
+
+async def test_bulk_refusals_are_counted_per_batch_and_carry_their_proposal_s_traceparent() -> None:
+    """A flood's refusals (bulk, their metric status given) skip the per-record hop when no
+    span exporter runs: counted per batch, the same totals as one by one; each output carries
+    the consumed record's own `traceparent`."""
+    parent = b"00-" + b"a" * 32 + b"-" + b"b" * 16 + b"-01"
+    records = [
+        Rec(TP.topic, 0, n, None, f"ok:c-{n}".encode(), ((TRACEPARENT_HEADER, parent),))
+        for n in range(6)
+    ]
+
+    async def refusing(batch: Sequence[Any]) -> list[Handled]:
+        done = await handle(batch)
+        return [
+            replace(h, bulk=True, status="rejected", code="rate_limited")
+            if r.offset % 2 == 1
+            else h
+            for r, h in zip(batch, done, strict=True)
+        ]
+
+    def count(name: str, labels: dict[str, str]) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    rejected = {"stage": "execute", "status": "rejected"}
+    limited = {"stage": "execute", "code": "rate_limited"}
+    succeeded = {"stage": "execute", "status": "succeeded"}
+    before = [
+        count("ratifier_records_total", rejected),
+        count("ratifier_errors_total", limited),
+        count("ratifier_records_total", succeeded),
+        count("ratifier_stage_seconds_count", {"stage": "execute"}),
+    ]
+    consumer, producer, bulk = FakeConsumer([{TP: records}]), BatchingProducer(), BatchingProducer()
+    loop = make_loop(consumer, producer, batched_sends=True, bulk_producer=bulk, handle=refusing)
+    await loop.run()
+
+    after = [
+        count("ratifier_records_total", rejected),
+        count("ratifier_errors_total", limited),
+        count("ratifier_records_total", succeeded),
+        count("ratifier_stage_seconds_count", {"stage": "execute"}),
+    ]
+    assert [b - a for a, b in zip(before, after, strict=True)] == [3, 3, 3, 6]
+    assert sorted(_outcome_ids(bulk)) == ["c-1", "c-3", "c-5"]
+    # The refusals carry the proposal's traceparent as it came; the others a hop of their own.
+    theirs = [tuple(h) for b in bulk.built for _k, _v, h in b.records]
+    assert theirs == [((TRACEPARENT_HEADER, parent),)] * 3
+    others = [tuple(h) for b in producer.built for _k, _v, h in b.records]
+    assert len(others) == 3 and ((TRACEPARENT_HEADER, parent),) not in others
+    # A hop of their own: the proposal's trace, a new span.
+    assert all(h[0][1].startswith(parent[:36]) for h in others)
     assert consumer.committed == [{TP: 6}]
