@@ -35,7 +35,15 @@ class StreamStorage:
     async def _get_pool(self) -> AsyncConnectionPool[Any]:
         async with self._lock:
             if self._pool is None:
-                pool = pg_pool(self._url, max_size=self._max_size, dict_rows=True, autocommit=True)
+                # Every connection opened now, not one by one under the first burst of
+                # calls (each connection's authentication costs milliseconds of CPU).
+                pool = pg_pool(
+                    self._url,
+                    max_size=self._max_size,
+                    min_size=self._max_size,
+                    dict_rows=True,
+                    autocommit=True,
+                )
                 try:
                     await pool.open(wait=True, timeout=30)
                 except PoolTimeout as exc:
