@@ -1,7 +1,10 @@
 """Admission's cost (issue 27): CPU per call of the validator's handler without admission,
 with every call admitted, and with every call refused (`rate_limited`), on the reference
-catalog with real Redis (one Lua round trip per batch of 500); and the noisy-neighbour
-figures of the last `make test-admission-flood` (test-artifacts/admission-flood.json).
+catalog with real Redis (one Lua round trip per batch of 500); CPU per refused record of the
+validator's whole path but the fetch (handler, the loop's publication, the producers' sends
+to real Kafka, in partition batches of 2,400 as a flood brings them, with the collector set
+as `ratifier stages` sets it); and the noisy-neighbour figures of the last
+`make test-admission-flood` (test-artifacts/admission-flood.json).
 
 `python -m bench.admission [N]` runs it alone and prints the figures.
 """
@@ -9,6 +12,7 @@ figures of the last `make test-admission-flood` (test-artifacts/admission-flood.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import sys
 import time
@@ -23,13 +27,18 @@ from commands.limits import parse_limits
 from commands.policy import DEFAULT_POLICY_DIR, PolicySet
 from commands.validate import Limits
 from config.settings import Settings
-from runtime.clients import redis_client
+from ratifier.topics import delete_topics, ensure_topics
+from runtime.clients import kafka_producer, redis_client
 from runtime.identity import context_keys, issue_context_token
+from runtime.loop import ConsumerLoop
 from streams.admission import Admission
 from streams.limiter import FleetLimiter
-from streams.stateless import validator_handler
+from streams.stages_service import YOUNG_OBJECTS
+from streams.stateless import PRODUCER_BATCH_BYTES, validator_handler
 
 BATCH = 500
+# A flood's partition batch: about what one fetch of `calls.proposed` brings.
+FLOOD_BATCH = 2_400
 # Written by tests/e2e/test_admission.py (`make test-admission-flood`).
 FLOOD_FIGURES = Path("test-artifacts") / "admission-flood.json"
 
@@ -99,12 +108,74 @@ async def admission_costs(n: int) -> dict[str, Any]:
             figures[f"admission_{label}_wall_us"] = (time.perf_counter() - wall) / n * 1e6
     finally:
         await redis.aclose()
+    figures["admission_refused_published_cpu_us"] = await refused_and_published(
+        settings, max(n, 2 * FLOOD_BATCH)
+    )
     plain = figures["admission_plain_cpu_us"]
     figures["admission_cost_admitted_us"] = figures["admission_admitted_cpu_us"] - plain
     figures["admission_cost_refused_us"] = figures["admission_refused_cpu_us"] - plain
     if FLOOD_FIGURES.is_file():
         figures["noisy_neighbour"] = json.loads(FLOOD_FIGURES.read_text(encoding="utf-8"))
     return figures
+
+
+async def refused_and_published(settings: Settings, n: int) -> float:
+    """CPU µs per refused record through the validator's loop: handled, published through
+    the refusals' producer and acknowledged by the broker (own topics, deleted after)."""
+    settings = settings.model_copy(update={"topic_prefix": f"bench{uuid.uuid4().hex[:8]}."})
+    await ensure_topics(settings)
+    catalog = load_catalog(settings.catalog)
+    redis = redis_client(settings)
+    limits = parse_limits(
+        {"limits": [{"scope": "tenant", "rate": 0.001, "burst": 1}]}, source="bench"
+    )
+    admission = Admission(
+        limiter=FleetLimiter(redis, settings.admission, prefix=f"bench-{uuid.uuid4().hex[:6]}."),
+        catalog=catalog,
+        keys=context_keys(settings),
+        limits=lambda: limits,
+    )
+    handle = validator_handler(
+        catalog=catalog,
+        limits=Limits(),
+        feed=_Feed(PolicySet.from_directory(DEFAULT_POLICY_DIR)),  # type: ignore[arg-type]
+        admission=admission,
+    )
+    producer = kafka_producer(settings, max_batch_size=PRODUCER_BATCH_BYTES)
+    refusals = kafka_producer(settings, max_batch_size=PRODUCER_BATCH_BYTES)
+    await producer.start()
+    await refusals.start()
+    try:
+        loop = ConsumerLoop(
+            settings,
+            None,  # process() reads nothing
+            producer,
+            stage="validate",
+            group="bench",
+            handle=handle,
+            batched_sends=True,
+            bulk_producer=refusals,
+            partition_records=FLOOD_BATCH,
+        )
+        records = _records(settings, n)
+        await loop.process(records[:FLOOD_BATCH])  # warm: token cache, script, metadata
+        frozen = gc.get_threshold()
+        gc.freeze()  # as `ratifier stages` does (streams/stages_service.py)
+        gc.set_threshold(YOUNG_OBJECTS, *frozen[1:])
+        try:
+            cpu = time.process_time()
+            for i in range(FLOOD_BATCH, n, FLOOD_BATCH):
+                await loop.process(records[i : i + FLOOD_BATCH])
+            spent = time.process_time() - cpu
+        finally:
+            gc.set_threshold(*frozen)
+            gc.unfreeze()
+    finally:
+        await producer.stop()
+        await refusals.stop()
+        await redis.aclose()
+        await delete_topics(settings)
+    return spent / (n - FLOOD_BATCH) * 1e6
 
 
 def main() -> int:

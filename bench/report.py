@@ -859,6 +859,9 @@ def _admission_section(v: dict[str, Any]) -> list[str]:
         f"| validator CPU per refused record (parse, verify, Lua, `rate_limited` outcome) | "
         f"{fmt(v.get('admission_refused_cpu_us'), ' µs', 1)} (+{fmt(refused, ' µs', 1)} over "
         f"validating) | — | — |",
+        f"| validator CPU per refused record, handled and published to Kafka (batches of "
+        f"2,400, as a flood's fetches bring them) | "
+        f"{fmt(v.get('admission_refused_published_cpu_us'), ' µs', 1)} | — | — |",
         f"| noisy neighbour: B's p50 during A's flood ÷ B's p50 alone "
         f"({flood.get('flood', '—')} reads, `make test-admission-flood`) | "
         f"{fmt(noisy, '', 2)} ({fmt(loaded, ' ms')} / {fmt(alone, ' ms')}) | ≤ 2 | "
