@@ -847,6 +847,16 @@ def _admission_section(v: dict[str, Any]) -> list[str]:
     flood = v.get("noisy_neighbour") or {}
     alone, loaded = flood.get("b_alone_p50_ms"), flood.get("b_flood_p50_ms")
     noisy = ratio(loaded, alone)
+    published = v.get("admission_refused_published_cpu_us")
+    # Runs before this figure existed render as they did.
+    through_kafka = (
+        [
+            f"| validator CPU per refused record, handled and published to Kafka (batches of "
+            f"2,400, as a flood's fetches bring them) | {fmt(published, ' µs', 1)} | — | — |"
+        ]
+        if published is not None
+        else []
+    )
     return [
         "",
         "### Admission (issue 27)",
@@ -859,9 +869,7 @@ def _admission_section(v: dict[str, Any]) -> list[str]:
         f"| validator CPU per refused record (parse, verify, Lua, `rate_limited` outcome) | "
         f"{fmt(v.get('admission_refused_cpu_us'), ' µs', 1)} (+{fmt(refused, ' µs', 1)} over "
         f"validating) | — | — |",
-        f"| validator CPU per refused record, handled and published to Kafka (batches of "
-        f"2,400, as a flood's fetches bring them) | "
-        f"{fmt(v.get('admission_refused_published_cpu_us'), ' µs', 1)} | — | — |",
+        *through_kafka,
         f"| noisy neighbour: B's p50 during A's flood ÷ B's p50 alone "
         f"({flood.get('flood', '—')} reads, `make test-admission-flood`) | "
         f"{fmt(noisy, '', 2)} ({fmt(loaded, ' ms')} / {fmt(alone, ' ms')}) | ≤ 2 | "
