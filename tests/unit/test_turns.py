@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 from runtime import turns
 from runtime.turns import BULK_RECORDS, GIVE_WAY_SECONDS, batch_of, small_in_flight, turn
@@ -59,25 +61,33 @@ def test_without_the_turns_the_bulk_batch_would_have_run_first() -> None:
     assert order == ["bulk resumed", "small done"]
 
 
-def test_a_bulk_batch_waits_at_most_the_bound_for_a_small_one() -> None:
-    async def scenario() -> float:
-        release = asyncio.Event()
-        started = asyncio.Event()
+@asynccontextmanager
+async def a_small_batch_in_flight() -> AsyncIterator[None]:
+    """A one-record batch that stays in flight for the ``with`` block."""
+    release, started = asyncio.Event(), asyncio.Event()
 
-        async def slow_small() -> None:
-            with batch_of(1):
-                started.set()
-                await release.wait()
+    async def slow_small() -> None:
+        with batch_of(1):
+            started.set()
+            await release.wait()
 
-        task = asyncio.create_task(slow_small())
-        await started.wait()
-        assert small_in_flight() == 1
-        with batch_of(BULK_RECORDS * 10):
-            began = time.monotonic()
-            await turn()
-            waited = time.monotonic() - began
+    task = asyncio.create_task(slow_small())
+    await started.wait()
+    try:
+        yield
+    finally:
         release.set()
         await task
+
+
+def test_a_bulk_batch_waits_at_most_the_bound_for_a_small_one() -> None:
+    async def scenario() -> float:
+        async with a_small_batch_in_flight():
+            assert small_in_flight() == 1
+            with batch_of(BULK_RECORDS * 10):
+                began = time.monotonic()
+                await turn()
+                waited = time.monotonic() - began
         assert small_in_flight() == 0
         return waited
 
@@ -87,21 +97,10 @@ def test_a_bulk_batch_waits_at_most_the_bound_for_a_small_one() -> None:
 
 def test_small_batches_and_unmarked_tasks_never_wait() -> None:
     async def scenario() -> None:
-        release = asyncio.Event()
-        started = asyncio.Event()
-
-        async def slow_small() -> None:
-            with batch_of(1):
-                started.set()
-                await release.wait()
-
-        task = asyncio.create_task(slow_small())
-        await started.wait()
-        with batch_of(BULK_RECORDS - 1):
-            await asyncio.wait_for(turn(), GIVE_WAY_SECONDS / 4)  # small: no waiting
-        await asyncio.wait_for(turn(), GIVE_WAY_SECONDS / 4)  # not in a batch
-        release.set()
-        await task
+        async with a_small_batch_in_flight():
+            with batch_of(BULK_RECORDS - 1):
+                await asyncio.wait_for(turn(), GIVE_WAY_SECONDS / 4)  # small: no waiting
+            await asyncio.wait_for(turn(), GIVE_WAY_SECONDS / 4)  # not in a batch
 
     asyncio.run(scenario())
     assert not list(turns._small)  # the finished batch is forgotten
