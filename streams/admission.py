@@ -19,13 +19,13 @@ import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
-from pydantic import BaseModel, PrivateAttr
+from pydantic import BaseModel, PrivateAttr, TypeAdapter
 from redis.exceptions import RedisError
 
 from commands.catalog import Catalog
@@ -201,6 +201,9 @@ def _copied(model: M, values: dict[str, Any], private: dict[str, Any] | None = N
 _CALL_MARK = "@call_id@"
 _TRACE_MARK = "@trace_id@"
 _WAIT_MARK = 123456.789  # retry_after: a float, as the field holds one
+_AT_MARK = datetime(1999, 9, 9, 9, 9, 9, 909090, tzinfo=UTC)  # at: when the batch was decided
+# A datetime's JSON as the records' fields write it (a plain `datetime` field).
+_DATETIME_JSON = TypeAdapter(datetime)
 
 
 @dataclass(frozen=True)
@@ -219,6 +222,7 @@ class _Stamp:
                 "call_id": _CALL_MARK,
                 "trace_id": _TRACE_MARK,
                 "reply_to": None,
+                "at": _AT_MARK,
                 "error": template.error.model_copy(update={"retry_after": _WAIT_MARK}),
             }
         ).to_bytes()
@@ -226,6 +230,7 @@ class _Stamp:
             "call_id": f'"call_id":"{_CALL_MARK}"'.encode(),
             "trace_id": f'"trace_id":"{_TRACE_MARK}"'.encode(),
             "retry_after": f'"retry_after":{_WAIT_MARK!r}'.encode(),
+            "at": b'"at":' + _DATETIME_JSON.dump_json(_AT_MARK),
         }
         found = sorted((marked.find(mark), name, mark) for name, mark in marks.items())
         if any(at < 0 or marked.count(mark) != 1 for at, _, mark in found):
@@ -237,9 +242,12 @@ class _Stamp:
             start = at + len(mark)
         return cls(parts=tuple(parts), end=marked[start:])
 
-    def json(self, call_id: str, trace_id: str | None, retry_after: float | None) -> bytes | None:
-        """The record's JSON with these values; None when one is not written here as JSON
-        would write it (an unusual wait, a trace id outside plain characters)."""
+    def json(
+        self, call_id: str, trace_id: str | None, retry_after: float | None, at: bytes
+    ) -> bytes | None:
+        """The record's JSON with these values (``at``: the time's JSON); None when one is
+        not written here as JSON would write it (an unusual wait, a trace id outside plain
+        characters)."""
         if retry_after is not None and not 1e-4 <= retry_after < 1e15:
             return None
         if trace_id is not None and not trace_id.isalnum():
@@ -249,6 +257,7 @@ class _Stamp:
             "call_id": b'"' + call_id.encode() + b'"',
             "trace_id": b'"' + trace_id.encode() + b'"' if trace_id is not None else b"null",
             "retry_after": repr(retry_after).encode() if retry_after is not None else b"null",
+            "at": at,
         }
         out = bytearray()
         for prefix, name in self.parts:
@@ -258,23 +267,37 @@ class _Stamp:
         return bytes(out)
 
 
-class Refusals:
-    """:func:`refused` for the calls of one batch: the outcome of each (tenant, tool, kind of
-    refusal) is built and validated once, then copied with each call's own fields, which come
-    validated from the call (``call_id``, ``trace_id``, ``reply_to``) or are a float ≥ 0
-    (``retry_after``, as validation would store it): the same record as :func:`refused`
-    gives (tests/unit/test_admission.py compares them)."""
+# Kinds of refusal (tenant, tool, reason, policy version) whose template is kept.
+TEMPLATES_KEPT = 1_000
+Kind = tuple[str, str, str | None, str | None]
+Templates = dict[Kind, tuple[Refusal, "_Stamp | None"]]
 
-    def __init__(self, *, now: datetime, policy_version: str | None) -> None:
+
+class Refusals:
+    """:func:`refused` for the calls of one batch: the outcome of each kind of refusal
+    (tenant, tool, reason, policy version) is built and validated once, in the first batch
+    that needs it (``templates``, kept across batches), then copied with each call's own
+    fields, which come validated from the call (``call_id``, ``trace_id``, ``reply_to``) or
+    are a float ≥ 0 (``retry_after``) or the batch's time (``at``), as validation would store
+    them: the same record as :func:`refused` gives (tests/unit/test_admission.py compares
+    them). Building a template costs about a millisecond: once per batch, it was most of a
+    small batch's cost."""
+
+    def __init__(
+        self, *, now: datetime, policy_version: str | None, templates: Templates | None = None
+    ) -> None:
         self._now = now
+        self._at = _DATETIME_JSON.dump_json(now)
         self._policy_version = policy_version
-        self._built: dict[tuple[str, str, str | None], tuple[Refusal, _Stamp | None]] = {}
+        self._built: Templates = templates if templates is not None else {}
+        if len(self._built) >= TEMPLATES_KEPT:
+            self._built.clear()
         # The error of each kind of refusal per advised wait (a batch's refusals share few).
-        self._errors: dict[tuple[tuple[str, str, str | None], float | None], ErrorInfo] = {}
+        self._errors: dict[tuple[Kind, float | None], ErrorInfo] = {}
 
     def of(self, call: Refusable, scope: CallScope, verdict: Verdict) -> Emit:
         after = verdict.retry_after
-        kind = (scope.tenant, call.tool, verdict.reason)
+        kind = (scope.tenant, call.tool, verdict.reason, self._policy_version)
         built = self._built.get(kind)
         if built is None or built[0].error is None or (after is not None and after < 0):
             first = refused(
@@ -296,8 +319,9 @@ class Refusals:
                 "trace_id": call.trace_id,
                 "reply_to": call.reply_to,
                 "error": error,
+                "at": self._now,
             },
-            stamp.json(call.call_id, call.trace_id, wait)
+            stamp.json(call.call_id, call.trace_id, wait, self._at)
             if stamp is not None and call.reply_to is None
             else None,
         )
@@ -345,6 +369,7 @@ class Admission:
         self.refusals = 0
         self._buckets: dict[tuple[str, str, str], tuple[Bucket, ...]] = {}
         self._buckets_of: LimitSet | None = None  # the limits ``_buckets`` were found in
+        self._templates: Templates = {}  # refusals' templates (Refusals), across batches
 
     def buckets(self, limits: LimitSet, scope: CallScope) -> tuple[Bucket, ...]:
         """:func:`buckets_of`, remembered per tenant, agent and tool (all it depends on but
@@ -436,7 +461,7 @@ class Admission:
         for start in range(0, len(asks), ADMIT_CHUNK):
             verdicts += await self.limiter.admit(asks[start : start + ADMIT_CHUNK])
         counted = iter(verdicts)
-        refusals = Refusals(now=now, policy_version=policy_version)
+        refusals = Refusals(now=now, policy_version=policy_version, templates=self._templates)
         out: dict[int, tuple[Emit, ...]] = {}
         for (index, call, scope), verdict in zip(candidates, shed, strict=True):
             final = verdict if verdict is not None else next(counted, ADMITTED)

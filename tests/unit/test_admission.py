@@ -5,7 +5,7 @@ limiter), and what a refusal tells agents (client wait, model-facing text)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,15 @@ from ratifier_client.client import Pending, rate_limited_wait
 from schemas.envelopes import Effect, ErrorInfo, Outcome, Stage, Status, ValidatedCall
 from schemas.errors import ConfigurationError, ErrorCode
 from schemas.providers import result_text
-from streams.admission import Admission, Refusal, Refusals, refused, scope_of, shedding_for
+from streams.admission import (
+    Admission,
+    Refusal,
+    Refusals,
+    Templates,
+    refused,
+    scope_of,
+    shedding_for,
+)
 from streams.emit import Emit
 from streams.limiter import ADMITTED, Ask, Verdict, script_arguments
 from streams.stateless import validator_handler
@@ -416,3 +424,31 @@ async def test_the_validator_refuses_a_flood_before_validating_it(
     refusal = handled[1].emits[0].value
     assert isinstance(refusal, Outcome) and refusal.tenant == "tenant-a"
     assert refusal.tool == "get_payment" and refusal.call_id == "c-2"
+
+
+def test_refusals_of_later_batches_reuse_the_templates_with_their_own_time(
+    catalog: Catalog,
+) -> None:
+    """Templates are kept across batches (``templates``): a later batch's refusals are
+    stamped from them at once, with that batch's own time, and are the records ``refused``
+    builds then."""
+    templates: Templates = {}
+    call = validated(call_id="c-1", trace_id="a" * 32)
+    scope = scope_of(call, catalog, KEYS)
+    assert scope is not None
+    verdict = Verdict(admitted=False, retry_after=0.25, reason="limit")
+    later = NOW + timedelta(seconds=3, microseconds=123)
+    on_the_hour = NOW.replace(minute=0, second=0, microsecond=0)
+    for at in (NOW, later, on_the_hour):
+        got = Refusals(now=at, policy_version="sha256:x", templates=templates).of(
+            call, scope, verdict
+        )
+        one = refused(call, scope, verdict, now=at, policy_version="sha256:x")
+        assert got.value.to_bytes() == one.value.to_bytes()
+        assert got.value.model_dump() == one.value.model_dump()
+        stamped = isinstance(got.value, Refusal) and got.value._json is not None
+        assert stamped is (at is not NOW)  # built once, in the first batch
+    assert len(templates) == 1
+    # Another policy version is another template.
+    Refusals(now=later, policy_version="sha256:y", templates=templates).of(call, scope, verdict)
+    assert len(templates) == 2
