@@ -32,7 +32,7 @@ from streams.authorizer import on_validated
 from streams.emit import Emit, outcome
 from streams.observe import StageObserver, status_of, trace_id_in
 from streams.validator import on_proposed
-from telemetry.metrics import METRIC_NAMES, count_dedup, observe_record
+from telemetry.metrics import METRIC_NAMES, count_dedup, observe_record, observe_records
 from telemetry.tracing import (
     TraceParent,
     Tracer,
@@ -186,6 +186,26 @@ def test_observe_record_counts_status_errors_and_latency() -> None:
         _sample("ratifier_stage_seconds_bucket", stage="unit", le="0.005"),
     )
     assert [a - b for a, b in zip(after, before, strict=True)] == [2, 1, 2, 1]
+
+
+def test_a_batch_s_records_observed_at_once_are_n_observations() -> None:
+    def samples(stage: str) -> list[float]:
+        return [
+            _sample("ratifier_stage_seconds_count", stage=stage),
+            _sample("ratifier_stage_seconds_sum", stage=stage),
+            *(
+                _sample("ratifier_stage_seconds_bucket", stage=stage, le=le)
+                for le in ("0.005", "0.025", "0.1", "+Inf")
+            ),
+            _sample("ratifier_records_total", stage=stage, status="rejected"),
+        ]
+
+    for seconds in (0.0072, 0.02, 99.0):
+        for _ in range(3):
+            observe_record("unit-one", status="rejected", code=None, seconds=seconds)
+        observe_records("unit-many", status="rejected", code=None, seconds=seconds, n=3)
+    assert samples("unit-many") == pytest.approx(samples("unit-one"))
+    assert samples("unit-many")[0] == 9
 
 
 def test_dedup_counter() -> None:
