@@ -17,8 +17,10 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from ratifier.topics import delete_topics
 from tests.e2e.conftest import Pipeline, SigningKeys, free_port, start_pipeline
 from tests.e2e.private_services import Forwarder
+from tests.services import run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -62,6 +64,7 @@ def probed(signing_keys: SigningKeys) -> Iterator[tuple[Pipeline, int]]:
         yield pipeline, executor_port
     finally:
         pipeline.stop()
+        run(delete_topics(pipeline.settings))
 
 
 def test_executor_and_streams_worker_are_alive_and_ready(probed: tuple[Pipeline, int]) -> None:

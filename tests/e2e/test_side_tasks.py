@@ -10,7 +10,9 @@ from collections.abc import Iterator
 import pytest
 
 from ratifier.processes import WorkerProcess, wait_for_log
+from ratifier.topics import delete_topics
 from tests.e2e.conftest import Pipeline, SigningKeys, start_pipeline
+from tests.services import run
 
 pytestmark = pytest.mark.e2e
 
@@ -23,6 +25,7 @@ def no_workers(signing_keys: SigningKeys) -> Iterator[Pipeline]:
         yield started
     finally:
         started.stop()
+        run(delete_topics(started.settings))
 
 
 def _exit_code(worker: WorkerProcess, timeout: float) -> int:
