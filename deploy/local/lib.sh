@@ -11,6 +11,12 @@ RATIFIER_KAFKA_VERSION="${RATIFIER_KAFKA_VERSION:-4.4.0}"
 RATIFIER_KAFKA_PORT="${RATIFIER_KAFKA_PORT:-9092}"
 RATIFIER_KAFKA_CONTROLLER_PORT="${RATIFIER_KAFKA_CONTROLLER_PORT:-9093}"
 RATIFIER_KAFKA_HEAP_OPTS="${RATIFIER_KAFKA_HEAP_OPTS:--Xms256m -Xmx1g}"
+# The JIT: C1 only. On this 2-core machine the broker shares its cores with the pipeline it
+# serves, and C2 spent 1.4 to 8.5 s of CPU per flood test compiling (as much as the broker's
+# request handling, still so after five floods); C1 code handles requests ~15 % slower, and
+# compiles in a fraction of that (docs/operations.md, "The local broker's JIT"). A broker of
+# its own, on its own cores, wants the default (set this to "").
+RATIFIER_KAFKA_JIT_OPTS="${RATIFIER_KAFKA_JIT_OPTS--XX:TieredStopAtLevel=1}"
 RATIFIER_KAFKA_WAIT="${RATIFIER_KAFKA_WAIT:-90}"
 RATIFIER_KAFKA_RESET="${RATIFIER_KAFKA_RESET:-0}"
 RATIFIER_LOG4J_VERSION="${RATIFIER_LOG4J_VERSION:-2.25.3}"
