@@ -55,6 +55,7 @@ from executors.outcomes import (
     unavailable_outcome,
 )
 from runtime.breakers import FleetBreakers, breaker_name
+from runtime.turns import turn
 from schemas.envelopes import CommittedCommand, Outcome, Status
 from schemas.errors import (
     ErrorCode,
@@ -65,6 +66,9 @@ from schemas.errors import (
 )
 from schemas.vocabulary import AuditKind
 from telemetry.metrics import count_dedup
+
+# Reads handled between yield points (another lane's few records run there).
+YIELD_EVERY = 25
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -153,6 +157,8 @@ class BatchedReads:
         now = datetime.now(UTC)
         admitted: list[tuple[int, _Admitted]] = []
         for index, read in enumerate(reads):
+            if index % YIELD_EVERY == YIELD_EVERY - 1:
+                await turn()
             tool = self._catalog.get(read.command.tool)
             if tool is None:
                 outcomes[index] = failed_outcome(
@@ -180,7 +186,11 @@ class BatchedReads:
         for i, found in enumerate(loaded):
             if command_freeze(view, found.command, found.resource) is not None:
                 refusals[i] = ErrorCode.FROZEN
-        for (index, item), found, refusal in zip(admitted, loaded, refusals, strict=True):
+        for n, ((index, item), found, refusal) in enumerate(
+            zip(admitted, loaded, refusals, strict=True), 1
+        ):
+            if n % YIELD_EVERY == 0:
+                await turn()
             if refusal is not None:
                 outcomes[index] = failed_outcome(item.read.command, refusal, item.read.trace_id)
             else:

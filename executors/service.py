@@ -73,6 +73,12 @@ Position = tuple[str, int, int]
 GROUP_SIZE = 8
 
 
+def tenant_lane(record: ConsumerRecord[bytes, bytes]) -> bytes:
+    """A committed command's lane: its tenant, the key's part before ``:`` (the key is the
+    operation id, tenant + ``:`` + idempotency key, so an operation's records share a lane)."""
+    return (record.key or b"").split(b":", 1)[0]
+
+
 def _chunks(positions: list[int]) -> list[list[int]]:
     return [positions[i : i + GROUP_SIZE] for i in range(0, len(positions), GROUP_SIZE)]
 
@@ -453,6 +459,9 @@ class ExecutorService:
             # Offsets move only after every outcome is acknowledged (crash tests kill here).
             before_commit=lambda: self._crash_points.reached(CrashPoint.AFTER_PUBLISH),
             health=self.health,
+            # One tenant's admitted burst in a poll batch does not hold another's records
+            # (docs/operations.md, "Fair admission").
+            lane=tenant_lane,
         )
         if self._stopping.is_set():
             loop.stop()

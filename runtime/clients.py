@@ -10,6 +10,7 @@ answered (docs/reliability.md, "Limits").
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import psycopg
@@ -32,6 +33,8 @@ from ratifier_client.kafka import token_provider as token_provider
 from runtime.partitioning import KeyPartitioner
 from schemas.errors import ConfigurationError
 
+log = logging.getLogger("ratifier.runtime")
+
 # A crashed member's partitions move after 6 s rather than 10 (45 in newer clients): failover
 # time is time records wait. Heartbeats at a quarter of it.
 SESSION_TIMEOUT_MS = 6000
@@ -45,6 +48,45 @@ LINGER_MS = 2
 # better (worse in two of two, within the noise of a loaded machine): kept (bench/FLOORS.md).
 FETCH_MAX_WAIT_MS = 500
 FETCH_MAX_BYTES = 52_428_800  # aiokafka's default: a whole poll
+# A fetch sent while some partition's fetched records are still being handled (it leaves that
+# partition out) waits at most this long on the broker, so that the partition is fetched
+# again soon after (:func:`prompt_fetches`).
+HELD_FETCH_WAIT_MS = 20
+
+
+def prompt_fetches(consumer: AIOKafkaConsumer) -> bool:
+    """Fetch the other partitions at once while one partition's fetched records are still
+    being handled (``consumer`` started; False, and nothing changed, when it is not, or when
+    its aiokafka has not the parts this changes).
+
+    aiokafka sends no fetch to a broker while any partition it leads has fetched records not
+    yet taken, until 100 ms after they came (its ``prefetch_backoff``, not an option): a
+    backlog being handled on one partition (one tenant's flood) held every other partition's
+    next records up to 100 ms (docs/operations.md, "The flood as the issue sends it"). Without
+    that wait, the fetch that leaves the busy partition out held it in turn for up to the
+    fetch's wait on the broker (500 ms) once its records were taken: so such a fetch waits
+    :data:`HELD_FETCH_WAIT_MS` at most; a fetch of every partition waits as before."""
+    fetcher = getattr(consumer, "_fetcher", None)
+    if fetcher is None:  # not started (or not aiokafka's)
+        return False
+    plan = getattr(fetcher, "_get_actions_per_node", None)
+    if (
+        plan is None
+        or not isinstance(getattr(fetcher, "_records", None), dict)
+        or not isinstance(getattr(fetcher, "_fetch_max_wait_ms", None), int)
+    ):
+        log.warning("aiokafka's fetcher is not as expected: fetches keep its default pacing")
+        return False
+    waits = fetcher._fetch_max_wait_ms
+
+    def actions(assignment: Any) -> Any:
+        held = any(tp in fetcher._records for tp in assignment.tps)
+        fetcher._fetch_max_wait_ms = min(waits, HELD_FETCH_WAIT_MS) if held else waits
+        return plan(assignment)
+
+    fetcher._prefetch_backoff = 0
+    fetcher._get_actions_per_node = actions
+    return True
 
 
 def fetch_bytes(settings: Settings) -> int:

@@ -31,6 +31,16 @@ Guarantees (the services' delivery guarantees rest on them):
   hold per partition; the acknowledged offsets of all partitions are committed together
   every ``COMMIT_EVERY_SECONDS`` (and when the loop stops), not once per batch.
 
+- Lanes (``lane``, the executor: a record's tenant): the loop keeps polling while batches are
+  handled, and each lane has at most one batch in flight, handled, published and acknowledged
+  on its own, its next records queued meanwhile; a lane's batch of many records gives way to
+  other lanes' few at its yield points (runtime/turns.py). So one tenant's burst, however its
+  records spread over the partitions, never holds another tenant's record until it is done.
+  Within a lane records stay in order (one operation's records share a lane). A partition's
+  offset moves to its first record not yet acknowledged, for all partitions together every
+  ``COMMIT_EVERY_SECONDS`` (and when the loop stops); at most ``LANES_QUEUED_BATCHES`` poll
+  batches' worth of records wait in the process.
+
 A consumer of wake-up records whose work is elsewhere (the reconciler: the durable schedule
 is the ledger) fits too: its handler acknowledges the records (``Handled(observe=False)``),
 and ``tick`` runs its due work after each poll; what ``tick`` returns is published with the
@@ -59,6 +69,7 @@ from aiokafka.partitioner import DefaultPartitioner
 from pydantic import ValidationError
 
 from config.settings import Settings
+from runtime.clients import prompt_fetches
 from runtime.emit import Emit, dead_letter
 from runtime.health import Health
 from runtime.hop import record_hop, status_of, trace_id_in
@@ -90,6 +101,9 @@ COMMIT_EVERY_SECONDS = 0.2
 BATCHED_RECORD_MAX = 64 * 1024
 # Records a batched send builds before giving the event loop to other partitions' batches.
 BUILD_YIELD_EVERY = 25
+# Lanes: the loop stops polling while this many poll batches' worth of records are queued or
+# in flight (the broker keeps the rest).
+LANES_QUEUED_BATCHES = 2
 # Recover a call id from a record too broken or too big to parse whole.
 _CALL_ID_PROBE = re.compile(rb'"call_id"\s*:\s*"([A-Za-z0-9._:-]{1,128})"')
 
@@ -238,6 +252,56 @@ async def by_key(
     return [r if r is not None else Handled(failure="internal error") for r in results]
 
 
+def _tp(record: Consumed) -> TopicPartition:
+    return TopicPartition(record.topic, record.partition)
+
+
+class _Outstanding:
+    """Lanes: per partition, the offsets polled and not yet acknowledged, and what may be
+    committed (the first of them, else the offset after the last polled)."""
+
+    def __init__(self) -> None:
+        self._open: dict[TopicPartition, set[int]] = {}
+        self._next: dict[TopicPartition, int] = {}
+        self._committed: dict[TopicPartition, int] = {}
+        self.open = 0  # records polled and not yet acknowledged
+
+    def polled(self, tp: TopicPartition, records: Sequence[Consumed]) -> None:
+        if not records:
+            return
+        waiting = self._open.setdefault(tp, set())
+        before = len(waiting)
+        waiting.update(r.offset for r in records)
+        self.open += len(waiting) - before
+        self._next[tp] = max(self._next.get(tp, 0), records[-1].offset + 1)
+
+    def acknowledged(self, records: Sequence[Consumed]) -> None:
+        for record in records:
+            waiting = self._open.get(_tp(record))
+            if waiting is not None and record.offset in waiting:
+                waiting.discard(record.offset)
+                self.open -= 1
+
+    def keep(self, assigned: set[TopicPartition]) -> set[TopicPartition]:
+        """Forget the partitions no longer ``assigned``; which they were."""
+        gone = {tp for tp in self._next if tp not in assigned}
+        for tp in gone:
+            self.open -= len(self._open.pop(tp, ()))
+            del self._next[tp]
+            self._committed.pop(tp, None)
+        return gone
+
+    def committable(self) -> dict[TopicPartition, int]:
+        """The offsets to commit now (those moved since the last call)."""
+        out = {}
+        for tp, after in self._next.items():
+            waiting = self._open.get(tp)
+            offset = min(waiting) if waiting else after
+            if offset > self._committed.get(tp, -1):
+                out[tp] = self._committed[tp] = offset
+        return out
+
+
 class ConsumerLoop:
     """The loop of one service. ``stage`` names its hops (metrics, spans); ``answers`` is
     the stage of the typed outcomes its failures get (None: no outcome, a dead letter only);
@@ -263,9 +327,12 @@ class ConsumerLoop:
         partition_records: int | None = None,
         batched_sends: bool = False,
         bulk_producer: AIOKafkaProducer | None = None,
+        lane: Callable[[Consumed], Hashable] | None = None,
     ) -> None:
         if partition_records is not None and (tick is not None or partition_records < 1):
             raise ValueError("independent partitions take no tick and at least one record")
+        if lane is not None and (tick is not None or partition_records is not None):
+            raise ValueError("lanes take no tick and are not independent partitions")
         # Batched sends partition records as the producer would, so only with its default
         # partitioner (runtime/clients.py's producers): the same key lands where it always did.
         self._partitioner: Any = getattr(producer, "_partitioner", None)
@@ -285,6 +352,7 @@ class ConsumerLoop:
         self._max_records = max_records
         self._health = health
         self._partition_records = partition_records
+        self._lane = lane
         # Independent partitions: offsets acknowledged and not yet committed.
         self._acked: dict[TopicPartition, int] = {}
         self.stopping = asyncio.Event()
@@ -336,8 +404,12 @@ class ConsumerLoop:
     async def run(self) -> None:
         """Poll, handle, publish, commit until stopped. The consumer and producer are the
         caller's (started before, stopped after)."""
+        prompt_fetches(self._consumer)
         if self._partition_records is not None:
             await self._run_partitions(self._partition_records)
+            return
+        if self._lane is not None:
+            await self._run_lanes(self._lane)
             return
         lag_due = 0.0
         if self._health is not None:
@@ -398,6 +470,88 @@ class ConsumerLoop:
             # had acknowledged is committed.
             await asyncio.gather(*busy.values(), return_exceptions=True)
             await self._commit_acked()
+
+    async def _run_lanes(self, lane: Callable[[Consumed], Hashable]) -> None:
+        """The loop with lanes (the module's docstring)."""
+        lag_due = commit_due = 0.0
+        if self._health is not None:
+            self._health.running()
+        busy: dict[Hashable, asyncio.Task[None]] = {}
+        queued: dict[Hashable, list[Consumed]] = {}
+        offsets = _Outstanding()
+        most = self._max_records
+        try:
+            while not self.stopping.is_set():
+                for key, task in list(busy.items()):
+                    if task.done():
+                        del busy[key]
+                        task.result()  # a bug in a batch ends the loop, as in `run`
+                revoked = offsets.keep(self._consumer.assignment())
+                if revoked:
+                    # Their new owner redelivers them (handlers are idempotent).
+                    for key in list(queued):
+                        queued[key] = [r for r in queued[key] if _tp(r) not in revoked]
+                        if not queued[key]:
+                            del queued[key]
+                for key in [key for key in queued if key not in busy]:
+                    records = queued.pop(key)
+                    if len(records) > most:
+                        records, queued[key] = records[:most], records[most:]
+                    busy[key] = asyncio.create_task(self._lane_batch(records, offsets))
+                if time.monotonic() >= commit_due:
+                    commit_due = time.monotonic() + COMMIT_EVERY_SECONDS
+                    await self._commit_offsets(offsets.committable())
+                if offsets.open >= most * LANES_QUEUED_BATCHES:
+                    await asyncio.wait(
+                        busy.values(),
+                        timeout=self._poll_ms / 1000,
+                        return_when=asyncio.FIRST_COMPLETED,
+                    )
+                    continue
+                polled = await self._poll_while(busy, most)
+                lag_due = await self._polled(lag_due)
+                for tp, records in polled.items():
+                    offsets.polled(tp, records)
+                    for record in records:
+                        queued.setdefault(lane(record), []).append(record)
+        finally:
+            # Stopping: the batches in flight finish (or stop while waiting), and what they
+            # had acknowledged is committed.
+            await asyncio.gather(*busy.values(), return_exceptions=True)
+            await self._commit_offsets(offsets.committable())
+
+    async def _poll_while(
+        self, busy: dict[Hashable, asyncio.Task[None]], most: int
+    ) -> dict[TopicPartition, list[Consumed]]:
+        """Fetched records (at most ``most``): waited for, or, while batches are in flight,
+        until one of them ends (its lane's queued records are then started without waiting out
+        a poll)."""
+        poll = asyncio.ensure_future(
+            self._consumer.getmany(timeout_ms=self._poll_ms, max_records=most)
+        )
+        if busy:
+            await asyncio.wait({poll, *busy.values()}, return_when=asyncio.FIRST_COMPLETED)
+            if not poll.done():
+                # It is still waiting, so it drained nothing: cancelling it loses no record.
+                poll.cancel()
+                await asyncio.wait({poll})
+            if poll.cancelled():
+                return {}
+        polled: dict[TopicPartition, list[Consumed]] = await poll
+        return polled
+
+    async def _lane_batch(self, records: list[Consumed], offsets: _Outstanding) -> None:
+        """One lane's batch: handled, published and acknowledged; its partitions' offsets
+        then move with the loop's next commit."""
+        try:
+            with batch_of(len(records)):  # a burst gives way to other lanes' few records
+                await self.process(records)
+            if self._before_commit is not None:
+                self._before_commit()
+            offsets.acknowledged(records)
+            self.processed += len(records)
+        except Stopped:
+            log.info("%s: stopped while waiting; a lane's batch is not committed", self._stage)
 
     async def _commit_acked(self) -> None:
         """Commit the acknowledged batches' offsets (one request for every partition)."""

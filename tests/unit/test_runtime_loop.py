@@ -370,3 +370,157 @@ async def test_limits_are_aligned() -> None:
         assert producer._max_request_size == settings.limits.kafka_max_message_bytes
     finally:
         await producer.stop()
+
+
+class LaneConsumer(FakeConsumer):
+    """Hands out its batches one poll at a time, then waits (as a consumer with nothing new
+    does) until ``done`` is set, then stops the loop."""
+
+    def __init__(self, batches: list[dict[TopicPartition, list[Rec]]]) -> None:
+        super().__init__(batches)
+        self.done = asyncio.Event()
+
+    async def getmany(self, *, timeout_ms: int, max_records: int) -> dict[TopicPartition, Any]:
+        if self.batches:
+            return self.batches.pop(0)
+        try:
+            await asyncio.wait_for(self.done.wait(), timeout=timeout_ms / 1000)
+        except TimeoutError:
+            return {}
+        self.loop.stop()
+        return {}
+
+
+def by_tenant(record: Rec) -> bytes:
+    return (record.key or b"").split(b":")[0]
+
+
+async def test_lanes_publish_a_few_records_before_another_lane_s_many() -> None:
+    """With lanes, B's record polled after A's burst started is handled and published while
+    the burst (bulk, giving way at its yield points) is still being handled; each lane keeps
+    its order; offsets move only past what is acknowledged."""
+    from runtime.turns import BULK_RECORDS, turn
+
+    a_many = [rec(i, f"A:a{i}".encode(), key=b"tenant-a:k") for i in range(BULK_RECORDS)]
+    b_one = rec(0, b"B:b0", partition=1, key=b"tenant-b:k")
+    consumer = LaneConsumer([{TP: a_many}, {TP2: [b_one]}])
+    producer = FakeProducer()
+    handled: list[str] = []
+    a_started = asyncio.Event()
+    sent_when_a_ended: list[int] = []
+
+    async def slow(records: Sequence[Rec]) -> list[Handled]:
+        for record in records:
+            if len(records) > 1:
+                a_started.set()
+                await asyncio.sleep(0.001)  # A's burst takes a while
+                await turn()  # and gives way here to B's record
+            handled.append((record.value or b"").decode())
+        if len(records) > 1:
+            sent_when_a_ended.append(len(producer.sent))
+            consumer.done.set()
+        return await handle(records)
+
+    loop = make_loop(consumer, producer, handle=slow, lane=by_tenant)
+    consumer.loop = loop
+    await asyncio.wait_for(loop.run(), timeout=10)
+    assert a_started.is_set()
+    a_order = [v for v in handled if v.startswith("A:")]
+    assert a_order == [f"A:a{i}" for i in range(BULK_RECORDS)]
+    # B's outcome was acknowledged before A's handler had finished its burst.
+    assert sent_when_a_ended == [1]
+    assert next(o["call_id"] for o in producer.on(Topic.OUTCOMES)) == "b0"
+    assert len(producer.on(Topic.OUTCOMES)) == BULK_RECORDS + 1
+    committed: dict[TopicPartition, int] = {}
+    for offsets in consumer.committed:
+        committed |= offsets
+    assert committed == {TP: BULK_RECORDS, TP2: 1}
+    assert loop.processed == BULK_RECORDS + 1
+
+
+def test_outstanding_offsets_commit_up_to_the_first_not_acknowledged() -> None:
+    """Lanes' offsets: a partition's records acknowledged out of order (by different lanes)
+    move its offset only past the first not yet acknowledged; a revoked partition is
+    forgotten."""
+    from runtime.loop import _Outstanding
+
+    offsets = _Outstanding()
+    records = [rec(i, b"x", key=b"t:k") for i in range(10, 14)]
+    offsets.polled(TP, records)
+    assert offsets.open == 4
+    assert offsets.committable() == {TP: 10}
+    offsets.acknowledged(records[1:3])
+    assert offsets.committable() == {}  # still 10: the record at 10 is not acknowledged
+    offsets.acknowledged(records[:1])
+    assert offsets.committable() == {TP: 13}
+    offsets.acknowledged(records[3:])
+    assert offsets.committable() == {TP: 14}
+    assert offsets.open == 0
+    offsets.polled(TP2, [rec(0, b"x", partition=1)])
+    assert offsets.keep({TP}) == {TP2}
+    assert offsets.open == 0
+    assert offsets.committable() == {}
+
+
+async def test_a_lane_that_fails_its_batch_costs_only_its_own_record() -> None:
+    """Lanes keep per-record isolation: a record that breaks its lane's batch is answered
+    alone, and the other lane is published as usual."""
+    batch = {
+        TP: [rec(0, b"ok:a1", key=b"tenant-a:1"), rec(1, b"boom", key=b"tenant-a:2")],
+        TP2: [rec(2, b"ok:b1", partition=1, key=b"tenant-b:1")],
+    }
+    consumer = LaneConsumer([batch])
+    consumer.done.set()
+    producer = FakeProducer()
+    loop = make_loop(consumer, producer, lane=by_tenant)
+    consumer.loop = loop
+    await asyncio.wait_for(loop.run(), timeout=10)
+    ids = sorted(o["call_id"] for o in producer.on(Topic.OUTCOMES) if o["status"] == "succeeded")
+    assert ids == ["a1", "b1"]
+    assert len(producer.on(Topic.DEADLETTER)) == 1
+    assert loop.dead_lettered == 1
+    committed: dict[TopicPartition, int] = {}
+    for offsets in consumer.committed:
+        committed |= offsets
+    assert committed == {TP: 2, TP2: 3}
+
+
+def test_prompt_fetches_waits_briefly_only_while_a_partition_is_held() -> None:
+    """The fetch pacing (runtime/clients.py, prompt_fetches): no prefetch backoff; a fetch
+    planned while a partition's records are still held waits HELD_FETCH_WAIT_MS on the broker,
+    one planned with none held the consumer's own wait."""
+    from runtime.clients import HELD_FETCH_WAIT_MS, prompt_fetches
+
+    class Fetcher:
+        def __init__(self) -> None:
+            self._records: dict[TopicPartition, object] = {}
+            self._fetch_max_wait_ms = 500
+            self._prefetch_backoff = 0.1
+            self.waits: list[int] = []
+
+        def _get_actions_per_node(self, assignment: Any) -> str:
+            self.waits.append(self._fetch_max_wait_ms)
+            return "planned"
+
+    class Assignment:
+        tps = frozenset({TP, TP2})
+
+    class Consumer:
+        def __init__(self) -> None:
+            self._fetcher = Fetcher()
+
+    consumer = Consumer()
+    assert prompt_fetches(consumer) is True
+    fetcher = consumer._fetcher
+    assert fetcher._prefetch_backoff == 0
+    assert fetcher._get_actions_per_node(Assignment()) == "planned"
+    fetcher._records[TP] = object()
+    fetcher._get_actions_per_node(Assignment())
+    del fetcher._records[TP]
+    fetcher._get_actions_per_node(Assignment())
+    assert fetcher.waits == [500, HELD_FETCH_WAIT_MS, 500]
+
+    class NotStarted:
+        pass
+
+    assert prompt_fetches(NotStarted()) is False
