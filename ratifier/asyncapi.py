@@ -19,7 +19,7 @@ from schemas.names import REPLY_NAMESPACE, REPLY_OF_HEADER, TRACEPARENT_HEADER
 
 ASYNCAPI_VERSION = "3.0.0"
 # The contract's version: major = the records' "v", minor = additive changes since.
-CONTRACT_VERSION = "1.6.0"
+CONTRACT_VERSION = "1.7.0"
 KAFKA_BINDING_VERSION = "0.5.0"
 
 # What each topic's Kafka key is (the partition key): a field of the record.
@@ -47,6 +47,12 @@ KEY_DESCRIPTIONS: dict[str, str] = {
         "without verifying it: routing only; lane in 0..1 from the call id), so that one "
         "tenant's calls share a small subset of the partitions (schemas/lanes.py); the "
         "record's `call_id` (up to v1.5, and when the token names no tenant) is still accepted"
+    ),
+    "calls.validated": (
+        "v1.7: the key its proposal came with when that is the call's tenant lane "
+        "(`<tenant>#<lane>`, as schemas/lanes.py computes it), so that the authorizer reads "
+        "one tenant's calls on that tenant's partitions; otherwise the record's `call_id` "
+        "(as up to v1.6)"
     ),
 }
 

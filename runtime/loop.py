@@ -501,12 +501,14 @@ class ConsumerLoop:
                 if time.monotonic() >= commit_due:
                     commit_due = time.monotonic() + COMMIT_EVERY_SECONDS
                     await self._commit_offsets(offsets.committable())
-                if offsets.open >= most * LANES_QUEUED_BATCHES:
+                if busy and offsets.open >= most * LANES_QUEUED_BATCHES:
+                    # Enough waits here: the broker keeps the rest until a lane's batch ends.
                     await asyncio.wait(
                         busy.values(),
                         timeout=self._poll_ms / 1000,
                         return_when=asyncio.FIRST_COMPLETED,
                     )
+                    lag_due = await self._polled(lag_due)  # alive, though not polling
                     continue
                 polled = await self._poll_while(busy, most)
                 lag_due = await self._polled(lag_due)

@@ -147,9 +147,9 @@ class ProposedCall(Record):
 
 
 class ValidatedCall(Record):
-    """`calls.validated`, key `call_id`: a call whose tool exists and whose arguments are
-    schema-valid and normalized. The context token is passed on unverified: the authorizer
-    verifies it."""
+    """`calls.validated`, key its proposal's tenant lane (v1.7) or `call_id`: a call whose
+    tool exists and whose arguments are schema-valid and normalized. The context token is
+    passed on unverified: the authorizer verifies it."""
 
     call_id: CallId
     idempotency_key: IdempotencyKey

@@ -5,6 +5,10 @@ one tenant queues only in front of the calls that share its partitions (docs/ope
 "Fair admission"). The tenant is read from the context token's payload *without* verifying
 it: the key routes, it never authorizes (the validator and authorizer verify the token
 itself). A record keyed by its call id (contract up to v1.5) is still accepted everywhere.
+
+Since v1.7 the validator keys a call's `calls.validated` record by the same lane when its
+proposal came keyed by it (:func:`validated_key`), so that the authorizer reads one tenant's
+admitted calls on that tenant's partitions too.
 """
 
 from __future__ import annotations
@@ -50,3 +54,12 @@ def proposal_key(context: str, *, call_id: str, lanes: int = PROPOSAL_LANES) -> 
     if tenant is None:
         return call_id
     return f"{tenant}{LANE_SEPARATOR}{lane_of(call_id, lanes)}"
+
+
+def validated_key(key: str | None, *, call_id: str, context: str) -> str:
+    """The Kafka key of a call's `calls.validated` record (v1.7): ``key``, its proposal's,
+    when that is the lane :func:`proposal_key` gives the call; else its call id (a proposal
+    keyed by call id, as up to v1.5, or by anything else)."""
+    if key is None or key == call_id or LANE_SEPARATOR not in key:
+        return call_id
+    return key if key == proposal_key(context, call_id=call_id) else call_id

@@ -30,7 +30,8 @@ class Topic(StrEnum):
     BREAKERS = "breakers"
 
 
-# The pipeline's topics (keyed by call id, except calls.proposed since v1.6: schemas/lanes.py).
+# The pipeline's topics (keyed by call id, except calls.proposed since v1.6 and calls.validated
+# since v1.7: schemas/lanes.py).
 PIPELINE_TOPICS: tuple[Topic, ...] = tuple(Topic)
 
 # Compacted topics (latest value per key matters).

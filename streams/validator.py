@@ -9,6 +9,7 @@ from commands.validate import Limits, Malformed, Rejection, parse_envelope, vali
 from runtime.emit import dead_letter as dead_letter
 from schemas.envelopes import SourcePosition, Stage, Status, ValidatedCall
 from schemas.errors import ErrorCode
+from schemas.lanes import validated_key
 from schemas.names import Topic
 from streams.emit import Emit, outcome
 
@@ -68,7 +69,8 @@ def on_proposed(
     return (
         Emit(
             topic=Topic.VALIDATED,
-            key=parsed.call_id,
+            # v1.7: the proposal's lane, so the authorizer reads a tenant on its partitions.
+            key=validated_key(key, call_id=parsed.call_id, context=parsed.context),
             value=ValidatedCall(
                 call_id=parsed.call_id,
                 idempotency_key=parsed.effective_idempotency_key,

@@ -57,3 +57,20 @@ def test_the_e2e_tenants_do_not_share_partitions() -> None:
             for tenant in ("tenant-a", "tenant-b")
         }
         assert not lanes["tenant-a"] & lanes["tenant-b"], (partitions, lanes)
+
+
+def test_a_validated_call_keeps_its_proposal_s_lane_and_nothing_else() -> None:
+    """calls.validated (v1.7): the proposal's key when it is the call's tenant lane; the call
+    id for a proposal keyed by call id (up to v1.5) or by any other key."""
+    from schemas.lanes import validated_key
+
+    token = _token("tenant-a")
+    lane = proposal_key(token, call_id="call-7")
+    assert validated_key(lane, call_id="call-7", context=token) == lane
+    assert validated_key("call-7", call_id="call-7", context=token) == "call-7"
+    assert validated_key(None, call_id="call-7", context=token) == "call-7"
+    # Another tenant's lane, another lane of the tenant, a key that is no lane: the call id.
+    other_lane = f"tenant-a#{1 - lane_of('call-7')}"
+    for key in ("tenant-b#0", other_lane, "anything", "#"):
+        assert validated_key(key, call_id="call-7", context=token) == "call-7"
+    assert validated_key(lane, call_id="call-7", context="not-a-token") == "call-7"

@@ -54,6 +54,25 @@ def test_validator_passes_valid_call_on(catalog: Catalog) -> None:
     assert emit.key == "c-1"
 
 
+def test_validator_keeps_the_proposal_s_tenant_lane(catalog: Catalog) -> None:
+    """v1.7: a proposal keyed by its tenant's lane gives a calls.validated record keyed by
+    the same lane (the authorizer then reads a tenant on its partitions)."""
+    from schemas.lanes import proposal_key
+
+    lane = proposal_key(token(), call_id="c-1")
+    (emit,) = on_proposed(
+        proposed(),
+        source=SOURCE,
+        key=lane,
+        catalog=catalog,
+        limits=Limits(),
+        now=NOW,
+        trace_id=None,
+    )
+    assert emit.topic is Topic.VALIDATED
+    assert emit.key == lane != "c-1"
+
+
 def test_malformed_goes_to_deadletter_with_raw_bytes_and_outcome(catalog: Catalog) -> None:
     raw = proposed(v=7)
     letter, rejected = on_proposed(
