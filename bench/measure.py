@@ -806,6 +806,7 @@ async def _writes(
         settings,
         settings.topic(Topic.APPROVALS_REQUESTED),
         group=None,
+        auto_offset_reset="latest",  # "earliest" races the seek below (stale records first)
     )
     producer = kafka_producer(settings, enable_idempotence=False)
     await consumer.start()

@@ -30,7 +30,7 @@ from commands.policy import DEFAULT_POLICY_DIR
 from config.settings import Settings
 from ratifier.topics import delete_topics
 from ratifier_client.client import Pending, RatifierClient
-from runtime.clients import kafka_consumer, kafka_producer
+from runtime.clients import kafka_consumer, kafka_producer, prompt_fetches
 from schemas.envelopes import TERMINAL_STATUSES, Outcome, Status
 from schemas.errors import ErrorCode
 from schemas.lanes import proposal_key
@@ -97,33 +97,62 @@ class Watch:
     # Each final outcome's record as it arrived, with when: validated after the run, so
     # that watching costs the machine little while the pipeline is measured.
     arrived: list[tuple[float, bytes]] = field(default_factory=list)
+    # Where a call's time goes outside the pipeline (ms): its proposal's publication (send to
+    # acknowledgement) and its final outcome's delivery (the record's timestamp to its
+    # arrival here, by the wall clock: each record's, in the order of ``arrived``).
+    acked: dict[str, float] = field(default_factory=dict)
+    delays: list[float] = field(default_factory=list)
+    delivered: dict[str, float] = field(default_factory=dict)
+
+    def outside(self, call_ids: list[str]) -> dict[str, list[float]]:
+        """Per call: [publication, delivery] milliseconds."""
+        return {
+            call_id: [
+                round((self.acked[call_id] - self.sent[call_id]) * 1000, 1),
+                round(self.delivered.get(call_id, -1.0), 1),
+            ]
+            for call_id in call_ids
+            if call_id in self.acked
+        }
 
     def latency(self, call_id: str) -> float:
         return self.ended[call_id] - self.sent[call_id]
 
     def settle(self) -> None:
-        for at, raw in self.arrived:
+        for (at, raw), delay in zip(self.arrived, self.delays, strict=True):
             outcome = Outcome.model_validate_json(raw)
             if outcome.terminal:
                 self.outcomes.setdefault(outcome.call_id, []).append(outcome)
                 self.ended.setdefault(outcome.call_id, at)
+                self.delivered.setdefault(outcome.call_id, delay)
 
 
 async def _follow(
     settings: Settings, watch: Watch, stop: asyncio.Event, ready: asyncio.Event
 ) -> None:
-    consumer = kafka_consumer(settings, settings.topic(Topic.OUTCOMES), group=None)
+    # From the end: with "earliest" (the service default), the consumer's first fetch reads
+    # from the topic's start and the seek to the end below races it: a B outcome of the run
+    # then reached this watcher up to ~200 ms late (B's "unloaded maximum" of 194-199 ms in
+    # one run in six); a standalone check showed stale records and 0.3-34 s delays.
+    consumer = kafka_consumer(
+        settings, settings.topic(Topic.OUTCOMES), group=None, auto_offset_reset="latest"
+    )
     await consumer.start()
+    prompt_fetches(consumer)
     try:
         await consumer.seek_to_end()
         for tp in consumer.assignment():
             await consumer.position(tp)
         ready.set()
         while not stop.is_set():
-            batches = await consumer.getmany(timeout_ms=100, max_records=500)
-            now = time.monotonic()
+            # Every record fetched, each time: a partition's records left in the consumer
+            # would hold the next fetch of every partition up to 100 ms (aiokafka's prefetch
+            # backoff; runtime/clients.py, prompt_fetches), B's outcomes among them.
+            batches = await consumer.getmany(timeout_ms=100)
+            now, wall = time.monotonic(), time.time() * 1000
             for records in batches.values():
                 watch.arrived += [(now, record.value or b"") for record in records]
+                watch.delays += [wall - record.timestamp for record in records]
     finally:
         await consumer.stop()
     watch.settle()
@@ -221,6 +250,7 @@ async def _scenario(
                     value=read_proposal(call_id, "tenant-b", token_b),
                 )
             )
+            watch.acked[call_id] = time.monotonic()
 
     try:
         if flooding is not None:
@@ -406,6 +436,10 @@ def test_a_flood_of_one_tenant_leaves_another_at_its_unloaded_latency(
         "b_alone_hops_ms": _hops(settings, b_alone),
         "b_flood_hops_ms": _hops(settings, b_ids),
         "b_flood_ms": [round(x * 1000) for x in loaded],
+        # Per B call, outside the pipeline: [its publication, its outcome's delivery] (ms; the
+        # delivery is the slowest record of the poll that brought it).
+        "b_alone_outside_ms": list(alone.outside(b_alone).values()),
+        "b_flood_outside_ms": list(flooded.outside(b_ids).values()),
         # The test process's longest garbage collection meanwhile (it times B's calls).
         "watcher_gc_max_ms": round(max(pauses, default=0.0) * 1000, 1),
     }
