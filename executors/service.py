@@ -62,6 +62,9 @@ STOP_GRACE_SECONDS = 15.0
 _RUNNABLE = frozenset({ClaimKind.CLAIMED, ClaimKind.EXPIRED, ClaimKind.UNAVAILABLE})
 _NO_CLAIM = Claim(kind=ClaimKind.UNAVAILABLE)
 
+# Records of one tenant's lane handled as one batch at most: a burst is handled in slices
+# this small, between which another tenant's commands run (docs/operations.md).
+LANE_RECORDS = 50
 # A record's place: (topic, partition, offset).
 Position = tuple[str, int, int]
 
@@ -462,6 +465,7 @@ class ExecutorService:
             # One tenant's admitted burst in a poll batch does not hold another's records
             # (docs/operations.md, "Fair admission").
             lane=tenant_lane,
+            lane_records=LANE_RECORDS,
         )
         if self._stopping.is_set():
             loop.stop()

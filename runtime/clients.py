@@ -48,6 +48,13 @@ LINGER_MS = 2
 # better (worse in two of two, within the noise of a loaded machine): kept (bench/FLOORS.md).
 FETCH_MAX_WAIT_MS = 500
 FETCH_MAX_BYTES = 52_428_800  # aiokafka's default: a whole poll
+# How often aiokafka's fetcher wakes when nothing else wakes it (its `consumer_timeout_ms`,
+# default 200). Some changes reach it only then: positions set by the caller (a seek, a
+# start), and a held partition whose records were taken while no fetch was in flight. With
+# 200, a record could wait ~200 ms to be fetched: B's validator hop in a flood read 119 to
+# 247 ms in one run of two, and a new consumer's first record ~203 ms in one of four; with 20,
+# at most 15 ms and 28 ms (docs/operations.md, "Fair admission"). Waking costs microseconds.
+FETCHER_WAKE_MS = 20
 # A fetch sent while some partition's fetched records are still being handled (it leaves that
 # partition out) waits at most this long on the broker, so that the partition is fetched
 # again soon after (:func:`prompt_fetches`).
@@ -108,6 +115,7 @@ def kafka_consumer(
         "max_partition_fetch_bytes": fetch_bytes(settings),
         "fetch_max_bytes": max(FETCH_MAX_BYTES, fetch_bytes(settings)),
         "fetch_max_wait_ms": FETCH_MAX_WAIT_MS,
+        "consumer_timeout_ms": FETCHER_WAKE_MS,
     }
     if group is not None:
         config |= {

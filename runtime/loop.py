@@ -328,6 +328,7 @@ class ConsumerLoop:
         batched_sends: bool = False,
         bulk_producer: AIOKafkaProducer | None = None,
         lane: Callable[[Consumed], Hashable] | None = None,
+        lane_records: int | None = None,
     ) -> None:
         if partition_records is not None and (tick is not None or partition_records < 1):
             raise ValueError("independent partitions take no tick and at least one record")
@@ -353,6 +354,8 @@ class ConsumerLoop:
         self._health = health
         self._partition_records = partition_records
         self._lane = lane
+        # Lanes: a lane's batch holds at most this many records (polls: ``max_records``).
+        self._lane_records = lane_records or max_records
         # Independent partitions: offsets acknowledged and not yet committed.
         self._acked: dict[TopicPartition, int] = {}
         self.stopping = asyncio.Event()
@@ -495,8 +498,9 @@ class ConsumerLoop:
                             del queued[key]
                 for key in [key for key in queued if key not in busy]:
                     records = queued.pop(key)
-                    if len(records) > most:
-                        records, queued[key] = records[:most], records[most:]
+                    if len(records) > self._lane_records:
+                        cut = self._lane_records
+                        records, queued[key] = records[:cut], records[cut:]
                     busy[key] = asyncio.create_task(self._lane_batch(records, offsets))
                 if time.monotonic() >= commit_due:
                     commit_due = time.monotonic() + COMMIT_EVERY_SECONDS

@@ -463,7 +463,9 @@ class Admission:
         counted = iter(verdicts)
         refusals = Refusals(now=now, policy_version=policy_version, templates=self._templates)
         out: dict[int, tuple[Emit, ...]] = {}
-        for (index, call, scope), verdict in zip(candidates, shed, strict=True):
+        for n, ((index, call, scope), verdict) in enumerate(zip(candidates, shed, strict=True)):
+            if n % SCREEN_YIELD_EVERY == SCREEN_YIELD_EVERY - 1:
+                await turn()  # a flood's batch builds its refusals in slices too
             final = verdict if verdict is not None else next(counted, ADMITTED)
             if not final.admitted:
                 self.refusals += 1

@@ -131,9 +131,11 @@ async def _follow(
     settings: Settings, watch: Watch, stop: asyncio.Event, ready: asyncio.Event
 ) -> None:
     # From the end: with "earliest" (the service default), the consumer's first fetch reads
-    # from the topic's start and the seek to the end below races it: a B outcome of the run
-    # then reached this watcher up to ~200 ms late (B's "unloaded maximum" of 194-199 ms in
-    # one run in six); a standalone check showed stale records and 0.3-34 s delays.
+    # from the topic's start and the seek to the end below races it (a standalone check
+    # showed stale records first, and delays of 0.3 to 34 s). Its fetcher wakes every 20 ms
+    # (runtime/clients.py, FETCHER_WAKE_MS): with aiokafka's 200, B's first outcome of a run
+    # reached this watcher ~200 ms late in about one run in three (B's "unloaded maximum" of
+    # 194-199 ms; standalone: ~203 ms for 2 to 5 new consumers of 15).
     consumer = kafka_consumer(
         settings, settings.topic(Topic.OUTCOMES), group=None, auto_offset_reset="latest"
     )

@@ -524,3 +524,26 @@ def test_prompt_fetches_waits_briefly_only_while_a_partition_is_held() -> None:
         pass
 
     assert prompt_fetches(NotStarted()) is False
+
+
+async def test_a_lane_s_records_are_handled_in_slices_of_lane_records_in_order() -> None:
+    records = [rec(i, f"ok:a{i}".encode(), key=b"tenant-a:k") for i in range(5)]
+    consumer = LaneConsumer([{TP: records}])
+    producer = FakeProducer()
+    batches: list[list[int]] = []
+
+    async def sliced(batch: Sequence[Rec]) -> list[Handled]:
+        batches.append([r.offset for r in batch])
+        if sum(len(b) for b in batches) == len(records):
+            consumer.done.set()
+        return await handle(batch)
+
+    loop = make_loop(consumer, producer, handle=sliced, lane=by_tenant, lane_records=2)
+    consumer.loop = loop
+    await asyncio.wait_for(loop.run(), timeout=10)
+    assert batches == [[0, 1], [2, 3], [4]]
+    assert [o["call_id"] for o in producer.on(Topic.OUTCOMES)] == [f"a{i}" for i in range(5)]
+    committed: dict[TopicPartition, int] = {}
+    for offsets in consumer.committed:
+        committed |= offsets
+    assert committed == {TP: 5}
