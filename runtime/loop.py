@@ -498,10 +498,11 @@ class ConsumerLoop:
                             del queued[key]
                 for key in [key for key in queued if key not in busy]:
                     records = queued.pop(key)
+                    backlog = len(records)  # a lane's backlog is bulk, however it is sliced
                     if len(records) > self._lane_records:
                         cut = self._lane_records
                         records, queued[key] = records[:cut], records[cut:]
-                    busy[key] = asyncio.create_task(self._lane_batch(records, offsets))
+                    busy[key] = asyncio.create_task(self._lane_batch(records, offsets, backlog))
                 if time.monotonic() >= commit_due:
                     commit_due = time.monotonic() + COMMIT_EVERY_SECONDS
                     await self._commit_offsets(offsets.committable())
@@ -546,11 +547,13 @@ class ConsumerLoop:
         polled: dict[TopicPartition, list[Consumed]] = await poll
         return polled
 
-    async def _lane_batch(self, records: list[Consumed], offsets: _Outstanding) -> None:
-        """One lane's batch: handled, published and acknowledged; its partitions' offsets
-        then move with the loop's next commit."""
+    async def _lane_batch(
+        self, records: list[Consumed], offsets: _Outstanding, backlog: int
+    ) -> None:
+        """One lane's batch (a slice of its ``backlog``): handled, published and
+        acknowledged; its partitions' offsets then move with the loop's next commit."""
         try:
-            with batch_of(len(records)):  # a burst gives way to other lanes' few records
+            with batch_of(backlog):  # a burst gives way to other lanes' few records
                 await self.process(records)
             if self._before_commit is not None:
                 self._before_commit()
