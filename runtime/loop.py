@@ -252,6 +252,14 @@ async def by_key(
     return [r if r is not None else Handled(failure="internal error") for r in results]
 
 
+def _reap(busy: dict[Any, asyncio.Task[None]]) -> None:
+    """Forget the batches in flight that ended; a bug in one ends the loop, as in `run`."""
+    for key, task in list(busy.items()):
+        if task.done():
+            del busy[key]
+            task.result()
+
+
 def _tp(record: Consumed) -> TopicPartition:
     return TopicPartition(record.topic, record.partition)
 
@@ -456,10 +464,7 @@ class ConsumerLoop:
         busy: dict[TopicPartition, asyncio.Task[None]] = {}
         try:
             while not self.stopping.is_set():
-                for tp, task in list(busy.items()):
-                    if task.done():
-                        del busy[tp]
-                        task.result()  # a bug in a batch ends the loop, as in `run`
+                _reap(busy)
                 if self._acked and time.monotonic() >= commit_due:
                     commit_due = time.monotonic() + COMMIT_EVERY_SECONDS
                     await self._commit_acked()
@@ -485,10 +490,7 @@ class ConsumerLoop:
         most = self._max_records
         try:
             while not self.stopping.is_set():
-                for key, task in list(busy.items()):
-                    if task.done():
-                        del busy[key]
-                        task.result()  # a bug in a batch ends the loop, as in `run`
+                _reap(busy)
                 revoked = offsets.keep(self._consumer.assignment())
                 if revoked:
                     # Their new owner redelivers them (handlers are idempotent).
