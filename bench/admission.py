@@ -29,11 +29,11 @@ from commands.validate import Limits
 from config.settings import Settings
 from ratifier.topics import delete_topics, ensure_topics
 from runtime.clients import kafka_producer, redis_client
+from runtime.heap import YOUNG_OBJECTS
 from runtime.identity import context_keys, issue_context_token
 from runtime.loop import ConsumerLoop
 from streams.admission import Admission
 from streams.limiter import FleetLimiter
-from streams.stages_service import YOUNG_OBJECTS
 from streams.stateless import PRODUCER_BATCH_BYTES, validator_handler
 
 BATCH = 500
@@ -160,7 +160,7 @@ async def refused_and_published(settings: Settings, n: int) -> float:
         records = _records(settings, n)
         await loop.process(records[:FLOOD_BATCH])  # warm: token cache, script, metadata
         frozen = gc.get_threshold()
-        gc.freeze()  # as `ratifier stages` does (streams/stages_service.py)
+        gc.freeze()  # as every service does (runtime/heap.py)
         gc.set_threshold(YOUNG_OBJECTS, *frozen[1:])
         try:
             cpu = time.process_time()

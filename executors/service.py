@@ -42,6 +42,7 @@ from feeds.policies import PolicyFeed
 from runtime.clients import database_conninfo, kafka_consumer, kafka_producer, pg_pool, redis_client
 from runtime.emit import Emit
 from runtime.health import Health
+from runtime.heap import settle_heap
 from runtime.loop import ConsumerLoop, Handled, by_key
 from runtime.retry import Stopped, retrying
 from runtime.shell import ServiceShell, StartupHook, run_until
@@ -504,6 +505,7 @@ class ExecutorService:
                 supervisor.start(SideTask(name="keep-alive", run=keep_alive, restartable=True))
                 await consumer.start()
                 log.info("executor %s started on %s", owner, settings.topic(Topic.COMMITTED))
+                settle_heap("executor")  # what start-up built is not walked again
                 await loop.run()
         finally:
             log.info("executor stopping")

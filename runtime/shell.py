@@ -33,6 +33,7 @@ from aiokafka.errors import KafkaError
 
 from config.settings import Settings
 from runtime.health import Health, add_health_routes
+from runtime.heap import settle_heap
 from runtime.retry import Stopped, backoff, pause
 from runtime.signals import stop_on_signals
 from runtime.supervision import SideTask, Supervisor
@@ -127,6 +128,7 @@ class ServiceShell:
                 return 0 if self.failure is None else 1
             for side in self.side_tasks:
                 supervisor.start(side)
+            settle_heap(self.service)
             log.info("%s started", self.service)
             await self._run_main(main)
         finally:

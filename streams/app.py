@@ -32,6 +32,7 @@ from runtime.clients import (
     token_provider,
 )
 from runtime.health import Health, serve_health
+from runtime.heap import settle_heap
 from runtime.identity import context_keys
 from runtime.retry import retrying
 from schemas.names import STREAMS_APP_ID, Topic
@@ -222,9 +223,18 @@ def create_app(
     return app
 
 
+class JoinWorker(faust.Worker):
+    """faust's worker, which leaves the heap it started with out of garbage collection passes
+    (runtime/heap.py) once the app runs."""
+
+    async def on_startup_finished(self) -> None:
+        await super().on_startup_finished()
+        settle_heap(STREAMS_APP_ID)
+
+
 def run_worker(app: faust.App, settings: Settings) -> None:
     """Run ``app`` in a faust worker until a signal stops it (faust's own signal handling)."""
-    worker = faust.Worker(app, loglevel=settings.observability.log_level.upper(), quiet=True)
+    worker = JoinWorker(app, loglevel=settings.observability.log_level.upper(), quiet=True)
     # The terminal spinner sets the root logger to DEBUG so that every log call spins it:
     # each produced and consumed record then builds a DEBUG LogRecord (~7 % of a stage's CPU).
     worker.spinner = None

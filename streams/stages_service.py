@@ -7,7 +7,6 @@ on the runtime's one HTTP server (runtime/shell.py). The approval-join runs in
 from __future__ import annotations
 
 import asyncio
-import gc
 from functools import partial
 
 from aiokafka.errors import KafkaError
@@ -35,10 +34,6 @@ from telemetry.tracing import tracer_from
 
 STAGES = frozenset(StreamStage)
 STATELESS = frozenset({StreamStage.VALIDATOR, StreamStage.AUTHORIZER})
-
-
-# The collector's young generation in `ratifier stages` (Python's default: 700).
-YOUNG_OBJECTS = 10_000
 
 
 def limits_from(settings: Settings) -> Limits:
@@ -135,14 +130,6 @@ async def run_stages(
         stopped.cancel()
         if stop.is_set():
             return
-        # What start-up built (modules, catalog, policies, schemas) lives as long as the
-        # process: kept out of the collector's full passes, which scanned it again every few
-        # thousand records under load. A batch in flight holds thousands of young objects
-        # that die with it: a young generation of 10,000 (not 700) lets them die uncollected
-        # instead of being scanned and promoted. Together ≈ 20 µs of CPU per refused record
-        # (docs/operations.md, "Fair admission").
-        gc.freeze()
-        gc.set_threshold(YOUNG_OBJECTS, *gc.get_threshold()[1:])
         runner = asyncio.create_task(stateless.run())
         stopped = asyncio.create_task(stop.wait())
         await asyncio.wait({runner, stopped}, return_when=asyncio.FIRST_COMPLETED)

@@ -35,6 +35,7 @@ from feeds.policies import PolicyFeed
 from runtime.clients import kafka_admin, kafka_consumer, kafka_producer, redis_client
 from runtime.emit import Emit
 from runtime.health import Health
+from runtime.heap import settle_heap
 from runtime.identity import ContextKeys
 from runtime.loop import Consumed, ConsumerLoop, Handled, position_of, text_key
 from runtime.retry import retrying
@@ -364,6 +365,7 @@ class StatelessStages:
                 if admitting
                 else []
             )
+            settle_heap("stages")  # what start-up built is not walked again (runtime/heap.py)
             await asyncio.gather(*(loop.run() for loop in self._loops), *helpers)
         finally:
             for consumer in consumers:
