@@ -48,12 +48,15 @@ LINGER_MS = 2
 # better (worse in two of two, within the noise of a loaded machine): kept (bench/FLOORS.md).
 FETCH_MAX_WAIT_MS = 500
 FETCH_MAX_BYTES = 52_428_800  # aiokafka's default: a whole poll
-# How often aiokafka's fetcher wakes when nothing else wakes it (its `consumer_timeout_ms`,
-# default 200). Some changes reach it only then: positions set by the caller (a seek, a
-# start), and a held partition whose records were taken while no fetch was in flight. With
-# 200, a record could wait ~200 ms to be fetched: B's validator hop in a flood read 119 to
-# 247 ms in one run of two, and a new consumer's first record ~203 ms in one of four; with 20,
-# at most 15 ms and 28 ms (docs/operations.md, "Fair admission"). Waking costs microseconds.
+# How often the fetcher of a pipeline loop's consumer wakes when nothing else wakes it
+# (aiokafka's `consumer_timeout_ms`, default 200; set by :func:`prompt_fetches`). Some changes
+# reach it only then: positions set by the caller (a seek, a start), and a held partition
+# whose records were taken while no fetch was in flight. With 200, a record could wait
+# ~200 ms to be fetched: B's validator hop in a flood read 119 to 247 ms in one run of two,
+# and a new consumer's first record ~203 ms in one of four; with 20, at most 15 ms and 28 ms
+# (docs/operations.md, "Fair admission"). A wake costs ~0.2 ms of CPU (the fetcher plans
+# every assigned partition): 10 ms per second for each consumer, so the followers of
+# compacted topics and other side consumers keep aiokafka's 200.
 FETCHER_WAKE_MS = 20
 # A fetch sent while some partition's fetched records are still being handled (it leaves that
 # partition out) waits at most this long on the broker, so that the partition is fetched
@@ -72,7 +75,8 @@ def prompt_fetches(consumer: AIOKafkaConsumer) -> bool:
     next records up to 100 ms (docs/operations.md, "The flood as the issue sends it"). Without
     that wait, the fetch that leaves the busy partition out held it in turn for up to the
     fetch's wait on the broker (500 ms) once its records were taken: so such a fetch waits
-    :data:`HELD_FETCH_WAIT_MS` at most; a fetch of every partition waits as before."""
+    :data:`HELD_FETCH_WAIT_MS` at most; a fetch of every partition waits as before. The
+    fetcher also wakes every :data:`FETCHER_WAKE_MS`."""
     fetcher = getattr(consumer, "_fetcher", None)
     if fetcher is None:  # not started (or not aiokafka's)
         return False
@@ -81,6 +85,7 @@ def prompt_fetches(consumer: AIOKafkaConsumer) -> bool:
         plan is None
         or not isinstance(getattr(fetcher, "_records", None), dict)
         or not isinstance(getattr(fetcher, "_fetch_max_wait_ms", None), int)
+        or not isinstance(getattr(fetcher, "_fetcher_timeout", None), float)
     ):
         log.warning("aiokafka's fetcher is not as expected: fetches keep its default pacing")
         return False
@@ -92,6 +97,7 @@ def prompt_fetches(consumer: AIOKafkaConsumer) -> bool:
         return plan(assignment)
 
     fetcher._prefetch_backoff = 0
+    fetcher._fetcher_timeout = FETCHER_WAKE_MS / 1000
     fetcher._get_actions_per_node = actions
     return True
 
@@ -115,7 +121,6 @@ def kafka_consumer(
         "max_partition_fetch_bytes": fetch_bytes(settings),
         "fetch_max_bytes": max(FETCH_MAX_BYTES, fetch_bytes(settings)),
         "fetch_max_wait_ms": FETCH_MAX_WAIT_MS,
-        "consumer_timeout_ms": FETCHER_WAKE_MS,
     }
     if group is not None:
         config |= {

@@ -488,14 +488,16 @@ async def test_a_lane_that_fails_its_batch_costs_only_its_own_record() -> None:
 def test_prompt_fetches_waits_briefly_only_while_a_partition_is_held() -> None:
     """The fetch pacing (runtime/clients.py, prompt_fetches): no prefetch backoff; a fetch
     planned while a partition's records are still held waits HELD_FETCH_WAIT_MS on the broker,
-    one planned with none held the consumer's own wait."""
-    from runtime.clients import HELD_FETCH_WAIT_MS, prompt_fetches
+    one planned with none held the consumer's own wait; the fetcher wakes every
+    FETCHER_WAKE_MS (aiokafka's 200 ms stays for every other consumer)."""
+    from runtime.clients import FETCHER_WAKE_MS, HELD_FETCH_WAIT_MS, prompt_fetches
 
     class Fetcher:
         def __init__(self) -> None:
             self._records: dict[TopicPartition, object] = {}
             self._fetch_max_wait_ms = 500
             self._prefetch_backoff = 0.1
+            self._fetcher_timeout = 0.2
             self.waits: list[int] = []
 
         def _get_actions_per_node(self, assignment: Any) -> str:
@@ -513,6 +515,7 @@ def test_prompt_fetches_waits_briefly_only_while_a_partition_is_held() -> None:
     assert prompt_fetches(consumer) is True
     fetcher = consumer._fetcher
     assert fetcher._prefetch_backoff == 0
+    assert fetcher._fetcher_timeout == FETCHER_WAKE_MS / 1000 < 0.2
     assert fetcher._get_actions_per_node(Assignment()) == "planned"
     fetcher._records[TP] = object()
     fetcher._get_actions_per_node(Assignment())
