@@ -7,8 +7,9 @@
   the flood test, the executor's took 121 ms, and another tenant's read that had just
   arrived waited behind it (docs/operations.md, "Garbage collection, measured").
   ``gc.freeze()`` moves what exists into a permanent generation that no pass walks, so a full
-  pass walks only what was allocated since. Garbage is collected first, so nothing unreachable is frozen; a frozen
-  object still goes when its last reference does (only a cycle among them would stay).
+  pass walks only what was allocated since. Garbage is collected first, so nothing
+  unreachable is frozen; a frozen object still goes when its last reference does (only a
+  cycle among them would stay).
 - **A young generation of 50,000 objects** (Python's default: 700). A batch in flight holds
   thousands of young objects that die with it; with 700, each pass scans them and promotes
   the survivors, which a later, larger pass scans again. With 10,000 (what `stages` had), a
