@@ -28,6 +28,7 @@ from commands.policy import DEFAULT_POLICY_DIR, PolicySet
 from commands.validate import Limits
 from config.settings import Settings
 from ratifier.topics import delete_topics, ensure_topics
+from runtime.bulk import BulkRecords
 from runtime.clients import kafka_producer, redis_client
 from runtime.heap import YOUNG_OBJECTS
 from runtime.identity import context_keys, issue_context_token
@@ -135,14 +136,17 @@ async def refused_and_published(settings: Settings, n: int) -> float:
         keys=context_keys(settings),
         limits=lambda: limits,
     )
+    producer = kafka_producer(settings, max_batch_size=PRODUCER_BATCH_BYTES)
+    refusals = kafka_producer(settings, max_batch_size=PRODUCER_BATCH_BYTES)
+    # As the stages publish them: stamped refusals by the handler itself (runtime/bulk.py).
+    bulk = BulkRecords(settings, refusals, what="validate")
     handle = validator_handler(
         catalog=catalog,
         limits=Limits(),
         feed=_Feed(PolicySet.from_directory(DEFAULT_POLICY_DIR)),  # type: ignore[arg-type]
         admission=admission,
+        bulk=lambda: bulk,
     )
-    producer = kafka_producer(settings, max_batch_size=PRODUCER_BATCH_BYTES)
-    refusals = kafka_producer(settings, max_batch_size=PRODUCER_BATCH_BYTES)
     await producer.start()
     await refusals.start()
     try:

@@ -129,6 +129,7 @@ class Glance:
 # The envelope's fields (a record with any other is malformed: not glanced at).
 _ENVELOPE_FIELDS = frozenset(ProposedCall.model_fields)
 _CONTEXT_MAX = 8192  # as ProposedCall.context
+_NATIVE = CallFormat.NATIVE.value
 
 
 def glance(raw: bytes | None, catalog: Catalog, limits: Limits) -> Glance | None:
@@ -149,7 +150,7 @@ def glance(raw: bytes | None, catalog: Catalog, limits: Limits) -> Glance | None
         return None
     if not isinstance(data, dict) or data.get("v") != 1 or not data.keys() <= _ENVELOPE_FIELDS:
         return None
-    if data.get("format", CallFormat.NATIVE.value) != CallFormat.NATIVE.value:
+    if data.get("format", _NATIVE) != _NATIVE:
         return None
     call_id, name, context = data.get("call_id"), data.get("tool"), data.get("context")
     if not isinstance(call_id, str) or _CALL_ID.match(call_id) is None:

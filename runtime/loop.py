@@ -69,6 +69,7 @@ from aiokafka.partitioner import DefaultPartitioner
 from pydantic import ValidationError
 
 from config.settings import Settings
+from runtime.batches import ProducerBatches
 from runtime.clients import prompt_fetches
 from runtime.emit import Emit, dead_letter
 from runtime.health import Health
@@ -134,6 +135,12 @@ class Handled:
     # refusals, which must not queue in front of other calls' records (the producer keeps
     # one request in flight per broker).
     bulk: bool = False
+    # Its output was published and acknowledged by the handler itself (runtime/bulk.py),
+    # which also counted it: the loop has nothing to do for it (:data:`SETTLED`).
+    settled: bool = False
+
+
+SETTLED = Handled(observe=False, settled=True)
 
 
 BatchHandler = Callable[[Sequence[Consumed]], Awaitable[Sequence[Handled]]]
@@ -157,7 +164,7 @@ def reply_to_in(raw: bytes | None) -> ReplyAddress | None:
         return None  # pydantic's ValidationError is a ValueError
 
 
-def _traceparent_in(record: Consumed | None) -> bytes | None:
+def traceparent_in(record: Consumed | None) -> bytes | None:
     """The consumed record's own `traceparent` header, as it came."""
     for name, value in (record.headers if record is not None else None) or ():
         if name == TRACEPARENT_HEADER:
@@ -730,6 +737,8 @@ class ConsumerLoop:
         for n, (record, handled) in enumerate(results, 1):
             if n % YIELD_EVERY == 0:
                 await turn()  # other partitions' batches run meanwhile
+            if handled.settled:
+                continue
             answer = self._answer(record, handled)
             if handled.failure is not None:
                 if record is not None:
@@ -740,7 +749,7 @@ class ConsumerLoop:
             if quiet and handled.bulk and handled.status is not None and handled.failure is None:
                 key = (handled.status, handled.code)
                 counted[key] = counted.get(key, 0) + 1
-                item.traceparent = _traceparent_in(record)
+                item.traceparent = traceparent_in(record)
             else:
                 item.traceparent = self._hop(record, handled, item.emits, started)
             (bulk if handled.bulk and handled.failure is None else items).append(item)
@@ -783,8 +792,7 @@ class ConsumerLoop:
         acks: list[list[Awaitable[Any]] | None] = [None] * len(items)
         partitions: dict[str, list[int]] = {}
         names: dict[Topic, str] = {}
-        building: dict[tuple[str, int], tuple[Any, list[int]]] = {}
-        built: list[tuple[str, int, Any, list[int]]] = []
+        batches = ProducerBatches(producer, what=self._stage)
         for index, (emits, traceparent) in enumerate(items):
             if index % BUILD_YIELD_EVERY == BUILD_YIELD_EVERY - 1:
                 await turn()  # other partitions' batches run meanwhile
@@ -810,34 +818,21 @@ class ConsumerLoop:
             else:
                 headers = [(TRACEPARENT_HEADER, traceparent)] if traceparent else []
                 for topic, partition, key, value in prepared:
-                    slot = (topic, partition)
-                    batch, members = building.get(slot) or building.setdefault(
-                        slot, (producer.create_batch(), [])
+                    batches.add(
+                        index,
+                        topic=topic,
+                        partition=partition,
+                        key=key,
+                        value=value,
+                        headers=headers,
                     )
-                    if not batch.append(timestamp=None, key=key, value=value, headers=headers):
-                        built.append((topic, partition, batch, members))  # full: a new one,
-                        batch, members = building[slot] = (producer.create_batch(), [])
-                        # which takes its first record whatever its size (aiokafka's builder)
-                        batch.append(timestamp=None, key=key, value=value, headers=headers)
-                    members.append(index)
                 acks[index] = []
-        built += [(topic, partition, *b) for (topic, partition), b in building.items()]
-        for topic, partition, batch, members in built:
-            if not members:
-                continue
-            batch.close()
-            try:
-                ack = await producer.send_batch(batch, topic, partition=partition)
-            except Exception as exc:  # noqa: BLE001 - its records then go alone
-                log.warning(
-                    "%s: a batch for %s[%d] not taken (%r)", self._stage, topic, partition, exc
-                )
-                for index in members:
-                    acks[index] = None
-                continue
+        for ack, members in await batches.send():
             for index in members:
                 taken = acks[index]
-                if taken is not None:
+                if ack is None:
+                    acks[index] = None  # its records then go alone
+                elif taken is not None:
                     taken.append(ack)
         return acks
 

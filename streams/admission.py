@@ -20,6 +20,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any, Protocol, TypeVar
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -295,6 +296,18 @@ class Refusals:
         # The error of each kind of refusal per advised wait (a batch's refusals share few).
         self._errors: dict[tuple[Kind, float | None], ErrorInfo] = {}
 
+    def stamped(self, call: Refusable, scope: CallScope, verdict: Verdict) -> bytes | None:
+        """The JSON of the outcome :meth:`of` gives, straight from its kind's template, when
+        there is one and the call's values are stamped into it (None: :meth:`of` it is)."""
+        after = verdict.retry_after
+        if call.reply_to is not None or (after is not None and after < 0):
+            return None
+        built = self._built.get((scope.tenant, call.tool, verdict.reason, self._policy_version))
+        if built is None or built[1] is None or built[0].error is None:
+            return None
+        wait = float(after) if after is not None else None
+        return built[1].json(call.call_id, call.trace_id, wait, self._at)
+
     def of(self, call: Refusable, scope: CallScope, verdict: Verdict) -> Emit:
         after = verdict.retry_after
         kind = (scope.tenant, call.tool, verdict.reason, self._policy_version)
@@ -342,11 +355,23 @@ def shed_verdicts(
     ]
 
 
+@dataclass(frozen=True, slots=True)
+class Stamped:
+    """A refusal as its record's JSON (:meth:`Refusals.stamped`), for the validator to publish
+    itself (runtime/bulk.py); ``emit`` builds its outcome when it must go the usual way."""
+
+    call_id: str
+    json: bytes
+    emit: Callable[[], Emit]
+
+
 @dataclass(frozen=True, kw_only=True)
 class Screening:
     """What :meth:`Admission.screen` decided for a batch of proposals, by their index."""
 
     refusals: dict[int, tuple[Emit, ...]] = field(default_factory=dict)
+    # Refusals as ready JSON (``screen(stamping=True)``), not in ``refusals``.
+    stamped: dict[int, Stamped] = field(default_factory=dict)
     judged: frozenset[int] = frozenset()  # admitted or refused: not to be judged again
 
 
@@ -393,12 +418,14 @@ class Admission:
         limits: Limits,
         now: datetime,
         policy_version: str | None,
+        stamping: bool = False,
     ) -> Screening:
         """Judge ``proposals`` (each record's value and headers) before they are validated:
         those :func:`~commands.validate.glance` reads and whose context verifies are admitted
         or refused now, so that a flood's refusals cost neither validation nor a validated
         record each (docs/operations.md, "Fair admission"); the others are left to
-        :meth:`admit` after validation."""
+        :meth:`admit` after validation. With ``stamping``, a refusal whose JSON can be
+        stamped from its template is given as such (``Screening.stamped``)."""
         if self._limits().empty and self.shedding is None:
             return Screening()
         candidates: list[tuple[int, Refusable, CallScope]] = []
@@ -412,8 +439,15 @@ class Admission:
             scope = scope_of(proposal, self._catalog, self._keys)
             if scope is not None:
                 candidates.append((index, proposal, scope))
-        refused = await self._judge(candidates, now=now, policy_version=policy_version)
-        return Screening(refusals=refused, judged=frozenset(i for i, _, _ in candidates))
+        stamped: dict[int, Stamped] | None = {} if stamping else None
+        refused = await self._judge(
+            candidates, now=now, policy_version=policy_version, stamped=stamped
+        )
+        return Screening(
+            refusals=refused,
+            stamped=stamped or {},
+            judged=frozenset(i for i, _, _ in candidates),
+        )
 
     async def admit(
         self,
@@ -446,8 +480,10 @@ class Admission:
         *,
         now: datetime,
         policy_version: str | None,
+        stamped: dict[int, Stamped] | None = None,
     ) -> dict[int, tuple[Emit, ...]]:
-        """The ``rate_limited`` outcome of each of ``candidates`` refused, by its index."""
+        """The ``rate_limited`` outcome of each of ``candidates`` refused, by its index; with
+        ``stamped``, those whose JSON is stamped go there instead."""
         if not candidates:
             return {}
         limits = self._limits()
@@ -467,8 +503,15 @@ class Admission:
             if n % SCREEN_YIELD_EVERY == SCREEN_YIELD_EVERY - 1:
                 await turn()  # a flood's batch builds its refusals in slices too
             final = verdict if verdict is not None else next(counted, ADMITTED)
-            if not final.admitted:
-                self.refusals += 1
+            if final.admitted:
+                continue
+            self.refusals += 1
+            ready = refusals.stamped(call, scope, final) if stamped is not None else None
+            if stamped is not None and ready is not None:
+                stamped[index] = Stamped(
+                    call_id=call.call_id, json=ready, emit=partial(refusals.of, call, scope, final)
+                )
+            else:
                 out[index] = (refusals.of(call, scope, final),)
         return out
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -32,12 +33,21 @@ from commands.freezes import FixedFreezes, FreezeSource
 from commands.validate import Limits
 from config.settings import Settings
 from feeds.policies import PolicyFeed
+from runtime.bulk import BulkRecord, BulkRecords, BulkSend
 from runtime.clients import kafka_admin, kafka_consumer, kafka_producer, redis_client
 from runtime.emit import Emit
 from runtime.health import Health
 from runtime.heap import settle_heap
 from runtime.identity import ContextKeys
-from runtime.loop import Consumed, ConsumerLoop, Handled, position_of, text_key
+from runtime.loop import (
+    SETTLED,
+    Consumed,
+    ConsumerLoop,
+    Handled,
+    position_of,
+    text_key,
+    traceparent_in,
+)
 from runtime.retry import retrying
 from runtime.turns import turn
 from schemas.envelopes import Status, ValidatedCall
@@ -49,6 +59,7 @@ from streams.authorizer import BudgetsFetch, ResourcesFetch, on_validated_batch
 from streams.limiter import FleetLimiter
 from streams.repeats import OperationsSeen
 from streams.validator import on_proposed
+from telemetry.metrics import observe_records
 from telemetry.tracing import Tracer, trace_id_of
 
 log = logging.getLogger("ratifier.streams")
@@ -92,13 +103,22 @@ REJECTED, RATE_LIMITED = Status.REJECTED.value, ErrorCode.RATE_LIMITED.value
 
 
 def validator_handler(
-    *, catalog: Catalog, limits: Limits, feed: PolicyFeed, admission: Admission | None = None
+    *,
+    catalog: Catalog,
+    limits: Limits,
+    feed: PolicyFeed,
+    admission: Admission | None = None,
+    bulk: Callable[[], BulkRecords | None] = lambda: None,
 ) -> Callable[[Sequence[Consumed]], Awaitable[list[Handled]]]:
-    """``admission``: fleet limits and shedding (streams/admission.py); None: none."""
+    """``admission``: fleet limits and shedding (streams/admission.py); None: none.
+    ``bulk``: where the handler publishes the refusals it can stamp (runtime/bulk.py), once
+    there is one; the others are published by the loop."""
 
     async def handle(records: Sequence[Consumed]) -> list[Handled]:
+        started = time.perf_counter()
         now = datetime.now(UTC)
         version = feed.current.version
+        publisher = bulk()
         # Admission first judges the calls it can read without validating them: a flood's
         # refusals are decided before any of its calls is validated (streams/admission.py).
         screening = (
@@ -107,6 +127,7 @@ def validator_handler(
                 limits=limits,
                 now=now,
                 policy_version=version,
+                stamping=publisher is not None,
             )
             if admission is not None
             else Screening()
@@ -118,6 +139,9 @@ def validator_handler(
             refusal = screening.refusals.get(index)
             if refusal is not None:
                 decided.append(refusal)
+                continue
+            if index in screening.stamped:
+                decided.append(())  # settled below
                 continue
             decided.append(
                 on_proposed(
@@ -147,15 +171,68 @@ def validator_handler(
                 if emits is not decided[index]:
                     refused.add(index)
                 decided[index] = emits
+        # The stamped refusals go out last, once nothing else of the batch can fail (a batch
+        # handled again after an error would publish them twice).
+        stamped = sorted(screening.stamped.items())
+        sending = (
+            await _sent(
+                publisher,
+                [
+                    BulkRecord(
+                        topic=Topic.OUTCOMES,
+                        key=stamp.call_id,
+                        value=stamp.json,
+                        traceparent=traceparent_in(records[index]),
+                    )
+                    for index, stamp in stamped
+                ],
+            )
+            if publisher is not None and stamped
+            else None
+        )
         # Refusals go out through the loop's bulk producer (runtime/loop.py, Handled.bulk).
-        return [
+        handled = [
             Handled(emits=emits, bulk=True, status=REJECTED, code=RATE_LIMITED)
             if i in refused
+            else SETTLED  # a stamped refusal's place, settled below
+            if i in screening.stamped
             else Handled(emits=emits)
             for i, emits in enumerate(decided)
         ]
+        if stamped:
+            settled = await _settled(sending, len(stamped))
+            for (index, stamp), done in zip(stamped, settled, strict=True):
+                handled[index] = (
+                    SETTLED
+                    if done
+                    else Handled(
+                        emits=(stamp.emit(),), bulk=True, status=REJECTED, code=RATE_LIMITED
+                    )
+                )
+            observe_records(
+                StreamStage.VALIDATOR.stage.value,
+                status=REJECTED,
+                code=RATE_LIMITED,
+                seconds=time.perf_counter() - started,
+                n=sum(settled),
+            )
+        return handled
 
     return handle
+
+
+async def _sent(publisher: BulkRecords, records: list[BulkRecord]) -> BulkSend | None:
+    try:
+        return await publisher.send(records)
+    except Exception:  # not handed over (no metadata, say): they go the usual way
+        log.warning("stamped refusals not published; they go the usual way", exc_info=True)
+        return None
+
+
+async def _settled(sending: BulkSend | None, count: int) -> list[bool]:
+    """Per stamped refusal, whether it was published and acknowledged (False: the loop
+    publishes it the usual way, which waits out a broker away and answers a refusal)."""
+    return await sending.acknowledged() if sending is not None else [False] * count
 
 
 def authorizer_handler(
@@ -262,7 +339,11 @@ class StatelessStages:
         )
         self._handlers = {
             StreamStage.VALIDATOR: validator_handler(
-                catalog=catalog, limits=limits, feed=feed, admission=self.admission
+                catalog=catalog,
+                limits=limits,
+                feed=feed,
+                admission=self.admission,
+                bulk=lambda: self._bulk,
             ),
             StreamStage.AUTHORIZER: authorizer_handler(
                 catalog=catalog,
@@ -274,6 +355,10 @@ class StatelessStages:
                 budgets=budgets,
             ),
         }
+        # The validator publishes its stamped refusals itself (runtime/bulk.py), through the
+        # refusals' producer once started; not with a span exporter (each refusal then has a
+        # span of its own, which the loop records).
+        self._bulk: BulkRecords | None = None
         self._loops: list[ConsumerLoop] = []
         self._stopping = asyncio.Event()
         self.finished = asyncio.Event()  # the loops ended and the clients are closed
@@ -353,6 +438,8 @@ class StatelessStages:
         await producer.start()
         try:
             await refusals.start()
+            if not self._tracer.enabled:
+                self._bulk = BulkRecords(settings, refusals, what=StreamStage.VALIDATOR.value)
             for consumer in consumers:
                 await consumer.start()
             log.info("stateless stages running: %s", ", ".join(s.name for s in self._specs))

@@ -31,8 +31,11 @@ from commands.validate import Limits, glance
 from config.settings import Admission as AdmissionSettings
 from config.settings import Settings
 from ratifier_client.client import Pending, rate_limited_wait
+from runtime.bulk import BulkRecord
+from runtime.loop import SETTLED
 from schemas.envelopes import Effect, ErrorInfo, Outcome, Stage, Status, ValidatedCall
 from schemas.errors import ConfigurationError, ErrorCode
+from schemas.names import Topic
 from schemas.providers import result_text
 from streams.admission import (
     Admission,
@@ -452,3 +455,51 @@ def test_refusals_of_later_batches_reuse_the_templates_with_their_own_time(
     # Another policy version is another template.
     Refusals(now=later, policy_version="sha256:y", templates=templates).of(call, scope, verdict)
     assert len(templates) == 2
+
+
+class _Published:
+    """A stand-in for runtime/bulk.py's publisher: records what is sent; the records of
+    ``lost`` call ids are not acknowledged."""
+
+    def __init__(self, lost: frozenset[str] = frozenset()) -> None:
+        self.sent: list[BulkRecord] = []
+        self._lost = lost
+
+    async def send(self, records: Sequence[BulkRecord]) -> _Published:
+        self.sent += records
+        self._last = list(records)
+        return self
+
+    async def acknowledged(self) -> list[bool]:
+        return [r.key not in self._lost for r in self._last]
+
+
+async def test_the_validator_publishes_stamped_refusals_itself(
+    catalog: Catalog, policies: PolicySet
+) -> None:
+    admission, _ = _admission(catalog, LIMITS, room=1)
+    published = _Published(lost=frozenset({"c-4"}))
+    handle = validator_handler(
+        catalog=catalog,
+        limits=Limits(),
+        feed=_Feed(policies),  # type: ignore[arg-type]
+        admission=admission,
+        bulk=lambda: published,  # type: ignore[arg-type, return-value]
+    )
+    ids = [f"c-{n}" for n in range(1, 6)]
+    handled = await handle([_consumed(_proposed(call_id=c), n) for n, c in enumerate(ids)])
+    # c-1 admitted; c-2 refused first of its kind (its template is built: the loop publishes
+    # it); c-3 and c-5 stamped and acknowledged: settled; c-4 stamped but not acknowledged:
+    # handed to the loop as its outcome.
+    assert isinstance(handled[0].emits[0].value, ValidatedCall)
+    assert handled[1].bulk and _kind(handled[1].emits[0].value) == "Outcome:rate_limited"
+    assert handled[2] is SETTLED and handled[4] is SETTLED
+    assert handled[3].bulk and not handled[3].settled
+    assert [r.key for r in published.sent] == ["c-3", "c-4", "c-5"]
+    assert {r.topic for r in published.sent} == {Topic.OUTCOMES}
+    # The JSON sent is the outcome's as the loop would have published it.
+    (again,) = handled[3].emits
+    assert published.sent[1].value == again.value.to_bytes()
+    outcome = Outcome.model_validate_json(published.sent[0].value)
+    assert outcome.call_id == "c-3" and outcome.error is not None
+    assert outcome.error.code is ErrorCode.RATE_LIMITED and outcome.tenant == "tenant-a"
