@@ -414,7 +414,11 @@ class ExecutorService:
             settings, settings.topic(Topic.COMMITTED), group=group, max_poll_records=200
         )
         producer = kafka_producer(settings)
-        pool = pg_pool(database_conninfo(settings), max_size=POOL_SIZE, dict_rows=True)
+        # Every connection opened at start, not under the first burst of commands (each one's
+        # authentication costs milliseconds of CPU, in this process and in PostgreSQL's).
+        pool = pg_pool(
+            database_conninfo(settings), max_size=POOL_SIZE, min_size=POOL_SIZE, dict_rows=True
+        )
         redis = redis_client(settings)
         owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         claims = ClaimStore(
