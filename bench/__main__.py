@@ -79,7 +79,7 @@ async def measure(plan: Plan) -> Results:
     )
     await run.step(
         "T3 executor without/with dedup (3 + 3 drains interleaved, + 1 under py-spy)",
-        420,
+        540,
         lambda: executor_with_and_without_dedup(plan.executor_n),
     )
     await run.step(
