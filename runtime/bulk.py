@@ -30,7 +30,7 @@ from schemas.names import TRACEPARENT_HEADER, Topic
 BUILD_YIELD_EVERY = 100
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class BulkRecord:
     """One ready record: its topic, key, JSON and the `traceparent` it carries (if any)."""
 

@@ -194,24 +194,36 @@ async def _flood(
     )
     assert process.stdin is not None and process.stdout is not None
     try:
-        line = await asyncio.wait_for(process.stdout.readline(), 60)
-        assert line.strip() == b"ready", line
-        connected.set()
-        await go.wait()
-        process.stdin.write(b"go\n")
-        await process.stdin.drain()
-        line = await asyncio.wait_for(process.stdout.readline(), 120)
-        assert line.strip() == b"published", line
-        published.set()
-        await finish.wait()
-        process.stdin.write(b"exit\n")
-        await process.stdin.drain()
+        await _handshake(process, says=b"ready", within=60, reached=connected, then=go, send=b"go")
+        await _handshake(
+            process, says=b"published", within=120, reached=published, then=finish, send=b"exit"
+        )
         assert await asyncio.wait_for(process.wait(), 60) == 0
     finally:
         if process.returncode is None:
             process.kill()
             await process.wait()
     watch.sent.update(json.loads(out.read_text(encoding="utf-8")))
+
+
+async def _handshake(
+    process: asyncio.subprocess.Process,
+    *,
+    says: bytes,
+    within: float,
+    reached: asyncio.Event,
+    then: asyncio.Event,
+    send: bytes,
+) -> None:
+    """Wait (up to ``within`` seconds) for the flood's process to print ``says``, set
+    ``reached``, and once ``then`` is set, send it the line ``send``."""
+    assert process.stdin is not None and process.stdout is not None
+    line = await asyncio.wait_for(process.stdout.readline(), within)
+    assert line.strip() == says, line
+    reached.set()
+    await then.wait()
+    process.stdin.write(send + b"\n")
+    await process.stdin.drain()
 
 
 async def _scenario(
