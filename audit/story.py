@@ -180,6 +180,8 @@ def _committed(r: Mapping[str, Any]) -> tuple[str, str, Facts, int]:
             operation_id=r.get("operation_id"),
             approval=_approval(r.get("approval")) or "none needed (auto route)",
             policy_version=r.get("policy_version"),
+            # v1.8: for a call the authorizer committed, its only record of the permits.
+            policies=", ".join(r.get("policies") or ()) or None,
             arguments=r.get("arguments"),
         ),
         50,

@@ -453,9 +453,10 @@ def spread_envelopes(run: BenchRun, n: int) -> list[bytes]:
 async def stages_alone(n: int) -> dict[str, Any]:
     """Each stage alone in its own worker draining its input topic. The validator and the
     authorizer drain the previous stage's output; the authorizer commits these auto reads
-    itself (contract v1.4), and the executor drains those commands. The approval-join, which
-    only skips such records, is measured on its own run with auto reads that an older
-    authorizer left for it to commit (:func:`bench.executor.join_inputs`)."""
+    itself (contract v1.4; since v1.8 with no `calls.authorized` record), and the executor
+    drains those commands. The approval-join, which never sees such reads, is measured on its
+    own run with auto reads that an older authorizer left for it to commit
+    (:func:`bench.executor.join_inputs`)."""
     from bench.executor import join_inputs
 
     run = BenchRun.create("stages")
@@ -465,7 +466,8 @@ async def stages_alone(n: int) -> dict[str, Any]:
         t = run.settings.topic
         chain = [
             ("validator", Topic.PROPOSED, Topic.VALIDATED),
-            ("authorizer", Topic.VALIDATED, Topic.AUTHORIZED),
+            # Reads: committed by the authorizer, no `calls.authorized` record (v1.8).
+            ("authorizer", Topic.VALIDATED, Topic.COMMITTED),
         ]
         values: list[bytes] | None = spread_envelopes(run, n)
         for stage, source, target in chain:
@@ -765,6 +767,10 @@ async def hop_latencies(pipe: Pipeline, call_ids: set[str]) -> dict[str, Any]:
                 break
     finally:
         await consumer.stop()
+    # A call the authorizer committed has no `calls.authorized` record (contract v1.8): its
+    # authorizer's hop ends with its command, and the join's hop is nil, as before v1.8.
+    for call_id, at in stamps[Topic.COMMITTED].items():
+        stamps[Topic.AUTHORIZED].setdefault(call_id, at)
     out: dict[str, Any] = {}
     for a, b in itertools.pairwise(HOP_TOPICS):
         gaps = [stamps[b][c] - stamps[a][c] for c in stamps[b] if c in stamps[a]]

@@ -40,7 +40,7 @@ DEFAULT_WINDOW = 60 * 60
 # Stages in pipeline order, with what each span measures (shown as the row's hint).
 STAGES: tuple[tuple[str, str, str], ...] = (
     ("validate", "Validate", "calls.proposed → calls.validated"),
-    ("authorize", "Authorize", "calls.validated → calls.authorized"),
+    ("authorize", "Authorize", "calls.validated → calls.authorized (a read: its command)"),
     ("approve_commit", "Approve & commit", "calls.authorized → commands.committed (human wait)"),
     ("execute", "Execute", "commands.committed → terminal outcome"),
     ("end_to_end", "End to end", "outcome at - proposed_at"),

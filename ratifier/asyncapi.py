@@ -19,7 +19,7 @@ from schemas.names import REPLY_NAMESPACE, REPLY_OF_HEADER, TRACEPARENT_HEADER
 
 ASYNCAPI_VERSION = "3.0.0"
 # The contract's version: major = the records' "v", minor = additive changes since.
-CONTRACT_VERSION = "1.7.0"
+CONTRACT_VERSION = "1.8.0"
 KAFKA_BINDING_VERSION = "0.5.0"
 
 # What each topic's Kafka key is (the partition key): a field of the record.
@@ -61,8 +61,11 @@ WRITTEN_BY: dict[str, str] = {
     "calls.proposed": "agents (the client library, adapters, the MCP gateway)",
     "calls.validated": "the validator",
     "calls.authorized": (
-        "the authorizer, for every permitted call (keyed by the call id, or since v1.5 by the "
-        "`joins` call id: a repeat of an operation whose approval request is pending); the "
+        "the authorizer, for every permitted call that the approval-join commits or asks a "
+        "human about (keyed by the call id, or since v1.5 by the `joins` call id: a repeat of "
+        "an operation whose approval request is pending); since v1.8 not for a call the "
+        "authorizer commits itself (routed auto, no receipt to sign), whose "
+        "commands.committed record is its only record of the authorization; the "
         "approval-join re-publishes a joining call under its own call id when the request it "
         "joins is gone"
     ),
@@ -71,10 +74,11 @@ WRITTEN_BY: dict[str, str] = {
     "approvals.requested": "the approval-join",
     "approvals.decided": "approvers (the approver endpoint, the dashboard, their own tools)",
     "commands.committed": (
-        "the authorizer, for a call routed auto that needs no approval receipt (its "
-        "calls.authorized record says `committed: true`; v1.4), and the approval-join for "
-        "every other permitted call (approved, auto-approved with a signed receipt, or an "
-        "older authorizer's record)"
+        "the authorizer, for a call routed auto that needs no approval receipt (v1.4; since "
+        "v1.8 with no calls.authorized record, and with the permit policies in `policies`; "
+        "from v1.4 to v1.7 its calls.authorized record said `committed: true`), and the "
+        "approval-join for every other permitted call (approved, auto-approved with a signed "
+        "receipt, or a pre-v1.4 authorizer's record)"
     ),
     "commands.unknown": "the executor",
     "outcomes": (

@@ -180,7 +180,10 @@ class ActorRef(Part):
 
 
 class AuthorizedCall(Record):
-    """`calls.authorized`, key `call_id`: permitted, routed to auto-commit or approval."""
+    """`calls.authorized`, key `call_id`: permitted, routed to approval, or to auto-commit by
+    the approval-join (an `@approval("auto")` receipt). Since v1.8 a call the authorizer
+    commits itself (routed auto, no receipt to sign) has no `calls.authorized` record: its
+    `commands.committed` record is the authorization's record (streams/commit.py)."""
 
     call_id: CallId
     operation_id: str
@@ -266,6 +269,14 @@ class CommittedCommand(Record):
     approval: ApprovalReceipt | None = None
     committed_at: datetime
     reply_to: ReplyAddress | None = None  # v1.3: the call's reply address, carried on
+    # v1.8: the `@id` of the permit policies that allowed the call, as its authorization
+    # found them: for a call the authorizer commits itself, the only record of them (it has
+    # no `calls.authorized` record since v1.8).
+    policies: tuple[PolicyId, ...] = Field(
+        default=(),
+        max_length=16,
+        description="v1.8: the @id of the permit policies that allowed the call",
+    )
 
     @property
     def idempotency_key(self) -> str:

@@ -170,8 +170,9 @@ def _routed(
     policies: PolicySet,
     freezes: Freezes = NO_FREEZES,
 ) -> tuple[Emit, ...]:
-    """A denied outcome; or the call's `calls.authorized` record, followed by its committed
-    command when it needs no approval (streams/commit.py)."""
+    """A denied outcome; the call's committed command when it needs no approval of any kind
+    (and, since v1.8, no `calls.authorized` record: streams/commit.py); or else its
+    `calls.authorized` record, for the approval-join."""
     call, request = pending.call, pending.request
     actor, tool = request.actor, request.tool
     # The kill switch (commands/freezes.py): a call in a frozen scope is refused, `frozen`.
@@ -228,11 +229,7 @@ def _routed(
     )
     if not committed_at_authorization(authorized):
         return (Emit(topic=Topic.AUTHORIZED, key=call.call_id, value=authorized),)
-    authorized = authorized.model_copy(update={"committed": True})
-    return (
-        Emit(topic=Topic.AUTHORIZED, key=call.call_id, value=authorized),
-        commit(authorized, now=now),
-    )
+    return (commit(authorized, now=now),)
 
 
 def needs_a_human(emits: tuple[Emit, ...]) -> AuthorizedCall | None:

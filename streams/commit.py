@@ -1,13 +1,18 @@
 """Who publishes a call's `commands.committed` record, and the record itself.
 
 A call that needs no approval of any kind (routed `auto` by the policy, with an effect that
-needs no approval) is committed by the authorizer, in the same batch as its
-`calls.authorized` record, which says so (``committed: true``): the approval-join leaves such
-a record alone, so a read costs no join hop (bench/RESULTS.md: the join's faust hop was the
-most expensive hop of a read). Every other permitted call is committed by the approval-join:
-after a human's approval, or with the signed receipt of an `@approval("auto")` policy (the
-approval service's signing key stays with the join), and any `calls.authorized` record that
-does not say it was committed (an older authorizer's, during an upgrade), as before.
+needs no approval) is committed by the authorizer, and since contract v1.8 has no
+`calls.authorized` record at all: its `commands.committed` record (which carries the permit
+policies, v1.8) is the authorization's record. So a read costs no join hop (bench/RESULTS.md:
+the join's faust hop was the most expensive hop of a read), and not even a record the join
+must skip (in a flood of admitted reads, skipping them cost the join 0.4 s of CPU and the
+other tenants' reads their latency; docs/operations.md, "No calls.authorized record for a
+call the authorizer commits"). From v1.4 to v1.7 such a call had a `calls.authorized`
+record saying ``committed: true``, which the approval-join still leaves alone. Every other
+permitted call is committed by the approval-join: after a human's approval, or with the
+signed receipt of an `@approval("auto")` policy (the approval service's signing key stays with
+the join), and any `calls.authorized` record of an auto call that does not say it was
+committed (a pre-v1.4 authorizer's, during an upgrade), as before.
 
 Exactly one stage commits a call, chosen by the record itself. A duplicate from a redelivery
 (the authorizer's batch re-run after a crash before its offsets were committed) carries the
@@ -42,6 +47,7 @@ def commit(call: AuthorizedCall, *, now: datetime, receipt: ApprovalReceipt | No
             approval=receipt,
             committed_at=now,
             reply_to=call.reply_to,
+            policies=call.policies,
         ),
     )
 

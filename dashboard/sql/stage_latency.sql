@@ -1,7 +1,9 @@
 -- Latency per stage and end to end, per call, from the Kafka timestamps of the records each
 -- stage wrote; p50/p95/p99 in milliseconds over the calls proposed within the window.
 -- End to end is the terminal outcome's `at` minus the proposal's `proposed_at` (as the
--- validator read it; the proposal's record time when it never validated).
+-- validator read it; the proposal's record time when it never validated). A call the
+-- authorizer commits itself has no `calls.authorized` record since contract v1.8: its
+-- authorization ends with its command, and it has no approve & commit span.
 WITH marks AS (
     SELECT call_id,
            min(record_at) FILTER (WHERE stream = 'calls.proposed') AS proposed,
@@ -29,7 +31,7 @@ chosen AS (
 ),
 spans AS (
     SELECT 'validate' AS stage, validated - proposed AS took FROM chosen
-    UNION ALL SELECT 'authorize', authorized - validated FROM chosen
+    UNION ALL SELECT 'authorize', coalesce(authorized, committed) - validated FROM chosen
     UNION ALL SELECT 'approve_commit', committed - authorized FROM chosen
     UNION ALL SELECT 'execute', ended - committed FROM chosen
     UNION ALL

@@ -365,6 +365,11 @@ def _hops(settings: Settings, call_ids: list[str]) -> dict[str, list[float]]:
         if call_id in wanted:
             topic = record.topic.removeprefix(settings.topic_prefix)
             stamps.setdefault(call_id, {}).setdefault(topic, record.timestamp)
+    # A read has no `calls.authorized` record (contract v1.8): the authorizer's hop ends with
+    # its command (and the join's is nil, as before).
+    for s in stamps.values():
+        if Topic.COMMITTED.value in s:
+            s.setdefault(Topic.AUTHORIZED.value, s[Topic.COMMITTED.value])
     found: dict[str, list[float]] = {}
     whole = [s for s in stamps.values() if all(h.value in s for h in HOPS)]
     if whole:

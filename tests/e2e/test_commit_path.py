@@ -1,5 +1,6 @@
-"""Who commits a read (streams/commit.py): the authorizer, once; the approval-join skips its
-marked `calls.authorized` record, and still commits an older authorizer's unmarked one."""
+"""Who commits a read (streams/commit.py): the authorizer, once, with no `calls.authorized`
+record (contract v1.8); the approval-join skips the marked record a v1.4 to v1.7 authorizer
+published for such a read, and still commits a pre-v1.4 authorizer's unmarked one."""
 
 from __future__ import annotations
 
@@ -52,6 +53,29 @@ def bodies(pipeline: Pipeline, topic: Topic, call_id: str) -> list[dict[str, Any
     return [b for b in found if b is not None and b.get("call_id") == call_id]
 
 
+def older_record(command: dict[str, Any]) -> dict[str, Any]:
+    """The marked `calls.authorized` record a v1.4 to v1.7 authorizer published for the read
+    whose `commands.committed` record is ``command``."""
+    return {
+        "v": command["v"],
+        "call_id": command["call_id"],
+        "operation_id": command["operation_id"],
+        "idempotency_key": command["operation_id"].removeprefix(f"{command['tenant']}:"),
+        "tenant": command["tenant"],
+        "actor": command["actor"],
+        "tool": command["tool"],
+        "arguments": command["arguments"],
+        "fingerprint": command["fingerprint"],
+        "effect": command["effect"],
+        "policy_version": command["policy_version"],
+        "route": "auto",
+        "proposed_at": command["committed_at"],
+        "authorized_at": command["committed_at"],
+        "policies": command["policies"],
+        "committed": True,
+    }
+
+
 def renamed(body: dict[str, Any], call_id: str) -> dict[str, Any]:
     """``body`` (a `calls.authorized` record) for another call of the same tenant."""
     return {
@@ -70,14 +94,15 @@ def test_a_read_is_committed_once_by_the_authorizer_and_an_older_record_by_the_j
     run(publish(settings, [(call["call_id"], json.dumps(call).encode())]))
     (outcome,) = finished(pipeline, {call["call_id"]})[call["call_id"]]
     assert outcome["status"] == "succeeded"
-    (authorized,) = bodies(pipeline, Topic.AUTHORIZED, call["call_id"])
-    assert authorized["route"] == "auto" and authorized["committed"] is True
+    assert bodies(pipeline, Topic.AUTHORIZED, call["call_id"]) == []  # v1.8: none
     (committed,) = bodies(pipeline, Topic.COMMITTED, call["call_id"])
     assert committed["approval"] is None
-    assert committed["operation_id"] == authorized["operation_id"]
+    assert committed["policies"]  # the permits that allowed it: on the command since v1.8
 
-    # Upgrade: an older authorizer's record (no `committed`) is the join's to commit; a
-    # marked one that nobody committed stays uncommitted (the join never doubles a commit).
+    # Upgrade: a pre-v1.4 authorizer's record (no `committed`) is the join's to commit; a
+    # v1.4 to v1.7 one, marked, that nobody committed stays uncommitted (the join never
+    # doubles a commit).
+    authorized = older_record(committed)
     tag = uuid.uuid4().hex[:10]
     older = {k: v for k, v in renamed(authorized, f"older-{tag}").items() if k != "committed"}
     marked = renamed(authorized, f"marked-{tag}")

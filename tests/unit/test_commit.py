@@ -52,45 +52,70 @@ def join(catalog: Catalog, call: AuthorizedCall, state: ApprovalState | None = N
     return on_authorized(state, call, tool=catalog.get(call.tool), now=NOW, rules=RULES)
 
 
-async def test_a_read_is_committed_by_the_authorizer_with_the_joins_own_record(
+def older_record(command: CommittedCommand, *, committed: bool) -> AuthorizedCall:
+    """The `calls.authorized` record an authorizer of contract v1.4 to v1.7 (``committed``)
+    or an older one published for the read it committed: what the join still reads during
+    an upgrade."""
+    return AuthorizedCall(
+        call_id=command.call_id,
+        operation_id=command.operation_id,
+        idempotency_key=command.idempotency_key,
+        tenant=command.tenant,
+        actor=command.actor,
+        tool=command.tool,
+        arguments=command.arguments,
+        fingerprint=command.fingerprint,
+        effect=command.effect,
+        policy_version=command.policy_version,
+        route=Route.AUTO,
+        proposed_at=NOW,
+        authorized_at=command.committed_at,
+        policies=command.policies,
+        reply_to=command.reply_to,
+        committed=committed,
+    )
+
+
+async def test_a_read_is_committed_by_the_authorizer_with_no_authorized_record(
     catalog: Catalog, policies: PolicySet
 ) -> None:
-    authorized, committed = await authorize(catalog, policies)
-    assert authorized.topic is Topic.AUTHORIZED and committed.topic is Topic.COMMITTED
-    call = authorized.value
-    assert isinstance(call, AuthorizedCall) and call.route is Route.AUTO and call.committed
-    assert isinstance(committed.value, CommittedCommand)
-    assert committed.key == call.operation_id == committed.value.operation_id
-    assert committed.value.approval is None  # a read needs no receipt: none was ever signed
+    """Contract v1.8: the command is the authorization's only record, permits included."""
+    (committed,) = await authorize(catalog, policies)
+    assert committed.topic is Topic.COMMITTED
+    command = committed.value
+    assert isinstance(command, CommittedCommand)
+    assert committed.key == command.operation_id
+    assert command.approval is None  # a read needs no receipt: none was ever signed
+    assert command.policies  # which permits allowed it: kept for the audit
     # Exactly the record the approval-join builds for the same call from an older authorizer.
-    (theirs,) = join(catalog, call.model_copy(update={"committed": False})).emits
+    (theirs,) = join(catalog, older_record(command, committed=False)).emits
     assert theirs == committed
     # The authorizer's hop is the one that committed it (metric status, trace).
-    assert status_of((authorized, committed)) == ("committed", None)
+    assert status_of((committed,)) == ("committed", None)
 
 
 async def test_the_join_leaves_a_call_the_authorizer_committed_alone(
     catalog: Catalog, policies: PolicySet
 ) -> None:
-    authorized, _committed = await authorize(catalog, policies)
-    assert isinstance(authorized.value, AuthorizedCall)
-    assert committed_by_authorizer(authorized.value)
-    step = join(catalog, authorized.value)
+    """A v1.4 to v1.7 authorizer's record of a read it committed (``committed: true``)."""
+    (committed,) = await authorize(catalog, policies)
+    assert isinstance(committed.value, CommittedCommand)
+    record = older_record(committed.value, committed=True)
+    assert committed_by_authorizer(record)
+    step = join(catalog, record)
     assert (step.state, step.emits, step.audits, step.replay) == (None, (), (), ())
     held = ApprovalState(call_id="c-1", phase=Phase.HELD, held_until=NOW + timedelta(seconds=9))
-    assert join(catalog, authorized.value, held).state is held  # nothing changes, no replay
+    assert join(catalog, record, held).state is held  # nothing changes, no replay
 
 
 async def test_an_older_authorizers_auto_record_is_committed_by_the_join_once(
     catalog: Catalog, policies: PolicySet
 ) -> None:
     """Upgrade: a record without `committed` (the authorizer did not commit it)."""
-    authorized, committed = await authorize(catalog, policies)
-    assert isinstance(authorized.value, AuthorizedCall)
-    older = AuthorizedCall.model_validate(
-        {k: v for k, v in authorized.value.model_dump().items() if k != "committed"}
-    )
-    assert not older.committed and not committed_by_authorizer(older)
+    (committed,) = await authorize(catalog, policies)
+    assert isinstance(committed.value, CommittedCommand)
+    older = older_record(committed.value, committed=False)
+    assert not committed_by_authorizer(older)
     (emit,) = join(catalog, older).emits
     assert emit == committed
 
@@ -156,24 +181,22 @@ def test_who_commits(
     assert committed_at_authorization(call) is by_authorizer
 
 
-async def test_the_audit_story_of_a_read_keeps_its_authorization_and_commit(
+async def test_the_audit_story_of_a_read_keeps_its_authorization_in_its_commit(
     catalog: Catalog, policies: PolicySet
 ) -> None:
-    authorized, committed = await authorize(catalog, policies)
-    events = [
-        record_event(
-            {
-                "stream": topic,
-                "kafka_partition": 0,
-                "kafka_offset": 1,
-                "record_at": NOW,
-                "record": emit.value.model_dump(mode="json"),
-            }
-        )
-        for topic, emit in (("calls.authorized", authorized), ("commands.committed", committed))
-    ]
-    assert [(e.stage, e.what) for e in events] == [
-        ("authorizer", "authorized: policy permits"),
-        ("authorizer", "command committed for execution"),
-    ]
-    assert dict(events[1].facts)["approval"] == "none needed (auto route)"
+    """v1.8: a read's one record of its authorization is its command, permits included."""
+    (committed,) = await authorize(catalog, policies)
+    event = record_event(
+        {
+            "stream": "commands.committed",
+            "kafka_partition": 0,
+            "kafka_offset": 1,
+            "record_at": NOW,
+            "record": committed.value.model_dump(mode="json"),
+        }
+    )
+    assert (event.stage, event.what) == ("authorizer", "command committed for execution")
+    facts = dict(event.facts)
+    assert facts["approval"] == "none needed (auto route)"
+    assert isinstance(committed.value, CommittedCommand)
+    assert facts["policies"] == ", ".join(committed.value.policies)

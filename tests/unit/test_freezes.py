@@ -202,13 +202,13 @@ async def test_the_authorizer_refuses_new_calls_in_a_frozen_scope(
     read = validated(call_id="c-2", idempotency_key="k-2")
     fetch = one_by_one(FakeStore(PAYMENT).fetch)
     args: dict[str, Any] = {"catalog": catalog, "keys": KEYS, "policies": policies, "now": NOW}
-    (refused,), (allowed, _committed) = await on_validated_batch(
+    (refused,), (allowed,) = await on_validated_batch(
         [refund, read], fetch_many=fetch, freezes=view("writes:tenant-a"), **args
     )
     assert isinstance(refused.value, Outcome)
     assert refused.value.status is Status.DENIED
     assert refused.value.error is not None and refused.value.error.code is ErrorCode.FROZEN
-    assert isinstance(allowed.value, AuthorizedCall)  # a read is no write
+    assert isinstance(allowed.value, CommittedCommand)  # a read is no write: committed
     (routed,), _ = await on_validated_batch([refund, read], fetch_many=fetch, **args)
     assert isinstance(routed.value, AuthorizedCall)  # nothing frozen: as before
 

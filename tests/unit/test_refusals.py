@@ -549,7 +549,9 @@ def test_a_loader_returning_undeclared_or_missing_facts_is_named_with_its_tool(
 async def test_an_authorized_call_names_the_permits_that_allowed_it(
     catalog: Catalog, policies: PolicySet
 ) -> None:
-    from schemas.envelopes import AuthorizedCall, ValidatedCall
+    """On its command when the authorizer commits it (contract v1.8: no `calls.authorized`
+    record then)."""
+    from schemas.envelopes import CommittedCommand, ValidatedCall
     from streams.authorizer import on_validated
     from tests.unit.conftest import KEYS, PAYMENT_ATTRS, token
 
@@ -567,8 +569,8 @@ async def test_an_authorized_call_names_the_permits_that_allowed_it(
         proposed_at=NOW,
         validated_at=NOW,
     )
-    emit, _committed = await on_validated(
+    (emit,) = await on_validated(
         call, catalog=catalog, keys=KEYS, policies=policies, fetch=fetch, now=NOW
     )
-    assert isinstance(emit.value, AuthorizedCall)
+    assert isinstance(emit.value, CommittedCommand)
     assert emit.value.policies == ("read-own-tenant",)

@@ -128,10 +128,10 @@ async def test_authorizer_uses_tenant_from_token_only(
     catalog: Catalog, policies: PolicySet
 ) -> None:
     store = FakeStore(PAYMENT)
-    emit, _committed = await on_validated(
+    (emit,) = await on_validated(
         validated(), catalog=catalog, keys=KEYS, policies=policies, fetch=store.fetch, now=NOW
     )
-    assert isinstance(emit.value, AuthorizedCall)
+    assert isinstance(emit.value, CommittedCommand)  # a read: the authorizer commits it
     assert emit.value.operation_id == "tenant-a:k-1"
     assert emit.value.fingerprint == fingerprint(
         tenant="tenant-a",
@@ -194,7 +194,7 @@ async def test_refund_goes_to_approval(catalog: Catalog, policies: PolicySet) ->
 
 
 async def test_auto_route_commits_keyed_by_operation(catalog: Catalog, policies: PolicySet) -> None:
-    emit, committed = await on_validated(
+    (committed,) = await on_validated(
         validated(),
         catalog=catalog,
         keys=KEYS,
@@ -202,8 +202,7 @@ async def test_auto_route_commits_keyed_by_operation(catalog: Catalog, policies:
         fetch=FakeStore(PAYMENT).fetch,
         now=NOW,
     )
-    assert isinstance(emit.value, AuthorizedCall) and emit.value.committed
-    assert committed.topic is Topic.COMMITTED
+    assert committed.topic is Topic.COMMITTED  # and no `calls.authorized` record (v1.8)
     assert committed.key == "tenant-a:k-1"
     assert isinstance(committed.value, CommittedCommand)
     assert committed.value.idempotency_key == "k-1"
