@@ -56,22 +56,13 @@ def older_record(command: CommittedCommand, *, committed: bool) -> AuthorizedCal
     """The `calls.authorized` record an authorizer of contract v1.4 to v1.7 (``committed``)
     or an older one published for the read it committed: what the join still reads during
     an upgrade."""
+    shared = set(AuthorizedCall.model_fields) & set(CommittedCommand.model_fields)
     return AuthorizedCall(
-        call_id=command.call_id,
-        operation_id=command.operation_id,
+        **command.model_dump(include=shared),
         idempotency_key=command.idempotency_key,
-        tenant=command.tenant,
-        actor=command.actor,
-        tool=command.tool,
-        arguments=command.arguments,
-        fingerprint=command.fingerprint,
-        effect=command.effect,
-        policy_version=command.policy_version,
         route=Route.AUTO,
         proposed_at=NOW,
         authorized_at=command.committed_at,
-        policies=command.policies,
-        reply_to=command.reply_to,
         committed=committed,
     )
 
