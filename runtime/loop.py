@@ -27,22 +27,19 @@ Guarantees (the services' delivery guarantees rest on them):
   partition has at most one batch in flight, handled, published and committed on its own, and
   every idle partition is offered a batch of at most ``partition_records`` records in turn, so
   a partition with a backlog (one tenant's flood on its lanes) never delays another
-  partition's records; its batches, and those of a partition that brought many lately, give
-  way to other partitions' few (runtime/turns.py). Within a partition records stay in order,
-  and the guarantees above hold per partition; the acknowledged offsets of all partitions are
-  committed together every ``COMMIT_EVERY_SECONDS`` (and when the loop stops), not once per
-  batch.
+  partition's records. Within a partition records stay in order, and the guarantees above
+  hold per partition; the acknowledged offsets of all partitions are committed together
+  every ``COMMIT_EVERY_SECONDS`` (and when the loop stops), not once per batch.
 
 - Lanes (``lane``, the executor: a record's tenant): the loop keeps polling while batches are
   handled, and each lane has at most one batch in flight, handled, published and acknowledged
-  on its own, its next records queued meanwhile; a lane's batch of many records, or any batch
-  of a lane that brought many lately, gives way to other lanes' few at its yield points
-  (runtime/turns.py). So one tenant's burst, however its records spread over the partitions,
-  never holds another tenant's record until it is done. Within a lane records stay in order
-  (one operation's records share a lane). A partition's offset moves to its first record not
-  yet acknowledged, for all partitions together every ``COMMIT_EVERY_SECONDS`` (and when the
-  loop stops); at most ``LANES_QUEUED_BATCHES`` poll batches' worth of records wait in the
-  process.
+  on its own, its next records queued meanwhile; a lane's batch of many records gives way to
+  other lanes' few at its yield points (runtime/turns.py). So one tenant's burst, however its
+  records spread over the partitions, never holds another tenant's record until it is done.
+  Within a lane records stay in order (one operation's records share a lane). A partition's
+  offset moves to its first record not yet acknowledged, for all partitions together every
+  ``COMMIT_EVERY_SECONDS`` (and when the loop stops); at most ``LANES_QUEUED_BATCHES`` poll
+  batches' worth of records wait in the process.
 
 A consumer of wake-up records whose work is elsewhere (the reconciler: the durable schedule
 is the ledger) fits too: its handler acknowledges the records (``Handled(observe=False)``),
@@ -80,7 +77,7 @@ from runtime.hop import record_hop, status_of, trace_id_in
 from runtime.publish import YIELD_EVERY, Answer, IsolatedPublisher, Publication
 from runtime.replies import ReplySender, send_reply
 from runtime.retry import Stopped, retrying
-from runtime.turns import RecentVolume, batch_of, turn
+from runtime.turns import batch_of, turn
 from schemas.envelopes import (
     Outcome,
     ReplyAddress,
@@ -376,8 +373,6 @@ class ConsumerLoop:
         self._lane_records = lane_records or max_records
         # Independent partitions: offsets acknowledged and not yet committed.
         self._acked: dict[TopicPartition, int] = {}
-        # Records per partition or lane lately: which of them bring many (runtime/turns.py).
-        self._volume = RecentVolume()
         self.stopping = asyncio.Event()
         replies = (
             ReplySender(
@@ -516,10 +511,7 @@ class ConsumerLoop:
                     if len(records) > self._lane_records:
                         cut = self._lane_records
                         records, queued[key] = records[:cut], records[cut:]
-                    heavy = self._volume.heavy(key, len(records))
-                    busy[key] = asyncio.create_task(
-                        self._lane_batch(records, offsets, backlog, heavy=heavy)
-                    )
+                    busy[key] = asyncio.create_task(self._lane_batch(records, offsets, backlog))
                 if time.monotonic() >= commit_due:
                     commit_due = time.monotonic() + COMMIT_EVERY_SECONDS
                     await self._commit_offsets(offsets.committable())
@@ -565,13 +557,12 @@ class ConsumerLoop:
         return polled
 
     async def _lane_batch(
-        self, records: list[Consumed], offsets: _Outstanding, backlog: int, *, heavy: bool
+        self, records: list[Consumed], offsets: _Outstanding, backlog: int
     ) -> None:
         """One lane's batch (a slice of its ``backlog``): handled, published and
         acknowledged; its partitions' offsets then move with the loop's next commit."""
         try:
-            # A burst, or a lane that brings many, gives way to other lanes' few records.
-            with batch_of(backlog, heavy=heavy):
+            with batch_of(backlog):  # a burst gives way to other lanes' few records
                 await self.process(records)
             if self._before_commit is not None:
                 self._before_commit()
@@ -629,8 +620,7 @@ class ConsumerLoop:
         """One partition's batch: handled, published and acknowledged; its offset is then
         committed with the others' at the loop's next commit (while still assigned)."""
         try:
-            # A backlog, or a partition that brings many, gives way to others' few records.
-            with batch_of(len(records), heavy=self._volume.heavy(tp, len(records))):
+            with batch_of(len(records)):  # a backlog gives way to other lanes' few records
                 await self.process(records)
             if self._before_commit is not None:
                 self._before_commit()

@@ -10,15 +10,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from runtime import turns
-from runtime.turns import (
-    BULK_RECORDS,
-    GIVE_WAY_SECONDS,
-    VOLUME_WINDOW_SECONDS,
-    RecentVolume,
-    batch_of,
-    small_in_flight,
-    turn,
-)
+from runtime.turns import BULK_RECORDS, GIVE_WAY_SECONDS, batch_of, small_in_flight, turn
 
 
 def test_a_bulk_batch_gives_way_to_a_small_batch_in_flight() -> None:
@@ -112,47 +104,3 @@ def test_small_batches_and_unmarked_tasks_never_wait() -> None:
 
     asyncio.run(scenario())
     assert not list(turns._small)  # the finished batch is forgotten
-
-
-def test_a_heavy_batch_of_few_records_gives_way_like_a_backlog() -> None:
-    """A lane that brings many (an admitted flood, a few records a batch) is bulk."""
-
-    async def scenario() -> tuple[float, int]:
-        async with a_small_batch_in_flight():
-            with batch_of(2, heavy=True):
-                began = time.monotonic()
-                await turn()
-                waited = time.monotonic() - began
-                # A heavy batch is not small: another bulk batch does not wait for it.
-                with batch_of(BULK_RECORDS):
-                    counted = small_in_flight()
-        return waited, counted
-
-    waited, counted = asyncio.run(scenario())
-    assert waited >= GIVE_WAY_SECONDS * 0.5
-    assert counted == 1  # only the one-record batch
-
-
-def test_recent_volume_counts_a_key_over_the_window_then_forgets_it() -> None:
-    volume = RecentVolume()
-    start = 1000.0
-    step = VOLUME_WINDOW_SECONDS / 10
-    # 8 records a tenth of the window: BULK_RECORDS (64) reached within the window.
-    counts = [volume.add("a", 8, now=start + i * step) for i in range(8)]
-    assert counts[-1] >= BULK_RECORDS
-    assert counts == sorted(counts)
-    # Another key is counted apart.
-    assert volume.add("b", 1, now=start + 8 * step) == 1
-    # A key idle for a whole window has nothing left.
-    assert volume.add("a", 1, now=start + 8 * step + 2 * VOLUME_WINDOW_SECONDS) == 1
-
-
-def test_a_trickle_never_turns_heavy_and_a_flood_does() -> None:
-    volume = RecentVolume()
-    # Tenant B: one record every 250 ms (the flood test's), for ten windows.
-    b = [volume.add("b", 1, now=i * 0.25) for i in range(int(10 * VOLUME_WINDOW_SECONDS / 0.25))]
-    assert max(b) < BULK_RECORDS
-    # Tenant A at 200 records a second in batches of 2: heavy within the first window.
-    a = [volume.add("a", 2, now=0.01 * i) for i in range(100)]
-    first_heavy = next(i for i, n in enumerate(a) if n >= BULK_RECORDS)
-    assert 0.01 * first_heavy < VOLUME_WINDOW_SECONDS
