@@ -60,8 +60,12 @@ FETCH_MAX_BYTES = 52_428_800  # aiokafka's default: a whole poll
 FETCHER_WAKE_MS = 20
 # A fetch sent while some partition's fetched records are still being handled (it leaves that
 # partition out) waits at most this long on the broker, so that the partition is fetched
-# again soon after (:func:`prompt_fetches`).
-HELD_FETCH_WAIT_MS = 20
+# again soon after (:func:`prompt_fetches`). Under a flood some partition is held nearly
+# always, and a record arriving on a held partition waits for the fetch in flight (one per
+# broker) to come back: with 20, B's command waited 8 to 21 ms in the executor's fetcher and
+# B's slowest call in the flood took 28 to 68 ms; with 5, B's calls in the flood took no
+# longer than alone (docs/operations.md, "Held fetches", measured).
+HELD_FETCH_WAIT_MS = 5
 
 
 def prompt_fetches(consumer: AIOKafkaConsumer) -> bool:
