@@ -1,6 +1,8 @@
 """Fair admission end to end (issue 27): tenant A floods reads under a 200/s limit while
 tenant B sends one read every 250 ms (open loop); B keeps close to its unloaded latency, A's
 excess ends `rate_limited` within a second of publishing, every call has one final outcome.
+Each tenant's calls come from a process of its own (testsupport/flood.py, steady_agent.py);
+this one watches every outcome.
 
 The flood is ``RATIFIER_TEST_FLOOD`` reads (default 2,000 so that `make test` stays short;
 `make test-admission-flood` runs the issue's 20,000 with the latency bounds asserted)."""
@@ -31,14 +33,13 @@ from commands.policy import DEFAULT_POLICY_DIR
 from config.settings import Settings
 from ratifier.topics import delete_topics
 from ratifier_client.client import Pending, RatifierClient
-from runtime.clients import kafka_consumer, kafka_producer, prompt_fetches
+from ratifier_client.topics import ensure_reply_topic
+from runtime.clients import kafka_consumer, prompt_fetches
 from schemas.envelopes import TERMINAL_STATUSES, Outcome, Status
 from schemas.errors import ErrorCode
-from schemas.lanes import proposal_key
 from schemas.names import Topic
 from tests.e2e.conftest import Pipeline, SigningKeys, start_pipeline
 from tests.services import context_token, read_to_end, run
-from testsupport.flood import read_proposal
 
 pytestmark = pytest.mark.e2e
 
@@ -90,6 +91,14 @@ def admitting(
     (policies / "limits.toml").write_text(LIMITS, encoding="utf-8")
     started = start_pipeline(signing_keys, "admission", RATIFIER_POLICIES__DIRECTORY=str(policies))
     try:
+        settings = started.settings
+        run(
+            ensure_reply_topic(
+                settings.kafka,
+                _b_replies(settings),
+                max_message_bytes=settings.limits.kafka_max_message_bytes,
+            )
+        )
         yield started
     finally:
         started.stop()
@@ -106,34 +115,40 @@ class Watch:
     # Each final outcome's record as it arrived, with when: validated after the run, so
     # that watching costs the machine little while the pipeline is measured.
     arrived: list[tuple[float, bytes]] = field(default_factory=list)
-    # Where a call's time goes outside the pipeline (ms): its proposal's publication (send to
-    # acknowledgement) and its final outcome's delivery (the record's timestamp to its
-    # arrival here, by the wall clock: each record's, in the order of ``arrived``).
+    # The timestamp of each record of ``arrived`` (ms), in its order; the first final
+    # outcome's, per call.
+    stamps: list[int] = field(default_factory=list)
+    stamped: dict[str, int] = field(default_factory=dict)
+    # Tenant B's calls, as B's own process timed them (testsupport/steady_agent.py): when its
+    # publication was acknowledged, and when its final outcome reached B (monotonic, and
+    # wall-clock ms).
     acked: dict[str, float] = field(default_factory=dict)
-    delays: list[float] = field(default_factory=list)
-    delivered: dict[str, float] = field(default_factory=dict)
+    replied: dict[str, float] = field(default_factory=dict)
+    replied_wall_ms: dict[str, float] = field(default_factory=dict)
 
     def outside(self, call_ids: list[str]) -> dict[str, list[float]]:
-        """Per call: [publication, delivery] milliseconds."""
+        """Per call of B: [publication, delivery] milliseconds (its proposal's send to
+        acknowledgement; its outcome's timestamp on `outcomes` to its arrival at B)."""
         return {
             call_id: [
                 round((self.acked[call_id] - self.sent[call_id]) * 1000, 1),
-                round(self.delivered.get(call_id, -1.0), 1),
+                round(self.replied_wall_ms[call_id] - self.stamped.get(call_id, 0), 1),
             ]
             for call_id in call_ids
-            if call_id in self.acked
+            if call_id in self.replied_wall_ms
         }
 
     def latency(self, call_id: str) -> float:
-        return self.ended[call_id] - self.sent[call_id]
+        """Publication to final outcome: as B met it (B's calls), else as the watcher saw it."""
+        return self.replied.get(call_id, self.ended[call_id]) - self.sent[call_id]
 
     def settle(self) -> None:
-        for (at, raw), delay in zip(self.arrived, self.delays, strict=True):
+        for (at, raw), stamp in zip(self.arrived, self.stamps, strict=True):
             outcome = Outcome.model_validate_json(raw)
             if outcome.terminal:
                 self.outcomes.setdefault(outcome.call_id, []).append(outcome)
                 self.ended.setdefault(outcome.call_id, at)
-                self.delivered.setdefault(outcome.call_id, delay)
+                self.stamped.setdefault(outcome.call_id, stamp)
 
 
 async def _follow(
@@ -160,10 +175,10 @@ async def _follow(
             # would hold the next fetch of every partition up to 100 ms (aiokafka's prefetch
             # backoff; runtime/clients.py, prompt_fetches), B's outcomes among them.
             batches = await consumer.getmany(timeout_ms=100)
-            now, wall = time.monotonic(), time.time() * 1000
+            now = time.monotonic()
             for records in batches.values():
                 watch.arrived += [(now, record.value or b"") for record in records]
-                watch.delays += [wall - record.timestamp for record in records]
+                watch.stamps += [record.timestamp for record in records]
     finally:
         await consumer.stop()
     watch.settle()
@@ -214,6 +229,53 @@ async def _flood(
     watch.sent.update(json.loads(out.read_text(encoding="utf-8")))
 
 
+async def _steady_agent(
+    pipeline: Pipeline,
+    *,
+    token: str,
+    count: int,
+    ready: asyncio.Event,
+    go: asyncio.Event,
+    watch: Watch,
+) -> list[str]:
+    """Tenant B's ``count`` reads, one every :data:`B_EVERY`, from an agent process of their
+    own (testsupport/steady_agent.py) reading B's reply topic: it sets ``ready`` once
+    connected and starts when ``go`` is set; its call ids, once each has its final outcome
+    (their times go into ``watch``)."""
+    out = pipeline.log_dir / f"steady-{uuid.uuid4().hex[:8]}.json"
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "testsupport.steady_agent",
+        token,
+        _b_replies(pipeline.settings),
+        str(count),
+        str(B_EVERY),
+        str(out),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, **pipeline.env},
+    )
+    try:
+        await _handshake(process, says=b"ready", within=60, reached=ready, then=go, send=b"go")
+        assert await asyncio.wait_for(process.wait(), 120) == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    times = json.loads(out.read_text(encoding="utf-8"))
+    for call_id, (sent, acked, replied, replied_wall_ms) in times.items():
+        watch.sent[call_id], watch.acked[call_id] = sent, acked
+        if replied is not None:
+            watch.replied[call_id], watch.replied_wall_ms[call_id] = replied, replied_wall_ms
+    return list(times)
+
+
+def _b_replies(settings: Settings) -> str:
+    """Tenant B's reply topic (its agent process reads its outcomes there only)."""
+    return f"{settings.reply_namespace}tenant-b"
+
+
 async def _handshake(
     process: asyncio.subprocess.Process,
     *,
@@ -241,18 +303,24 @@ async def _scenario(
     meanwhile, ``b_calls`` reads of tenant B one every 250 ms; wait for every outcome."""
     settings = pipeline.settings
     watch, stop, ready = Watch(), asyncio.Event(), asyncio.Event()
-    connected, go = asyncio.Event(), asyncio.Event()
+    connected, b_ready, go = asyncio.Event(), asyncio.Event(), asyncio.Event()
     published, finish = asyncio.Event(), asyncio.Event()
     follower = asyncio.create_task(_follow(settings, watch, stop, ready))
     await ready.wait()
-    producer = kafka_producer(settings, linger_ms=5)
-    await producer.start()
     token_a = context_token(settings, tenant="tenant-a")
-    token_b = context_token(settings, tenant="tenant-b")
-    topic = settings.topic(Topic.PROPOSED)
     run_id = uuid.uuid4().hex[:8]
     a_ids = [f"flood-{run_id}-a-{i}" for i in range(flood)]
-    b_ids = [f"flood-{run_id}-b-{i}" for i in range(b_calls)]
+    b_ids: list[str] = []
+    tenant_b = asyncio.create_task(
+        _steady_agent(
+            pipeline,
+            token=context_token(settings, tenant="tenant-b"),
+            count=b_calls,
+            ready=b_ready,
+            go=go,
+            watch=watch,
+        )
+    )
     flooding = (
         asyncio.create_task(
             _flood(
@@ -271,27 +339,14 @@ async def _scenario(
         else None
     )
 
-    async def tenant_b() -> None:
-        go.set()
-        start = time.monotonic()
-        for n, call_id in enumerate(b_ids):
-            # Open loop: each read leaves on its schedule, whatever the others met.
-            await asyncio.sleep(max(0.0, start + n * B_EVERY - time.monotonic()))
-            watch.sent[call_id] = time.monotonic()
-            await (
-                await producer.send(
-                    topic,
-                    key=proposal_key(token_b, call_id=call_id).encode(),
-                    value=read_proposal(call_id, "tenant-b", token_b),
-                )
-            )
-            watch.acked[call_id] = time.monotonic()
-
     try:
+        # Both processes are connected (each printed ``ready``) before either starts.
         if flooding is not None:
-            # The flood's process is connected (it printed ``ready``) before B starts.
             await _until(connected, flooding)
-        await tenant_b()
+        await _until(b_ready, tenant_b)
+        go.set()
+        # B's process ends once each of its calls has its final outcome.
+        b_ids += await tenant_b
         if flooding is not None:
             await _until(published, flooding)
         deadline = time.monotonic() + 90
@@ -309,23 +364,23 @@ async def _scenario(
             await flooding
     finally:
         finish.set()
-        if flooding is not None and not flooding.done():
-            flooding.cancel()
-            await asyncio.wait({flooding})
+        for task in (flooding, tenant_b):
+            if task is not None and not task.done():
+                task.cancel()
+                await asyncio.wait({task})
         stop.set()
         await follower
-        await producer.stop()
     return watch, a_ids, b_ids
 
 
-async def _until(event: asyncio.Event, flooding: asyncio.Task[None]) -> None:
-    """Wait for ``event``; the flood's error if its task ends first."""
+async def _until(event: asyncio.Event, process: asyncio.Task[Any]) -> None:
+    """Wait for ``event``; the error of ``process`` (the flood's, B's) if it ends first."""
     waiting = asyncio.create_task(event.wait())
-    await asyncio.wait({waiting, flooding}, return_when=asyncio.FIRST_COMPLETED)
+    await asyncio.wait({waiting, process}, return_when=asyncio.FIRST_COMPLETED)
     waiting.cancel()
     if not event.is_set():
-        await flooding  # it failed before: its error
-        raise AssertionError("the flood's process ended early")
+        await process  # it failed before: its error
+        raise AssertionError("a process of the scenario ended early")
 
 
 def _final_call_id(raw: bytes) -> str:
@@ -412,11 +467,11 @@ def _codes(watch: Watch, ids: list[str]) -> dict[str, int]:
 def _collections_timed() -> Iterator[list[float]]:
     """Garbage collection of this process held off within the block (what was there
     before frozen, automatic collection off; the seconds of any collection run meanwhile
-    all the same are listed): this process times B's calls,
+    all the same are listed): this process times A's refusals,
     and its heap is the whole suite's (every module imported), so a full collection stalled
-    its watcher for 107 to 153 ms (two runs; 27 to 30 ms with the heap frozen), not B's
-    latency. Reference counting frees the block's garbage meanwhile; a collection at the end
-    takes the rest."""
+    its watcher for 107 to 153 ms (two runs; 27 to 30 ms with the heap frozen), not the
+    pipeline's latency (B's calls were timed here then). Reference counting frees the
+    block's garbage meanwhile; a collection at the end takes the rest."""
     pauses: list[float] = []
     started = [0.0]
 
@@ -497,7 +552,7 @@ def test_a_flood_of_one_tenant_leaves_another_at_its_unloaded_latency(
         # delivery is the slowest record of the poll that brought it).
         "b_alone_outside_ms": list(alone.outside(b_alone).values()),
         "b_flood_outside_ms": list(flooded.outside(b_ids).values()),
-        # The test process's longest garbage collection meanwhile (it times B's calls).
+        # The test process's longest garbage collection meanwhile (it times A's refusals).
         "watcher_gc_max_ms": round(max(pauses, default=0.0) * 1000, 1),
     }
     record_property("admission", figures)
