@@ -19,8 +19,8 @@ import statistics
 import sys
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -184,6 +184,29 @@ async def _follow(
     watch.settle()
 
 
+@asynccontextmanager
+async def _tenant_process(
+    pipeline: Pipeline, module: str, *args: str | Path
+) -> AsyncIterator[asyncio.subprocess.Process]:
+    """``python -m module args`` with the pipeline's settings, talked to over its stdin and
+    stdout (``_handshake``); killed on leaving if it still runs."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        module,
+        *map(str, args),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, **pipeline.env},
+    )
+    try:
+        yield process
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
 async def _flood(
     pipeline: Pipeline,
     *,
@@ -201,31 +224,15 @@ async def _flood(
     they are acknowledged, and stops when ``finish`` is set; their publication times go into
     ``watch``."""
     out = pipeline.log_dir / f"flood-{run_id}.json"
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "testsupport.flood",
-        pipeline.settings.topic(Topic.PROPOSED),
-        token,
-        run_id,
-        str(count),
-        str(FLOOD_SECONDS),
-        str(out),
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        env={**os.environ, **pipeline.env},
-    )
-    assert process.stdin is not None and process.stdout is not None
-    try:
+    topic = pipeline.settings.topic(Topic.PROPOSED)
+    async with _tenant_process(
+        pipeline, "testsupport.flood", topic, token, run_id, str(count), str(FLOOD_SECONDS), out
+    ) as process:
         await _handshake(process, says=b"ready", within=60, reached=connected, then=go, send=b"go")
         await _handshake(
             process, says=b"published", within=120, reached=published, then=finish, send=b"exit"
         )
         assert await asyncio.wait_for(process.wait(), 60) == 0
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
     watch.sent.update(json.loads(out.read_text(encoding="utf-8")))
 
 
@@ -243,26 +250,12 @@ async def _steady_agent(
     connected and starts when ``go`` is set; its call ids, once each has its final outcome
     (their times go into ``watch``)."""
     out = pipeline.log_dir / f"steady-{uuid.uuid4().hex[:8]}.json"
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "testsupport.steady_agent",
-        token,
-        _b_replies(pipeline.settings),
-        str(count),
-        str(B_EVERY),
-        str(out),
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        env={**os.environ, **pipeline.env},
-    )
-    try:
+    replies = _b_replies(pipeline.settings)
+    async with _tenant_process(
+        pipeline, "testsupport.steady_agent", token, replies, str(count), str(B_EVERY), out
+    ) as process:
         await _handshake(process, says=b"ready", within=60, reached=ready, then=go, send=b"go")
         assert await asyncio.wait_for(process.wait(), 120) == 0
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
     times = json.loads(out.read_text(encoding="utf-8"))
     for call_id, (sent, acked, replied, replied_wall_ms) in times.items():
         watch.sent[call_id], watch.acked[call_id] = sent, acked
