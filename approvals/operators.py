@@ -8,18 +8,18 @@ action ``freeze`` / ``unfreeze``, resource ``Scope`` (kind, tenant; ``*`` for `w
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import cedarpy
 
 from commands.freezes import EVERY_TENANT, Scope, freeze_record
-from commands.policy import PolicySet
 from config.settings import Settings
 from feeds.freezes import publish_freeze
 from runtime.identity import ContextKeys, verify_context_token
 from schemas.envelopes import Actor, FreezeRecord
-from schemas.errors import PolicyDenied, Unauthenticated
+from schemas.errors import ConfigurationError, PolicyDenied, Unauthenticated
 
 OPERATOR_POLICY_DIR = Path(__file__).parent / "operator_policies"
 SCHEMA_FILE = "operators.cedarschema.json"
@@ -27,19 +27,40 @@ SCHEMA_FILE = "operators.cedarschema.json"
 
 @dataclass(frozen=True, kw_only=True)
 class OperatorRights:
-    policies: PolicySet
+    """The operator policies, parsed and checked against their schema once. Cedar directly,
+    not the catalog's `commands.policy.PolicySet` (budgets, limits, annotations, metrics):
+    `ratifier freeze` loads only what a rights check needs, so it starts fast."""
+
+    parsed: Any
+    parsed_schema: Any
 
     @classmethod
     def from_directory(cls, directory: Path = OPERATOR_POLICY_DIR) -> OperatorRights:
         text = "\n".join(p.read_text(encoding="utf-8") for p in sorted(directory.glob("*.cedar")))
         schema = (directory / SCHEMA_FILE).read_text(encoding="utf-8")
-        return cls(policies=PolicySet.from_sources(text, schema))
+        try:
+            parsed = cedarpy.PolicySet.from_str(text)
+            parsed_schema = cedarpy.Schema.from_json_str(schema)
+            result = cedarpy.validate_policies(text, parsed_schema)
+        except Exception as exc:  # cedarpy raises bare ValueErrors with Cedar's words
+            raise ConfigurationError(f"operator policies do not parse: {exc}") from exc
+        if not result.validation_passed:
+            problems = "; ".join(str(e) for e in result.errors)
+            raise ConfigurationError(f"operator policies do not match their schema: {problems}")
+        return cls(parsed=parsed, parsed_schema=parsed_schema)
 
     def allows(self, operator: Actor, *, frozen: bool, scope: Scope) -> bool:
         """Whether ``operator`` may freeze (``frozen``) or unfreeze ``scope``."""
+        return self._allows(operator, "freeze" if frozen else "unfreeze", scope)
+
+    def may_resolve(self, operator: Actor, tenant: str) -> bool:
+        """Whether ``operator`` may settle an unknown operation of ``tenant`` by hand."""
+        return self._allows(operator, "resolve", Scope.parse(f"tenant:{tenant}"))
+
+    def _allows(self, operator: Actor, action: str, scope: Scope) -> bool:
         request = {
             "principal": {"type": "Operator", "id": f"{operator.tenant}/{operator.sub}"},
-            "action": {"type": "Action", "id": "freeze" if frozen else "unfreeze"},
+            "action": {"type": "Action", "id": action},
             "resource": {"type": "Scope", "id": scope.key},
             "context": {},
         }
@@ -60,7 +81,7 @@ class OperatorRights:
             },
         ]
         (result,) = cedarpy.is_authorized_batch(
-            [request], self.policies.parsed, entities, self.policies.parsed_schema
+            [request], self.parsed, entities, self.parsed_schema
         )
         return bool(result.allowed)
 
@@ -78,6 +99,21 @@ def check_operator(rights: OperatorRights, operator: Actor, *, frozen: bool, sco
         raise PolicyDenied("This token may not freeze or unfreeze that scope.")
 
 
+def check_resolver(rights: OperatorRights, operator: Actor, tenant: str) -> None:
+    """`PolicyDenied` unless ``operator`` may settle ``tenant``'s unknown operations."""
+    if not rights.may_resolve(operator, tenant):
+        raise PolicyDenied("This token may not resolve that tenant's operations.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SwitchThrown:
+    """A published freeze (or unfreeze) and when the broker acknowledged it: from then on,
+    every stage refuses what it stops (docs/kill-switch.md)."""
+
+    record: FreezeRecord
+    acknowledged_at: datetime
+
+
 async def throw_switch(
     settings: Settings,
     rights: OperatorRights,
@@ -86,16 +122,16 @@ async def throw_switch(
     scope_text: str,
     frozen: bool,
     reason: str,
-) -> FreezeRecord:
-    """Freeze (or unfreeze) a scope for ``operator`` after the rights check; returns the
-    record once the broker acknowledged it (from then on every stage stops it within 1 s)."""
+) -> SwitchThrown:
+    """Freeze (or unfreeze) a scope for ``operator`` after the rights check; returns once the
+    broker acknowledged the record (from then on every stage stops it within 1 s)."""
     scope = Scope.parse(scope_text)
     check_operator(rights, operator, frozen=frozen, scope=scope)
     record = freeze_record(
         scope, frozen=frozen, by=operator.sub, by_tenant=operator.tenant, reason=reason
     )
-    await publish_freeze(settings, record)
-    return record
+    acknowledged_at = await publish_freeze(settings, record)
+    return SwitchThrown(record=record, acknowledged_at=acknowledged_at)
 
 
 def visible_to(operator: Actor, records: list[FreezeRecord]) -> list[FreezeRecord]:

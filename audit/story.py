@@ -435,7 +435,7 @@ _LOG_EVENTS: dict[AuditKind, tuple[str, str, tuple[str, ...], int]] = {
     AuditKind.RESOLVED_BY_HUMAN: (
         "reconciler",
         "resolved by a human",
-        ("operation_id", "applied", "reference", "by"),
+        ("operation_id", "applied", "reference", "by", "by_tenant"),
         85,
     ),
 }

@@ -250,7 +250,7 @@ async def throw(request: web.Request) -> web.Response:
     if not isinstance(scope, str) or not isinstance(reason, str):
         raise InvalidArguments("scope and reason must be text.")
     try:
-        record = await throw_switch(
+        thrown = await throw_switch(
             request.app[_SETTINGS],
             request.app[_OPERATORS],
             operator,
@@ -260,6 +260,7 @@ async def throw(request: web.Request) -> web.Response:
         )
     except KafkaError as exc:
         raise StorageUnavailable("Kafka is not reachable; nothing was published.") from exc
+    record = thrown.record
     log.warning(
         "dashboard: %s %s by %s@%s: %s",
         "FROZEN" if record.frozen else "unfrozen",

@@ -32,7 +32,7 @@ from executors.reconciliation import (
     waiting_calls,
 )
 from runtime.hop import record_emits_hop
-from schemas.envelopes import Outcome, Stage, Status
+from schemas.envelopes import Actor, Outcome, Stage, Status
 from schemas.errors import (
     ErrorCode,
     OutcomeUnknown,
@@ -252,10 +252,18 @@ class Reconciler:
         return len(outcomes)
 
     async def resolve(
-        self, tenant: str, operation_id: str, *, applied: bool, reference: str | None, by: str
+        self,
+        tenant: str,
+        operation_id: str,
+        *,
+        applied: bool,
+        reference: str | None,
+        by: Actor,
     ) -> Outcome | None:
         """A human's resolution of an escalated (or any unknown) operation: settle or
-        release it, once; the outcome is owed to every waiting call (`publish_owed`)."""
+        release it, once; the outcome is owed to every waiting call (`publish_owed`). ``by``
+        is the operator's verified identity (their context token's sub, tenant and roles),
+        recorded in the audit: never a name typed on a command line."""
         async with self._pool.connection() as conn, conn.transaction():
             async with conn.cursor() as cur:
                 await cur.execute(
@@ -276,7 +284,7 @@ class Reconciler:
                         **request.payload,
                         "provider_ref": reference,
                         "status": "succeeded",
-                        "resolved_by": by,
+                        "resolved_by": by.sub,
                     },
                     resource_id=str(request.payload.get("refund_id")),
                 )
@@ -296,10 +304,12 @@ class Reconciler:
                     "operation_id": operation_id,
                     "applied": applied,
                     "reference": reference,
-                    "by": by,
+                    "by": by.sub,
+                    "by_tenant": by.tenant,
+                    "by_roles": list(by.roles),
                 },
             )
-            verdict = await self._settle(conn, row, outcome, check=f"resolved by {by}")
+            verdict = await self._settle(conn, row, outcome, check=f"resolved by {by.sub}")
             return verdict.outcome
 
     async def refresh_queue_metrics(self) -> None:

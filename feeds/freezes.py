@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from datetime import UTC, datetime
 
 from pydantic import ValidationError
 
 from commands.freezes import NO_FREEZES, Freezes, applied
 from config.settings import Settings
-from runtime.clients import kafka_producer
+from runtime.clients import kafka_producer, start_kafka_client
 from runtime.reader import TopicReader
 from schemas.envelopes import FreezeRecord
+from schemas.errors import ConfigurationError
 from schemas.names import Topic
 
 log = logging.getLogger("ratifier.freezes")
@@ -60,13 +62,26 @@ class FleetFreezes:
         await self._reader.close()
 
 
-async def publish_freeze(settings: Settings, record: FreezeRecord) -> None:
-    """Publish ``record`` and wait for the broker's acknowledgement (all in-sync replicas)."""
-    producer = kafka_producer(settings)
-    await producer.start()
+async def publish_freeze(settings: Settings, record: FreezeRecord) -> datetime:
+    """Publish ``record`` and wait for the broker's acknowledgement (all in-sync replicas);
+    the wall-clock time it came, from which every stage refuses what the freeze stops.
+
+    The producer is a one-shot (not idempotent: its one record, sent again by a retry, is the
+    same record under the same key of a compacted topic), so the switch costs three round
+    trips: metadata, produce, and nothing else. A `controls` topic that does not exist is a
+    `ConfigurationError` at once, not aiokafka's 40 s of metadata retries and a traceback."""
+    topic = settings.topic(Topic.CONTROLS)
+    producer = kafka_producer(settings, enable_idempotence=False)
+    await start_kafka_client(producer, settings.kafka)
     try:
-        await producer.send_and_wait(
-            settings.topic(Topic.CONTROLS), key=record.scope.encode(), value=record.to_bytes()
-        )
+        await producer.client.add_topic(topic)
+        if producer.client.cluster.partitions_for_topic(topic) is None:
+            raise ConfigurationError(
+                f"the brokers at {settings.kafka_bootstrap} have no topic {topic!r}: nothing "
+                "follows freezes there (a wrong RATIFIER_TOPIC_PREFIX or cluster?); "
+                "`ratifier topics` creates the topics"
+            )
+        await producer.send_and_wait(topic, key=record.scope.encode(), value=record.to_bytes())
+        return datetime.now(UTC)
     finally:
         await producer.stop()

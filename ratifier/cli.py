@@ -1,4 +1,8 @@
-"""`ratifier` — one command for every process and operator task."""
+"""`ratifier` — one command for every process and operator task.
+
+Module-level imports are the standard library's only: every command imports what it uses
+when it runs, so `ratifier --help` and the operator's commands (`freeze` above all) start
+without loading the server (`tests/unit/test_cli_imports.py` keeps it so)."""
 
 from __future__ import annotations
 
@@ -6,16 +10,26 @@ import argparse
 import asyncio
 import logging
 import sys
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from config.settings import DEVELOPMENT_MODE_ENV, Settings, check_environment
-from executors.crash_points import NO_CRASH_POINTS, CrashPoints
-from runtime.clients import database_conninfo
-from schemas.errors import RatifierError
+# When this command started, as near as Python sees it (`ratifier freeze` reports from it).
+INVOKED = time.time()
+
+if TYPE_CHECKING:
+    from config.settings import Settings
+    from executors.crash_points import CrashPoints
 
 log = logging.getLogger("ratifier")
+
+
+def database_conninfo(settings: Settings) -> str:
+    from runtime.clients import database_conninfo as conninfo
+
+    return conninfo(settings)
 
 
 def _setup_logging(settings: Settings) -> None:
@@ -314,7 +328,7 @@ def cmd_limits(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_freeze(settings: Settings, args: argparse.Namespace) -> int:
     from ratifier.freeze import cmd_freeze as freeze
 
-    return freeze(settings, args)
+    return freeze(settings, args, invoked=INVOKED)
 
 
 def cmd_freezes(settings: Settings, args: argparse.Namespace) -> int:
@@ -350,6 +364,7 @@ def cmd_ops(settings: Settings, args: argparse.Namespace) -> int:
         describe_unknown,
         list_unknown,
         resolve_operation,
+        resolver_from,
         unpublished_settlements,
     )
 
@@ -363,15 +378,33 @@ def cmd_ops(settings: Settings, args: argparse.Namespace) -> int:
                 f"{owed['oldest_age_seconds']:.0f}s): the reconciler publishes them"
             )
         return 0
+    if args.by is not None:
+        print(
+            "ratifier ops resolve: --by is gone; the operator's identity comes from their "
+            "verified --token (docs/upgrading.md)",
+            file=sys.stderr,
+        )
+        return 2
+    if not args.token:
+        print("ratifier ops resolve: needs --token (an operator's token)", file=sys.stderr)
+        return 2
+    operator = resolver_from(settings, args.token, args.operation_id)
     outcome = asyncio.run(
         resolve_operation(
-            settings, args.operation_id, applied=args.applied, reference=args.reference, by=args.by
+            settings,
+            args.operation_id,
+            applied=args.applied,
+            reference=args.reference,
+            by=operator,
         )
     )
     if outcome is None:
         print(f"{args.operation_id}: no unknown operation with that id", file=sys.stderr)
         return 1
-    print(f"{args.operation_id}: resolved as {outcome.status.value}; outcome published")
+    print(
+        f"{args.operation_id}: resolved as {outcome.status.value} by {operator.sub} "
+        f"({operator.tenant}); recorded in the audit, outcome published"
+    )
     return 0
 
 
@@ -627,7 +660,13 @@ def build_parser() -> argparse.ArgumentParser:
     verdict.add_argument("--applied", action="store_true", dest="applied", default=None)
     verdict.add_argument("--not-applied", action="store_false", dest="applied")
     resolve.add_argument("--reference", help="the downstream system's reference, if applied")
-    resolve.add_argument("--by", required=True, help="who resolves it (recorded in the audit)")
+    resolve.add_argument(
+        "--token",
+        help="an operator's token (role operator, the operation's tenant): their identity is "
+        "recorded in the audit",
+    )
+    # Before v0.2 a free-text name; refused with a pointer, not silently ignored.
+    resolve.add_argument("--by", help=argparse.SUPPRESS)
     ops.set_defaults(func=cmd_ops)
     audit = sub.add_parser("audit", help="the audit log: run its sink, or show a call's story")
     audit_sub = audit.add_subparsers(dest="audit_command", required=True)
@@ -726,12 +765,16 @@ _KEYLESS_POLICY = frozenset({"check", "schema", "status", "publish"})
 def _needs_keys(args: argparse.Namespace) -> bool:
     if args.command == "policy":
         return args.policy_command not in _KEYLESS_POLICY
+    if args.command == "ops":  # a resolution verifies the operator's token
+        return bool(args.ops_command == "resolve")
     return args.command not in _KEYLESS
 
 
 def start_settings(args: argparse.Namespace) -> Settings:
     """The settings of this start, checked once: no unknown RATIFIER_* variable, and real
     key material unless in development mode (`ratifier demo` always is: a local scenario)."""
+    from config.settings import Settings, check_environment
+
     check_environment()
     settings = Settings(development_mode=True) if args.command == "demo" else Settings()
     if _needs_keys(args):
@@ -739,12 +782,16 @@ def start_settings(args: argparse.Namespace) -> Settings:
     return settings
 
 
-def main(argv: Sequence[str] | None = None, *, crash_points: CrashPoints = NO_CRASH_POINTS) -> int:
+def main(argv: Sequence[str] | None = None, *, crash_points: CrashPoints | None = None) -> int:
     """``crash_points``: where a worker may be stopped dead (crash tests inject theirs through
     `python -m testsupport.crashing`); production runs with none."""
     parser = build_parser()
-    parser.set_defaults(crash_points=crash_points)
     args = parser.parse_args(argv)
+    from config.settings import DEVELOPMENT_MODE_ENV
+    from executors.crash_points import NO_CRASH_POINTS
+    from schemas.errors import RatifierError
+
+    args.crash_points = NO_CRASH_POINTS if crash_points is None else crash_points
     try:
         settings = start_settings(args)
     except RatifierError as exc:

@@ -1,20 +1,23 @@
-"""`ratifier ops`: what humans do about operations whose outcome is unknown."""
+"""`ratifier ops`: what humans do about operations whose outcome is unknown.
+
+`ops unknown` reads PostgreSQL only; `ops resolve` verifies the operator's token, checks their
+right to the operation's tenant by Cedar policy (approvals/operator_policies), settles the
+operation with their identity in the audit, and publishes the owed outcomes. The catalog and
+the reconciler load only for a resolution (an operator's command starts fast)."""
 
 from __future__ import annotations
 
 import logging
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from aiokafka.errors import KafkaError
-from psycopg_pool import AsyncConnectionPool
-
-from commands.catalog import load_catalog
 from commands.sql import named_query
 from config.settings import Settings
-from executors.reconciler_store import Reconciler
-from runtime.clients import database_conninfo, kafka_producer, pg_pool
-from schemas.envelopes import Outcome
+from runtime.clients import database_conninfo, pg_pool
+from schemas.envelopes import Actor, Outcome
+
+if TYPE_CHECKING:
+    from psycopg_pool import AsyncConnectionPool
 
 log = logging.getLogger("ratifier.ops")
 
@@ -75,9 +78,32 @@ def describe_unknown(rows: list[dict[str, Any]], now: datetime) -> list[str]:
     return lines
 
 
+def resolver_from(settings: Settings, token: str | None, operation_id: str) -> Actor:
+    """The operator named by ``token`` (verified), if they may resolve ``operation_id``'s
+    tenant's operations; `Unauthenticated` / `PolicyDenied` otherwise (nothing changed)."""
+    from approvals.operators import OperatorRights, check_resolver, operator_from
+    from runtime.identity import context_keys
+
+    operator = operator_from(token, context_keys(settings))
+    check_resolver(OperatorRights.from_directory(), operator, operation_id.partition(":")[0])
+    return operator
+
+
 async def resolve_operation(
-    settings: Settings, operation_id: str, *, applied: bool, reference: str | None, by: str
+    settings: Settings,
+    operation_id: str,
+    *,
+    applied: bool,
+    reference: str | None,
+    by: Actor,
 ) -> Outcome | None:
+    """Settle ``operation_id`` as ``by`` (checked by :func:`resolver_from`) decided."""
+    from aiokafka.errors import KafkaError
+
+    from commands.catalog import load_catalog
+    from executors.reconciler_store import Reconciler
+    from runtime.clients import kafka_producer
+
     tenant = operation_id.partition(":")[0]
     catalog = load_catalog(settings.catalog)
     async with _pool(settings) as pool:

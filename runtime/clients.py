@@ -11,15 +11,10 @@ answered (docs/reliability.md, "Limits").
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import psycopg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
-from psycopg.conninfo import make_conninfo
-from psycopg.rows import dict_row
-from psycopg_pool import AsyncConnectionPool
-from redis.asyncio import Redis
 
 from config.settings import Settings
 
@@ -32,6 +27,13 @@ from ratifier_client.kafka import start_kafka_client as start_kafka_client
 from ratifier_client.kafka import token_provider as token_provider
 from runtime.partitioning import KeyPartitioner
 from schemas.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    # Imported where used: an operator's command that only publishes to Kafka (`ratifier
+    # freeze`) does not load the PostgreSQL and Redis drivers (tests/unit/test_cli_imports.py).
+    import psycopg
+    from psycopg_pool import AsyncConnectionPool
+    from redis.asyncio import Redis
 
 log = logging.getLogger("ratifier.runtime")
 
@@ -170,6 +172,8 @@ def redis_options(settings: Settings) -> dict[str, Any]:
 def redis_client(settings: Settings, *, timeout: float = 2.0) -> Redis:
     """A Redis client that gives up on a dead server after ``timeout`` seconds (callers treat
     Redis as a fast path and fall back), instead of hanging. TLS with a ``rediss://`` URL."""
+    from redis.asyncio import Redis
+
     return Redis.from_url(
         settings.storage.redis_url,
         socket_timeout=timeout,
@@ -181,6 +185,8 @@ def redis_client(settings: Settings, *, timeout: float = 2.0) -> Redis:
 def database_conninfo(settings: Settings) -> str:
     """``database_url`` with ``database_sslmode`` / ``database_sslrootcert`` applied: what
     every PostgreSQL connection of a service connects with."""
+    from psycopg.conninfo import make_conninfo
+
     extra = {
         "sslmode": settings.storage.database_sslmode,
         "sslrootcert": settings.storage.database_sslrootcert,
@@ -199,6 +205,8 @@ def pg_options(
     """The connection options of every PostgreSQL connection and pool: rows as dicts,
     autocommit, and sessions that refuse writes (PostgreSQL enforces it, not our
     discipline)."""
+    from psycopg.rows import dict_row
+
     options: dict[str, Any] = {"row_factory": dict_row} if dict_rows else {}
     if autocommit:
         options["autocommit"] = True
@@ -211,11 +219,15 @@ def pg_connect(conninfo: str, **options: bool) -> psycopg.Connection[Any]:
     """One (blocking) PostgreSQL connection on ``conninfo`` (:func:`database_conninfo`), for
     commands that run a few statements (migrations, `ratifier audit show`); ``options`` as
     :func:`pg_options`."""
+    import psycopg
+
     return psycopg.connect(conninfo, **pg_options(**options))
 
 
 async def pg_connect_async(conninfo: str, **options: bool) -> psycopg.AsyncConnection[Any]:
     """One asyncio PostgreSQL connection on ``conninfo``; ``options`` as :func:`pg_options`."""
+    import psycopg
+
     return await psycopg.AsyncConnection.connect(conninfo, **pg_options(**options))
 
 
@@ -232,6 +244,8 @@ def pg_pool(
     ``connect_timeout``, a connection is waited for (and attempted) that long at most, and
     checked before it is handed out: a caller that must notice a database restart at once
     (not one dead connection at a time)."""
+    from psycopg_pool import AsyncConnectionPool
+
     kwargs = pg_options(**options)
     if connect_timeout is None:
         return AsyncConnectionPool(

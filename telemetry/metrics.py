@@ -29,10 +29,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
+
+if TYPE_CHECKING:
+    # aiohttp loads where a server is built: a command that only counts (the operator's
+    # `ratifier budgets`, `limits`, `ops`) does not import an HTTP server.
+    from aiohttp import web
 
 log = logging.getLogger("ratifier.metrics")
 
@@ -257,6 +261,8 @@ def metrics_body() -> tuple[bytes, str]:
 
 
 async def metrics_handler(_request: web.Request) -> web.Response:
+    from aiohttp import web  # noqa: PLC0415 - see the TYPE_CHECKING import above
+
     body, content_type = metrics_body()
     response = web.Response(body=body)
     response.headers["Content-Type"] = content_type
@@ -275,6 +281,8 @@ async def serve_metrics(
     fatal: metrics never stop a service."""
     if port == 0:
         return _nothing_to_close
+    from aiohttp import web  # noqa: PLC0415 - see the TYPE_CHECKING import above
+
     app = web.Application()
     if more_routes is not None:
         more_routes(app)

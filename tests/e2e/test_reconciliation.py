@@ -24,7 +24,7 @@ from tests.e2e.executor_kit import (
     refund_command,
     seed_payments,
 )
-from tests.services import outcomes_by_call, read_until, run
+from tests.services import context_token, outcomes_by_call, read_until, run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -176,50 +176,51 @@ def test_provider_down_beyond_budget_escalates_then_a_human_resolves(
     assert "last check: cannot tell: " in listed.stdout
     assert "next check: none: waits for `ratifier ops resolve`" in listed.stdout
     assert f"waiting calls (1): {command.call_id}" in listed.stdout
-    resolved = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ratifier.cli",
-            "ops",
-            "resolve",
-            command.operation_id,
-            "--applied",
-            "--reference",
-            "prv_checked_by_hand",
-            "--by",
-            "ops-oncall",
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
+
+    def resolve(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "ratifier.cli", "ops", "resolve", command.operation_id, *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+            check=False,
+        )
+
+    # Only an operator of the operation's tenant may settle it, and says who they are with
+    # a verified token, not a name: anything else changes nothing.
+    settings = pipeline.settings
+    named = resolve("--applied", "--by", "ops-oncall")
+    assert named.returncode == 2 and "--by is gone" in named.stderr, named
+    approver = context_token(settings, "tenant-a", "ops-oncall", ("approver",))
+    refused = resolve("--applied", "--token", approver)
+    assert refused.returncode == 2 and "may not resolve" in refused.stderr, refused
+    foreign = context_token(settings, "tenant-b", "ops-oncall", ("operator",))
+    assert resolve("--applied", "--token", foreign).returncode == 2
+    assert ledger(pipeline, command.operation_id)["status"] == "unknown"
+    operator = context_token(settings, "tenant-a", "ops-oncall", ("operator",))
+    resolved = resolve("--applied", "--reference", "prv_checked_by_hand", "--token", operator)
     assert resolved.returncode == 0, resolved.stderr
     seen = outcomes_until(pipeline, command.call_id, {"succeeded"})
     assert seen[-1]["result"]["provider_ref"] == "prv_checked_by_hand"
     assert refund_status(pipeline, command.operation_id) == "succeeded"
-    again = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ratifier.cli",
-            "ops",
-            "resolve",
-            command.operation_id,
-            "--not-applied",
-            "--by",
-            "ops-oncall",
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
+    again = resolve("--not-applied", "--token", operator)
     assert again.returncode == 1  # settled once: nothing left to resolve
     assert provider_stats(pipeline.provider_url)["by_key"][command.operation_id] == 1
+    # The audit names the operator as their token did: sub, tenant and roles.
+    with psycopg.connect(settings.storage.database_url) as conn:
+        (detail,) = conn.execute(
+            "SELECT detail FROM audit_log WHERE tenant = 'tenant-a' AND call_id = %s"
+            " AND kind = 'resolved_by_human'",
+            (command.call_id,),
+        ).fetchone() or (None,)
+    assert detail is not None
+    assert (detail["by"], detail["by_tenant"], detail["by_roles"]) == (
+        "ops-oncall",
+        "tenant-a",
+        ["operator"],
+    ), detail
+    assert detail["applied"] is True and detail["reference"] == "prv_checked_by_hand"
 
 
 def test_reconciler_killed_mid_schedule_neither_loses_nor_repeats(

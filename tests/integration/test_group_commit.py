@@ -29,7 +29,7 @@ from executors.reads import BatchedReads
 from executors.reconciler_store import Reconciler
 from executors.service import ExecutorService
 from feeds.policies import PolicyFeed
-from schemas.envelopes import CommittedCommand, Outcome, Status
+from schemas.envelopes import Actor, CommittedCommand, Outcome, Status
 from schemas.errors import ErrorCode
 from tests.integration.test_executor import (
     POLICIES,
@@ -228,7 +228,11 @@ async def test_external_effects_of_a_group_settle_in_one_commit(
     # session's reconciler finds it due and sends it to a provider that never saw it.
     (lost,) = [c for c in refunds if c.call_id == unknown[0].outcome.call_id]
     resolved = await Reconciler(pool=pool, catalog=catalog, attempts=1, backoff_base=0.1).resolve(
-        lost.tenant, lost.operation_id, applied=True, reference=None, by="test"
+        lost.tenant,
+        lost.operation_id,
+        applied=True,
+        reference=None,
+        by=Actor(sub="test", tenant=lost.tenant, roles=("operator",)),
     )
     assert resolved is not None and resolved.status is Status.SUCCEEDED
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from approvals.operators import OperatorRights, check_operator, visible_to
+from approvals.operators import OperatorRights, check_operator, check_resolver, visible_to
 from commands.catalog import Catalog, Resource
 from commands.freezes import NO_FREEZES, CallFacts, Freezes, Scope, ScopeKind, applied, frozen_scope
 from commands.policy import PolicySet
@@ -180,6 +180,33 @@ def test_operator_rights_are_cedar_policy(
     if not allowed:
         with pytest.raises(PolicyDenied):
             check_operator(rights, operator, frozen=True, scope=Scope.parse(scope))
+
+
+@pytest.mark.parametrize(
+    ("roles", "tenant", "operation_tenant", "allowed"),
+    [
+        (("operator",), "tenant-a", "tenant-a", True),
+        (("operator",), "tenant-a", "tenant-b", False),
+        (("approver",), "tenant-a", "tenant-a", False),
+        (("fleet_operator",), "tenant-a", "tenant-a", False),
+    ],
+)
+def test_who_may_resolve_an_unknown_operation_is_cedar_policy(
+    rights: OperatorRights,
+    roles: tuple[str, ...],
+    tenant: str,
+    operation_tenant: str,
+    allowed: bool,
+) -> None:
+    operator = Actor(sub="ops-1", tenant=tenant, roles=roles)
+    assert rights.may_resolve(operator, operation_tenant) is allowed
+    if not allowed:
+        with pytest.raises(PolicyDenied):
+            check_resolver(rights, operator, operation_tenant)
+    # Resolving is its own action: the right to freeze the tenant's scopes is not it.
+    assert rights.allows(operator, frozen=True, scope=Scope.parse(f"tenant:{tenant}")) is (
+        "operator" in roles
+    )
 
 
 def test_an_operator_sees_their_tenants_and_fleet_wide_freezes() -> None:
