@@ -8,6 +8,7 @@ import asyncio
 import logging
 from datetime import UTC, datetime
 
+from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 
 from commands.freezes import NO_FREEZES, Freezes, applied
@@ -15,7 +16,7 @@ from config.settings import Settings
 from runtime.clients import kafka_producer, start_kafka_client
 from runtime.reader import TopicReader
 from schemas.envelopes import FreezeRecord
-from schemas.errors import ConfigurationError
+from schemas.errors import ConfigurationError, StorageUnavailable
 from schemas.names import Topic
 
 log = logging.getLogger("ratifier.freezes")
@@ -72,7 +73,13 @@ async def publish_freeze(settings: Settings, record: FreezeRecord) -> datetime:
     `ConfigurationError` at once, not aiokafka's 40 s of metadata retries and a traceback."""
     topic = settings.topic(Topic.CONTROLS)
     producer = kafka_producer(settings, enable_idempotence=False)
-    await start_kafka_client(producer, settings.kafka)
+    try:
+        await start_kafka_client(producer, settings.kafka)
+    except KafkaError as exc:
+        raise StorageUnavailable(
+            f"Kafka at {settings.kafka_bootstrap} is not reachable ({exc}); nothing was "
+            "published: the switch is NOT thrown"
+        ) from exc
     try:
         await producer.client.add_topic(topic)
         if producer.client.cluster.partitions_for_topic(topic) is None:
@@ -83,5 +90,11 @@ async def publish_freeze(settings: Settings, record: FreezeRecord) -> datetime:
             )
         await producer.send_and_wait(topic, key=record.scope.encode(), value=record.to_bytes())
         return datetime.now(UTC)
+    except KafkaError as exc:
+        raise StorageUnavailable(
+            f"Kafka at {settings.kafka_bootstrap} did not acknowledge the record ({exc}); "
+            "the switch may not be thrown: run the command again (the same record twice is "
+            "harmless) and check `ratifier freezes`"
+        ) from exc
     finally:
         await producer.stop()
