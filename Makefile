@@ -13,7 +13,7 @@ export RATIFIER_BIN := $(CURDIR)/$(BIN)/ratifier
 # checks a start with real keys instead.
 export RATIFIER_DEVELOPMENT_MODE ?= true
 
-.PHONY: help install up down status lint contract format schemas unit client fuzz soak integration browser e2e cluster chaos partitions manifests test dashboard demo bench bench-quick bench-idle bench-approvals bench-replies bench-validator bench-authorizer bench-executor clean
+.PHONY: help install up down status lint contract format schemas unit client fuzz soak integration browser e2e cluster chaos partitions manifests test dashboard demo bench bench-quick bench-idle bench-approvals bench-operators bench-replies bench-validator bench-authorizer bench-executor clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -114,6 +114,10 @@ bench-idle: up ## T5 for real: 30 min idle, then one call → bench/idle-result.
 
 bench-approvals: install ## approval-join state after 10^6 approvals (pure, ~10 min) → bench/approval-state-result.json, RESULTS.md
 	$(BIN)/python -m bench.approval_state --approvals 1000000 --rate 200 --write
+	@if [ -f bench/results.json ]; then $(BIN)/python -m bench --render; fi
+
+bench-operators: up ## the operator's commands start to exit (--help, freeze, freezes, budgets, limits, ops; ~1 min) → bench/operator-commands-result.json, RESULTS.md
+	$(BIN)/python -m bench.operator_commands --runs 10 --write
 	@if [ -f bench/results.json ]; then $(BIN)/python -m bench --render; fi
 
 bench-replies: up ## reply routing: 50 client processes x 100 calls in flight, home partitions vs reply topics, twice (~4 min) → bench/replies-result.json, RESULTS.md

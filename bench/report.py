@@ -14,6 +14,7 @@ from typing import Any
 
 from bench import approval_state
 from bench import idle as idle_bench
+from bench import operator_commands as operator_bench
 from bench import replies as replies_bench
 from bench.common import (
     BENCH_PAYMENTS,
@@ -522,6 +523,7 @@ def render(results: Results) -> str:
     lines += _cpu_budget(v, _cpu_of(v) or 0.0)
     lines += _approval_state_section()
     lines += replies_bench.section()
+    lines += operator_bench.section()
     lines += _capacity_section(v)
     if FLOORS:
         lines += ["## Tuning history (bench/FLOORS.md, written by hand)", "", FLOORS, ""]
