@@ -48,9 +48,10 @@ $(ASYNCAPI_TOOL)/node_modules/.package-lock.json: $(ASYNCAPI_TOOL)/package-lock.
 		apt-get update -qq && apt-get install -y -qq nodejs npm >/dev/null; }
 	cd $(ASYNCAPI_TOOL) && npm ci --no-audit --no-fund --ignore-scripts --loglevel=error
 
-contract: install $(ASYNCAPI_TOOL)/node_modules/.package-lock.json ## the AsyncAPI document is fresh and valid (official parser)
+contract: install $(ASYNCAPI_TOOL)/node_modules/.package-lock.json ## the AsyncAPI and OpenAPI documents are fresh and valid (official parser, openapi-spec-validator)
 	$(BIN)/python -m ratifier.contract_export --check
 	node $(ASYNCAPI_TOOL)/validate.mjs schemas/json/asyncapi.json
+	$(BIN)/openapi-spec-validator --schema 3.1 schemas/json/openapi-approvals.json schemas/json/openapi-dashboard.json
 
 format: install ## apply ruff's formatting and safe fixes
 	$(BIN)/ruff check --fix .

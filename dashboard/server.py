@@ -57,6 +57,7 @@ from commands.catalog import Catalog, load_catalog
 from commands.policy import PolicySet
 from config.settings import Settings
 from dashboard import shaping
+from dashboard.api_models import Freeze, FreezesAnswer, FreezeThrown
 from dashboard.reads import DashboardReads
 from feeds.freezes import FleetFreezes
 from feeds.policies import PolicyFeed, local_policies
@@ -65,7 +66,7 @@ from runtime.clients import database_conninfo, pg_pool, redis_client
 from runtime.health import health_response
 from runtime.identity import ContextKeys, context_keys
 from runtime.limit_usage import limit_usage
-from schemas.envelopes import Actor, FreezeRecord
+from schemas.envelopes import Actor
 from schemas.errors import (
     InvalidArguments,
     RatifierError,
@@ -223,10 +224,6 @@ def _operator(request: web.Request) -> Actor:
     return operator_from(token or None, request.app[_KEYS])
 
 
-def _freeze_json(record: FreezeRecord) -> dict[str, Any]:
-    return record.model_dump(mode="json", exclude={"v"})
-
-
 async def freezes(request: web.Request) -> web.Response:
     operator = _operator(request)
     view = request.app[_FREEZES]
@@ -235,7 +232,8 @@ async def freezes(request: web.Request) -> web.Response:
     except KafkaError as exc:
         raise StorageUnavailable("Kafka is not reachable.") from exc
     shown = visible_to(operator, view.current.records())
-    return web.json_response({"freezes": [_freeze_json(r) for r in shown]})
+    answer = FreezesAnswer(freezes=[Freeze.of(r) for r in shown])
+    return web.json_response(answer.model_dump(mode="json"))
 
 
 async def throw(request: web.Request) -> web.Response:
@@ -269,7 +267,8 @@ async def throw(request: web.Request) -> web.Response:
         operator.tenant,
         record.reason,
     )
-    return web.json_response({"published": True, "freeze": _freeze_json(record)}, status=202)
+    thrown_answer = FreezeThrown(published=True, freeze=Freeze.of(record))
+    return web.json_response(thrown_answer.model_dump(mode="json"), status=202)
 
 
 # -- circuit breakers (docs/execution.md, "Circuit breakers") ------------------------------

@@ -1,5 +1,6 @@
-"""Write one JSON Schema file per contract record and the AsyncAPI 3 document of every topic:
-``python -m ratifier.contract_export [DIR]``."""
+"""Write one JSON Schema file per contract record, the AsyncAPI 3 document of every topic and
+the OpenAPI 3.1 documents of the HTTP APIs (approvals, dashboard):
+``python -m ratifier.contract_export [DIR]``; ``--check [DIR]`` lists the stale files."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 from pathlib import Path
 
 import schemas
-from ratifier import asyncapi
+from ratifier import asyncapi, openapi
 from schemas.envelopes import CONTRACT_RECORDS
 
 DEFAULT_DIR = Path(schemas.__file__).parent / "json"
@@ -16,7 +17,8 @@ ASYNCAPI_FILE = "asyncapi.json"
 
 
 def render() -> dict[str, str]:
-    """File name → JSON text, for every record of the contract."""
+    """File name → JSON text, for every record of the contract, the AsyncAPI document and
+    the OpenAPI documents (``openapi.APPROVALS_FILE``, ``openapi.DASHBOARD_FILE``)."""
     files: dict[str, str] = {}
     for topic, model in sorted(CONTRACT_RECORDS.items()):
         schema = model.model_json_schema(mode="validation")
@@ -25,6 +27,8 @@ def render() -> dict[str, str]:
         schema["x-topic"] = topic
         files[f"{topic}.json"] = json.dumps(schema, indent=2, sort_keys=True) + "\n"
     files[ASYNCAPI_FILE] = json.dumps(asyncapi.render(), indent=2) + "\n"
+    for name, document in openapi.render().items():
+        files[name] = json.dumps(document, indent=2) + "\n"
     return files
 
 
