@@ -25,11 +25,21 @@ Timestamp = Annotated[str, Field(json_schema_extra={"format": "date-time"})]
 
 
 class Session(Body):
-    """Who the approver token names."""
+    """Who the token names (any verified context token signs in) and what it may do on the
+    dashboard; the page shows each panel accordingly."""
 
     sub: str
     tenant: str
     roles: list[str]
+    can_approve: bool = Field(
+        description="the approver role: the tenant's pending requests, and deciding them"
+    )
+    can_freeze: bool = Field(
+        description="the operator policies let it freeze and unfreeze its tenant's scopes"
+    )
+    can_freeze_fleet: bool = Field(
+        description="the operator policies let it freeze and unfreeze `writes:*` (fleet_operator)"
+    )
 
 
 # -- /api/approvals ----------------------------------------------------------------------------

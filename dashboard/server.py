@@ -5,7 +5,8 @@
                                              KPIs, outcome series, counts, latency, filter choices
     GET  /api/feed?…same filters…            newest outcomes and approval decisions
     GET  /api/operations?tenant=             unknown / escalated operations and their history
-    GET  /api/session                        who the approver token names      (Bearer token)
+    GET  /api/session                        who the token names and what it may do here
+                                             (Bearer, any verified token)
     GET  /api/approvals                      the approver tenant's pending requests (Bearer)
     POST /api/approvals/{call_id}/decision   {"decision": "approve"|"reject"|"edit",
                                               "reason": "...", "arguments": {...} (edit only)}
@@ -51,13 +52,15 @@ from approvals.inbox import HTTP_STATUS, approver_from, decision_body
 from approvals.operators import OperatorRights, operator_from, throw_switch, visible_to
 from approvals.policy import PolicyRights
 from approvals.refusals import error_json
+from approvals.rights import APPROVER_ROLE
 from approvals.signing import approval_keys
 from approvals.verdicts import DecisionDesk, JoinAudit, published
 from commands.catalog import Catalog, load_catalog
+from commands.freezes import EVERY_TENANT, Scope
 from commands.policy import PolicySet
 from config.settings import Settings
 from dashboard import shaping
-from dashboard.api_models import Freeze, FreezesAnswer, FreezeThrown
+from dashboard.api_models import Freeze, FreezesAnswer, FreezeThrown, Session
 from dashboard.reads import DashboardReads
 from feeds.freezes import FleetFreezes
 from feeds.policies import PolicyFeed, local_policies
@@ -151,10 +154,23 @@ async def operations(request: web.Request) -> web.Response:
 
 
 async def session(request: web.Request) -> web.Response:
-    _, approver = _approver(request)
-    return web.json_response(
-        {"sub": approver.sub, "tenant": approver.tenant, "roles": list(approver.roles)}
+    """Who the token names and what it may do here: any verified token signs in (an
+    operator needs no approver role); the page shows each panel by these answers. Approving
+    needs the approver role (as `approver_from`); freezing is asked of the operator policies
+    for a scope of the token's tenant and for the fleet-wide `writes:*`."""
+    actor = _operator(request)
+    rights = request.app[_OPERATORS]
+    answer = Session(
+        sub=actor.sub,
+        tenant=actor.tenant,
+        roles=list(actor.roles),
+        can_approve=APPROVER_ROLE in actor.roles,
+        can_freeze=rights.allows(actor, frozen=True, scope=Scope.parse(f"writes:{actor.tenant}")),
+        can_freeze_fleet=rights.allows(
+            actor, frozen=True, scope=Scope.parse(f"writes:{EVERY_TENANT}")
+        ),
     )
+    return web.json_response(answer.model_dump(mode="json"))
 
 
 async def approvals(request: web.Request) -> web.Response:

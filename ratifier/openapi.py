@@ -312,9 +312,9 @@ DASHBOARD: dict[tuple[str, str], Operation] = {
     ),
     ("GET", "/api/session"): Operation(
         operation_id="session",
-        summary="Who the approver token names",
+        summary="Who the token names and what it may do (approve, freeze)",
         answers=_json(dash.Session),
-        errors=(401, 403),
+        errors=(401,),
         bearer=True,
         tags=("approvals",),
     ),

@@ -261,6 +261,39 @@ async def test_inbox_needs_an_approver_of_the_tenant(
     assert other["pending"] == []
 
 
+async def test_any_verified_token_signs_in_and_learns_what_it_may_do(
+    dashboard: Any, own_settings: Settings
+) -> None:
+    """`/api/session` answers for every verified token (an operator needs no approver role)
+    with what the page may offer it: the inbox (approver role), the kill switch (operator
+    policies: own tenant's scopes; `writes:*` for a fleet operator)."""
+
+    async def session(roles: tuple[str, ...]) -> Any:
+        response = await dashboard.get("/api/session", headers=bearer(own_settings, "t-s", roles))
+        assert response.status == 200, roles
+        return await response.json()
+
+    def rights(answer: Any) -> tuple[bool, bool, bool]:
+        return answer["can_approve"], answer["can_freeze"], answer["can_freeze_fleet"]
+
+    approver = await session(("approver",))
+    assert approver == {
+        "sub": "boss",
+        "tenant": "t-s",
+        "roles": ["approver"],
+        "can_approve": True,
+        "can_freeze": False,
+        "can_freeze_fleet": False,
+    }
+    assert rights(await session(("operator",))) == (False, True, False)
+    assert rights(await session(("approver", "operator"))) == (True, True, False)
+    assert rights(await session(("fleet_operator",))) == (False, False, True)
+    assert rights(await session(("support",))) == (False, False, False)
+    assert (await dashboard.get("/api/session")).status == 401
+    forged = {"Authorization": "Bearer not-a-jwt"}
+    assert (await dashboard.get("/api/session", headers=forged)).status == 401
+
+
 async def test_decisions_are_published_signed_and_bound(
     dashboard: Any, world: Any, own_settings: Settings
 ) -> None:
