@@ -464,19 +464,74 @@ function renderOps(items) {
 
 // ------------------------------------------------------------------ sign-in
 
+const rolesText = (me) => (me.roles.length ? me.roles.join(", ") : "no role");
+
 function renderWho() {
   const signedIn = Boolean(state.me);
   $("who").hidden = !signedIn;
   $("signin").hidden = signedIn;
-  $("inbox").hidden = !signedIn;
   if (signedIn) {
     $("who-sub").textContent = state.me.sub;
+    $("who-roles").textContent = ` ${rolesText(state.me)} in `;
     $("who-tenant").textContent = state.me.tenant;
     $("who-avatar").textContent = state.me.sub.slice(0, 1).toUpperCase();
-  } else {
+  }
+  if (!signedIn || !state.me.can_approve) {
     $("inbox-count").textContent = "";
     $("inbox-count").classList.remove("hot");
   }
+  renderAccess();
+}
+
+// What the signed-in user sees and may do, panel by panel (from /api/session). Shown at once
+// on sign-in and sign-out, not at the next poll: a panel never says "Sign in above" to
+// someone signed in.
+function freezeAccess(me) {
+  const seen = `You see the frozen scopes of ${me.tenant} and the fleet-wide ones`;
+  if (me.can_freeze && me.can_freeze_fleet) {
+    return `${seen}; you may freeze and unfreeze ${me.tenant}'s scopes and writes:* (every tenant's writes).`;
+  }
+  if (me.can_freeze) {
+    return `${seen}; you may freeze and unfreeze ${me.tenant}'s scopes (writes:* needs the fleet_operator role).`;
+  }
+  if (me.can_freeze_fleet) {
+    return `${seen}; you may freeze and unfreeze writes:* (every tenant's writes); ${me.tenant}'s own scopes need the operator role.`;
+  }
+  return `${seen}; freezing needs the operator role.`;
+}
+
+function renderAccess() {
+  const me = state.me;
+  const approver = Boolean(me && me.can_approve);
+  $("inbox").hidden = !approver;
+  $("inbox-access").hidden = !me || approver;
+  $("inbox-access").textContent = me && !approver ? `Your token has no approver role: approvals are not shown (${me.sub} in ${me.tenant}: ${rolesText(me)}).` : "";
+  for (const panel of ["freezes", "budgets", "limits"]) {
+    $(`${panel}-signin`).hidden = Boolean(me);
+    $(`${panel}-panel`).hidden = !me;
+  }
+  const mayFreeze = Boolean(me && (me.can_freeze || me.can_freeze_fleet));
+  $("freeze-form").hidden = !mayFreeze;
+  $("freezes-access").dataset.can = mayFreeze ? "yes" : "no";
+  $("freezes-access").textContent = me ? freezeAccess(me) : "";
+  $("budgets-access").dataset.can = "no";
+  $("budgets-access").textContent = me
+    ? `You see the budgets of the policy set in force and ${me.tenant}'s usage of them (read-only: budgets change with the policy set).`
+    : "";
+  $("limits-access").dataset.can = "no";
+  $("limits-access").textContent = me
+    ? `You see the admission limits that apply to ${me.tenant} and what its live buckets hold (read-only: limits change in limits.toml beside the policies).`
+    : "";
+  if (!me) {
+    $("freeze-result").hidden = true;
+    $("freeze-error").hidden = true;
+    closeConfirm();
+  }
+}
+
+// Re-read every signed-in panel (after a sign-in, and on each poll).
+async function refreshPanels() {
+  await Promise.all([refreshInbox(), refreshFreezes(), refreshBudgets(), refreshLimits()]);
 }
 
 async function signIn(token) {
@@ -488,7 +543,7 @@ async function signIn(token) {
     $("signin-error").hidden = true;
     $("token").value = "";
     renderWho();
-    await refreshInbox();
+    await refreshPanels();
     return true;
   } catch (err) {
     state.token = previous && previous !== token ? previous : null;
@@ -496,7 +551,6 @@ async function signIn(token) {
     if (!state.token) sessionStorage.removeItem(TOKEN_KEY);
     const reason = {
       unauthenticated: "This token is not valid here: it is malformed, expired, or signed for another deployment.",
-      policy_denied: "This token does not carry the approver role.",
     }[err.code] || err.message;
     $("signin-error").textContent = reason;
     $("signin-error").hidden = false;
@@ -753,19 +807,48 @@ async function decide(card, verdict, reason, args) {
 }
 
 async function refreshInbox() {
-  if (!state.token || !state.me) return;
+  if (!state.token || !state.me || !state.me.can_approve) return;
   try {
     renderInbox(await api("/api/approvals", { auth: true }));
   } catch (err) {
     if (err.code === "unauthenticated" || err.code === "policy_denied") {
       signOut();
-      $("signin-error").textContent = "Your sign-in expired; paste a fresh approver token.";
+      $("signin-error").textContent = "Your sign-in expired; paste a fresh token.";
       $("signin-error").hidden = false;
     }
   }
 }
 
 // ------------------------------------------------------------------ kill switch
+
+// What a scope stops (docs/kill-switch.md, "Scopes"); null for text that is not a scope.
+const SCOPE_TEXT = /^(?:(tenant|writes):([A-Za-z0-9_-]{1,64}|\*)|(agent|subject|tool):([A-Za-z0-9_-]{1,64}):(\S{1,256}))$/;
+
+function scopeOf(text) {
+  const m = SCOPE_TEXT.exec(text);
+  if (!m || (m[2] === "*" && m[1] !== "writes")) return null;
+  const [kind, tenant, name] = m[1] ? [m[1], m[2], null] : [m[3], m[4], m[5]];
+  const stops = {
+    tenant: `every call of tenant ${tenant}, reads included`,
+    writes: tenant === "*" ? "every tenant's writes (the fleet-wide switch): every call whose effect is not a read" : `every call of ${tenant} whose effect is not a read`,
+    agent: `every call made by agent ${name} in ${tenant}`,
+    subject: `every call acting on a resource of end user ${name} in ${tenant}`,
+    tool: `every call of tool ${name} in ${tenant}`,
+  }[kind];
+  return { kind, tenant, name, stops };
+}
+
+// Whether the signed-in user may (un)freeze ``scope`` (the server checks again).
+function mayThrow(scope) {
+  const me = state.me;
+  const parsed = scopeOf(scope);
+  if (!me || !parsed) return false;
+  return parsed.tenant === "*" ? me.can_freeze_fleet : parsed.tenant === me.tenant && me.can_freeze;
+}
+
+function utc(iso) {
+  return new Date(iso).toISOString();
+}
 
 function renderFreezes(payload) {
   const rows = payload.freezes;
@@ -778,13 +861,15 @@ function renderFreezes(payload) {
         "tr",
         { "data-scope": freeze.scope },
         h("td", {}, h("code", {}, freeze.scope)),
-        h("td", {}, freeze.by),
-        h("td", {}, ago(freeze.at)),
+        h("td", { class: "freeze-by" }, freeze.by_tenant ? `${freeze.by} (${freeze.by_tenant})` : freeze.by),
+        h("td", { title: utc(freeze.at), "data-at": freeze.at }, `${fmtTime(freeze.at)} · ${ago(freeze.at)}`),
         h("td", {}, freeze.reason),
         h(
           "td",
           {},
-          h("button", { class: "btn", type: "button", onclick: () => throwSwitch(freeze.scope, false, "unfrozen from the dashboard") }, "Unfreeze"),
+          mayThrow(freeze.scope)
+            ? h("button", { class: "btn", type: "button", "data-action": "unfreeze", onclick: () => askToThrow(freeze.scope, false, "") }, "Unfreeze…")
+            : h("span", { class: "none", title: "The operator policies do not let your token unfreeze this scope." }, "operator only"),
         ),
       ),
     ),
@@ -793,12 +878,11 @@ function renderFreezes(payload) {
 }
 
 async function refreshFreezes() {
-  const signedIn = Boolean(state.token && state.me);
-  $("freezes-panel").hidden = !signedIn;
-  $("freezes-signin").hidden = signedIn;
-  if (!signedIn) return;
+  if (!state.token || !state.me) return;
+  const me = state.me;
   try {
-    renderFreezes(await api("/api/freezes", { auth: true }));
+    const payload = await api("/api/freezes", { auth: true });
+    if (state.me === me) renderFreezes(payload); // not after a sign-out or another sign-in
   } catch (err) {
     $("freeze-error").textContent = err.message;
     $("freeze-error").hidden = false;
@@ -829,29 +913,121 @@ function renderLimits(payload) {
 }
 
 async function refreshLimits() {
-  const signedIn = Boolean(state.token && state.me);
-  $("limits-panel").hidden = !signedIn;
-  $("limits-signin").hidden = signedIn;
-  if (!signedIn) return;
+  if (!state.token || !state.me) return;
+  const me = state.me;
   try {
-    renderLimits(await api("/api/limits", { auth: true }));
+    const payload = await api("/api/limits", { auth: true });
+    if (state.me === me) renderLimits(payload);
+    $("limits-error").hidden = true;
   } catch (err) {
-    $("limits-signin").textContent = err.message;
-    $("limits-signin").hidden = false;
+    $("limits-error").textContent = err.message;
+    $("limits-error").hidden = false;
   }
+}
+
+// ------------------------------------------------------------------ freeze / unfreeze, confirmed
+
+// The one pending question of the confirmation dialog: {scope, frozen}.
+let asked = null;
+
+function closeConfirm() {
+  asked = null;
+  const dialog = $("confirm");
+  if (dialog.open) dialog.close();
+}
+
+// A freeze or an unfreeze is published only after the operator confirms it in the page.
+function askToThrow(scope, frozen, reason) {
+  $("freeze-error").hidden = true;
+  const parsed = scopeOf(scope);
+  if (!parsed) {
+    $("freeze-error").textContent = `Not a scope: ${scope} (writes:T, writes:*, tenant:T, agent:T:sub, subject:T:sub or tool:T:name).`;
+    $("freeze-error").hidden = false;
+    return;
+  }
+  const me = state.me;
+  asked = { scope, frozen };
+  $("confirm").dataset.frozen = String(frozen);
+  $("confirm-title").textContent = frozen ? `Freeze ${scope}?` : `Unfreeze ${scope}?`;
+  $("confirm-stops").textContent = frozen
+    ? `This stops ${parsed.stops}.`
+    : `Calls in this scope (${parsed.stops}) run again; a call that falls in another frozen scope stays refused.`;
+  $("confirm-effect").textContent = frozen
+    ? `Once the broker acknowledges it, every stage refuses them (frozen): new calls, committed commands not yet started, and approvals of pending requests. An effect already in flight finishes. The audit records it as frozen by ${me.sub} (${me.tenant}).`
+    : `The audit records it as unfrozen by ${me.sub} (${me.tenant}).`;
+  $("confirm-reason").value = reason;
+  $("confirm-reason").placeholder = frozen ? "Why (required)" : "Why (optional)";
+  $("confirm-error").hidden = true;
+  $("confirm-ok").textContent = frozen ? `Freeze ${scope}` : `Unfreeze ${scope}`;
+  $("confirm-ok").className = `btn ${frozen ? "danger" : "approve"}`;
+  $("confirm-ok").disabled = false;
+  $("confirm").showModal();
+  $("confirm-cancel").focus();
+}
+
+function cancelConfirm() {
+  if (!asked) return;
+  const { scope } = asked;
+  closeConfirm();
+  showThrowResult({ state: "cancelled", text: `Cancelled: ${scope} was not changed; nothing was published.` });
+}
+
+async function confirmThrow() {
+  if (!asked) return;
+  const { scope, frozen } = asked;
+  const reason = $("confirm-reason").value.trim();
+  if (frozen && !reason) {
+    $("confirm-error").textContent = "Say why: the reason is kept in the audit.";
+    $("confirm-error").hidden = false;
+    return;
+  }
+  $("confirm-ok").disabled = true;
+  const done = await throwSwitch(scope, frozen, reason || "unfrozen from the dashboard");
+  if (done) {
+    closeConfirm();
+  } else {
+    $("confirm-ok").disabled = false;
+    $("confirm-error").textContent = $("freeze-error").textContent;
+    $("confirm-error").hidden = false;
+  }
+}
+
+function showThrowResult({ state: kind, text, freeze }) {
+  const box = $("freeze-result");
+  box.dataset.state = kind;
+  box.dataset.frozen = freeze ? String(freeze.frozen) : "";
+  box.dataset.scope = freeze ? freeze.scope : "";
+  box.dataset.at = freeze ? freeze.at : "";
+  box.dataset.by = freeze ? freeze.by : "";
+  box.textContent = text;
+  box.hidden = false;
 }
 
 async function throwSwitch(scope, frozen, reason) {
   try {
-    await api("/api/freezes", { method: "POST", auth: true, body: { scope, frozen, reason } });
+    const answer = await api("/api/freezes", { method: "POST", auth: true, body: { scope, frozen, reason } });
+    const freeze = answer.freeze;
     $("freeze-error").hidden = true;
+    const who = freeze.by_tenant ? `${freeze.by} (${freeze.by_tenant})` : freeze.by;
+    showThrowResult({
+      state: "published",
+      freeze,
+      text: frozen
+        ? `FROZEN ${freeze.scope}: in force since ${fmtTime(freeze.at)} (${utc(freeze.at)}), by ${who}: ${freeze.reason}`
+        : `Unfrozen ${freeze.scope} at ${fmtTime(freeze.at)} (${utc(freeze.at)}), by ${who}.`,
+    });
     toast(`${frozen ? "Frozen" : "Unfrozen"}: ${scope}`, frozen ? "bad" : "good");
+    if (frozen) $("freeze-scope").value = "";
     await refreshFreezes();
+    return true;
   } catch (err) {
     $("freeze-error").textContent = {
-      policy_denied: "Your token may not freeze or unfreeze that scope (operator role, own tenant).",
+      policy_denied: "Your token may not freeze or unfreeze that scope (operator role, own tenant; writes:* needs fleet_operator).",
+      invalid_arguments: `${err.message} (invalid_arguments)`,
     }[err.code] || err.message;
     $("freeze-error").hidden = false;
+    if (err.code === "unauthenticated") signOut();
+    return false;
   }
 }
 
@@ -956,12 +1132,11 @@ function renderBudgets(payload) {
 }
 
 async function refreshBudgets() {
-  const signedIn = Boolean(state.token && state.me);
-  $("budgets-panel").hidden = !signedIn;
-  $("budgets-signin").hidden = signedIn;
-  if (!signedIn) return;
+  if (!state.token || !state.me) return;
+  const me = state.me;
   try {
-    renderBudgets(await api("/api/budgets", { auth: true }));
+    const payload = await api("/api/budgets", { auth: true });
+    if (state.me === me) renderBudgets(payload);
     $("budgets-error").hidden = true;
   } catch (err) {
     $("budgets-error").textContent = err.message;
@@ -994,16 +1169,16 @@ async function refresh() {
     renderOps(ops.items);
     showBanner(null);
     $("refreshed").textContent = `live · updated ${fmtTime(overview.now)}`;
-    await refreshInbox();
-    await refreshFreezes();
-    await refreshBreakers();
-    await refreshBudgets();
-    await refreshLimits();
   } catch (err) {
     if (err.status === 0) setHealth("down", "dashboard server unreachable");
     else if (err.status === 503) setHealth("down", "storage unavailable");
     else setHealth("down", "error");
     showBanner(`${err.message}${err.code && err.status ? ` (${err.code})` : ""}`);
+  }
+  // The signed-in panels read other sources (Kafka, Redis): refreshed even when the
+  // overview failed.
+  try {
+    await Promise.all([refreshPanels(), refreshBreakers()]);
   } finally {
     state.inFlight = false;
   }
@@ -1019,7 +1194,7 @@ async function start() {
     event.preventDefault();
     const token = $("token").value.trim();
     if (!token) {
-      $("signin-error").textContent = "Paste an approver token first.";
+      $("signin-error").textContent = "Paste a token first.";
       $("signin-error").hidden = false;
       return;
     }
@@ -1035,7 +1210,19 @@ async function start() {
       $("freeze-error").hidden = false;
       return;
     }
-    throwSwitch(scope, true, reason);
+    askToThrow(scope, true, reason);
+  });
+  $("confirm-ok").addEventListener("click", confirmThrow);
+  $("confirm-cancel").addEventListener("click", cancelConfirm);
+  $("confirm").addEventListener("cancel", (event) => {
+    event.preventDefault(); // Escape: the same as Cancel
+    cancelConfirm();
+  });
+  $("confirm-reason").addEventListener("keydown", (event) => {
+    if (event.key === "Enter") {
+      event.preventDefault();
+      confirmThrow();
+    }
   });
   window.addEventListener("resize", () => state.overview && renderChart(state.overview));
   document.addEventListener("visibilitychange", () => !document.hidden && refresh());

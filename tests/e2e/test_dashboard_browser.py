@@ -1,5 +1,7 @@
 """The dashboard in a real browser: sign in as an approver, approve a pending refund from the
-inbox, and watch its `succeeded` outcome arrive in the live feed.
+inbox, and watch its `succeeded` outcome arrive in the live feed; as an operator, freeze and
+unfreeze a scope through the page's confirmation (the audit names the operator); as an
+approver without the operator role, see the frozen scopes and what each panel shows.
 
 Playwright (Python) drives Debian's Chromium (`deploy/local/browser` installs it); the pipeline,
 the audit sink and `ratifier dashboard` are real processes on their own topic prefix. The
@@ -8,12 +10,15 @@ screenshot is written to test-artifacts/dashboard-approval.png.
 
 from __future__ import annotations
 
+import json
 import os
+import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any, TypeVar
 
 import psycopg
 import pytest
@@ -48,6 +53,48 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 SCREENSHOT = ARTIFACTS / "dashboard-approval.png"
+SIGN_IN_ABOVE = "Sign in above"
+
+T = TypeVar("T")
+
+
+def eventually(read: Callable[[], T], done: Callable[[T], bool], *, timeout: float = 30) -> T:
+    """``read()`` again (every 0.2 s) until ``done`` holds for what it returns; that value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = read()
+        if done(value):
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"still {value!r} after {timeout} s")
+        time.sleep(0.2)
+
+
+def controls_audit(pipeline: Pipeline, scope: str) -> list[dict[str, Any]]:
+    """The `controls` records of ``scope`` the audit sink stored, in the topic's order."""
+    with psycopg.connect(pipeline.settings.storage.database_url) as conn:
+        rows = conn.execute(
+            "SELECT record FROM audit_records WHERE prefix = %s AND stream = 'controls'"
+            " AND record_key = %s ORDER BY kafka_partition, kafka_offset",
+            (pipeline.settings.topic_prefix, scope),
+        ).fetchall()
+    return [record for (record,) in rows]
+
+
+def post_freeze(url: str, auth: str, scope: str, *, frozen: bool) -> dict[str, Any]:
+    """`POST /api/freezes` as a script would (the page is not involved)."""
+    request = urllib.request.Request(
+        url + "api/freezes",
+        data=json.dumps(
+            {"scope": scope, "frozen": frozen, "reason": "set up by the test"}
+        ).encode(),
+        headers={"Authorization": f"Bearer {auth}", "Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.status == 202
+        answer: dict[str, Any] = json.loads(response.read())
+    return answer
 
 
 def signed_in(browser: Browser, url: str, auth: str, problems: list[str]) -> Page:
@@ -167,27 +214,147 @@ def test_approver_approves_a_refund_and_sees_it_succeed(dashboard: tuple[Pipelin
 def test_operator_freezes_and_unfreezes_a_scope_from_the_page(
     dashboard: tuple[Pipeline, str],
 ) -> None:
-    """The kill-switch panel: frozen scopes listed, a freeze thrown and lifted from the page."""
+    """An operator (no approver role) signs in, freezes a scope through the page's
+    confirmation, sees it listed and in force, and unfreezes it the same way; a cancelled
+    confirmation publishes nothing; the audit names the operator who clicked."""
     pipeline, url = dashboard
-    operator = token(pipeline.settings, "ops-1", roles=("approver", "operator"))
+    operator = token(pipeline.settings, "ops-1", roles=("operator",))
+    scope = f"tool:tenant-a:probe_{uuid.uuid4().hex[:8]}"
     problems: list[str] = []
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
             page = signed_in(browser, url, operator, problems)
-            page.locator("#freezes-panel").wait_for(state="visible", timeout=30_000)
-            page.fill("#freeze-scope", "tool:tenant-a:add_payout_account")
+            page.locator("#who").wait_for(state="visible", timeout=30_000)
+            assert page.inner_text("#who-sub") == "ops-1"
+            assert "operator" in page.inner_text("#who-roles")
+            # What each panel tells an operator without the approver role, at once.
+            assert page.inner_text("#inbox-access").startswith(
+                "Your token has no approver role: approvals are not shown"
+            )
+            assert page.locator("#inbox").is_hidden()
+            assert page.inner_text("#freezes-access") == (
+                "You see the frozen scopes of tenant-a and the fleet-wide ones; you may freeze "
+                "and unfreeze tenant-a's scopes (writes:* needs the fleet_operator role)."
+            )
+            assert SIGN_IN_ABOVE not in page.inner_text("body")
+
+            page.fill("#freeze-scope", scope)
             page.fill("#freeze-reason", "browser test")
+            # Cancelled: the dialog names the scope and what it stops; nothing is published.
             page.click("#freeze-form button[type=submit]")
-            row = page.locator("#freezes tr[data-scope='tool:tenant-a:add_payout_account']")
+            dialog = page.locator("#confirm[open]")
+            dialog.wait_for(timeout=10_000)
+            assert page.inner_text("#confirm-title") == f"Freeze {scope}?"
+            tool = scope.rsplit(":", 1)[1]
+            assert (
+                page.inner_text("#confirm-stops")
+                == f"This stops every call of tool {tool} in tenant-a."
+            )
+            assert "frozen by ops-1 (tenant-a)" in page.inner_text("#confirm-effect")
+            page.click("#confirm-cancel")
+            dialog.wait_for(state="hidden", timeout=10_000)
+            cancelled = page.locator("#freeze-result[data-state='cancelled']")
+            cancelled.wait_for(timeout=10_000)
+            assert "nothing was published" in cancelled.inner_text()
+
+            # Confirmed: published; the page says since when it is in force, and by whom.
+            page.click("#freeze-form button[type=submit]")
+            dialog.wait_for(timeout=10_000)
+            page.click("#confirm-ok")
+            result = page.locator("#freeze-result[data-state='published'][data-frozen='true']")
+            result.wait_for(timeout=30_000)
+            dialog.wait_for(state="hidden", timeout=10_000)
+            shown_at = result.get_attribute("data-at")
+            assert shown_at and result.get_attribute("data-by") == "ops-1"
+            assert "in force since" in result.inner_text()
+            assert "by ops-1 (tenant-a)" in result.inner_text()
+            row = page.locator(f"#freezes tr[data-scope='{scope}']")
             row.wait_for(timeout=30_000)
-            assert "ops-1" in row.inner_text() and "browser test" in row.inner_text()
+            assert "ops-1 (tenant-a)" in row.inner_text() and "browser test" in row.inner_text()
             assert page.inner_text("#freezes-count") == "1"
-            row.locator("button").click()
+
+            # The audit: the record names the operator who clicked, and the time shown.
+            (frozen,) = eventually(lambda: controls_audit(pipeline, scope), lambda r: len(r) >= 1)
+            assert (frozen["frozen"], frozen["by"], frozen["by_tenant"], frozen["reason"]) == (
+                True,
+                "ops-1",
+                "tenant-a",
+                "browser test",
+            )
+            assert datetime.fromisoformat(frozen["at"]) == datetime.fromisoformat(shown_at)
+
+            row.locator("button[data-action='unfreeze']").click()
+            dialog.wait_for(timeout=10_000)
+            assert page.inner_text("#confirm-title") == f"Unfreeze {scope}?"
+            page.click("#confirm-ok")
             row.wait_for(state="detached", timeout=30_000)
+            page.locator("#freeze-result[data-frozen='false']").wait_for(timeout=10_000)
             assert "Nothing is frozen." in page.inner_text("#freezes")
+            shot = ARTIFACTS / "dashboard-kill-switch.png"
+            page.locator("#freezes-card").screenshot(path=str(shot))
         finally:
             browser.close()
+    assert problems == [], problems
+    # One freeze and one unfreeze, both by ops-1: the cancelled confirmation published
+    # nothing (same scope, same key and partition, so it would be listed first).
+    records = eventually(lambda: controls_audit(pipeline, scope), lambda r: len(r) >= 2)
+    assert [(r["frozen"], r["by"], r["by_tenant"]) for r in records] == [
+        (True, "ops-1", "tenant-a"),
+        (False, "ops-1", "tenant-a"),
+    ]
+
+
+def test_an_approver_sees_the_frozen_scopes_and_what_each_panel_shows(
+    dashboard: tuple[Pipeline, str],
+) -> None:
+    """An approver without the operator role: the inbox; the frozen scopes with no way to
+    freeze or unfreeze (the panel says it needs the operator role); what the budgets and
+    limits panels show. Signed out, the panels ask to sign in."""
+    pipeline, url = dashboard
+    scope = f"tool:tenant-a:probe_{uuid.uuid4().hex[:8]}"
+    operator = token(pipeline.settings, "ops-2", roles=("operator",))
+    post_freeze(url, operator, scope, frozen=True)
+    problems: list[str] = []
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+            try:
+                page = signed_in(browser, url, token(pipeline.settings, "boss"), problems)
+                page.locator("#who").wait_for(state="visible", timeout=30_000)
+                page.locator("#inbox").wait_for(state="visible", timeout=10_000)
+                assert page.locator("#inbox-access").is_hidden()
+                assert page.inner_text("#freezes-access") == (
+                    "You see the frozen scopes of tenant-a and the fleet-wide ones; "
+                    "freezing needs the operator role."
+                )
+                row = page.locator(f"#freezes tr[data-scope='{scope}']")
+                row.wait_for(timeout=30_000)
+                assert "ops-2 (tenant-a)" in row.inner_text()
+                assert row.locator("button").count() == 0
+                assert "operator only" in row.inner_text()
+                assert page.locator("#freeze-form").is_hidden()
+                assert page.inner_text("#budgets-access").startswith(
+                    "You see the budgets of the policy set in force and tenant-a's usage"
+                )
+                assert page.inner_text("#limits-access").startswith(
+                    "You see the admission limits that apply to tenant-a"
+                )
+                assert SIGN_IN_ABOVE not in page.inner_text("body")
+                page.locator("#freezes-card").screenshot(
+                    path=str(ARTIFACTS / "dashboard-kill-switch-approver.png")
+                )
+                # Signed out: every signed-in panel asks to sign in again, nothing else.
+                page.click("#signout")
+                page.locator("#freezes-signin").wait_for(state="visible", timeout=10_000)
+                for panel in ("freezes", "budgets", "limits"):
+                    assert page.inner_text(f"#{panel}-signin").startswith(SIGN_IN_ABOVE)
+                    assert page.locator(f"#{panel}-panel").is_hidden()
+                assert page.locator("#inbox").is_hidden()
+            finally:
+                browser.close()
+    finally:
+        post_freeze(url, operator, scope, frozen=False)
     assert problems == [], problems
 
 
