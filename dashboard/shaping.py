@@ -21,7 +21,13 @@ from schemas.envelopes import (
     ApprovalRequest,
     Status,
 )
-from schemas.errors import ApprovalExpired, ErrorCode, InvalidArguments, ResourceNotFound
+from schemas.errors import (
+    AWAITING_CONFIRMATION_MESSAGE,
+    ApprovalExpired,
+    ErrorCode,
+    InvalidArguments,
+    ResourceNotFound,
+)
 from schemas.vocabulary import AuditKind, LedgerStatus
 
 # date_bin's origin in the SQL: buckets are aligned to it, so a bucket has one start for
@@ -306,6 +312,12 @@ def request_to_decide(
 
 # ---------------------------------------------------------------- feed
 
+# A waiting call whose resource's owner may confirm it tells the agent it "waits for the
+# customer's confirmation" (what the agent should ask its user for). Staff read the feed: for
+# them the request is in the inbox as well, and an approver's decision ends it just as the
+# customer's confirmation does (docs/approvals.md), so the feed names both.
+FEED_AWAITING_CONFIRMATION = "Waits for the customer's confirmation or an approver's decision."
+
 
 def feed_item(row: Mapping[str, Any]) -> dict[str, Any]:
     """One feed line: an outcome, or a published approval decision."""
@@ -346,12 +358,21 @@ def feed_item(row: Mapping[str, Any]) -> dict[str, Any]:
         "status": row["status"],
         "stage": _text(record.get("stage")),
         "error_code": row["error_code"],
-        "message": _text(error.get("message")) if error else None,
+        "message": _feed_message(row["status"], error),
         "resource_id": _text(record.get("resource_id")),
         "operation_id": _text(record.get("operation_id")),
         "approver": _text(approval.get("approver")) if approval else None,
         "detail": _detail(record.get("result")),
     }
+
+
+def _feed_message(status: Any, error: Mapping[str, Any] | None) -> str | None:
+    if error is None:
+        return None
+    message = error.get("message")
+    if status == "awaiting_approval" and message == AWAITING_CONFIRMATION_MESSAGE:
+        return FEED_AWAITING_CONFIRMATION
+    return _text(message)
 
 
 def _detail(result: Any) -> str | None:

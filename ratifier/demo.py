@@ -151,8 +151,16 @@ def _row(values: tuple[str, ...]) -> str:
 
 
 def _detail(outcome: Outcome) -> str:
-    if outcome.approval is not None:
-        return f"approved by {outcome.approval.approver}"
+    """The table's detail column: who let the call run, its result, or why it stopped."""
+    receipt = outcome.approval
+    if receipt is not None:
+        # Staff approval and the customer's confirmation are different paths
+        # (docs/approvals.md): say which one the receipt records.
+        if receipt.basis == "confirmation":
+            return f"confirmed by {receipt.approver} (the customer)"
+        if receipt.basis == "auto":
+            return f"approved by policy {receipt.auto_policy or receipt.approver}"
+        return f"approved by {receipt.approver}"
     if outcome.result:
         return json.dumps(outcome.result, separators=(",", ":"))
     if outcome.error and outcome.error.fields:
