@@ -66,7 +66,7 @@ FETCHER_WAKE_MS = 20
 # always, and a record arriving on a held partition waits for the fetch in flight (one per
 # broker) to come back: with 20, B's command waited 8 to 21 ms in the executor's fetcher and
 # B's slowest call in the flood took 28 to 68 ms; with 5, B's calls in the flood took no
-# longer than alone (docs/operations.md, "Held fetches", measured).
+# longer than alone (docs/measurements.md, "Held fetches, measured").
 HELD_FETCH_WAIT_MS = 5
 
 
@@ -78,7 +78,7 @@ def prompt_fetches(consumer: AIOKafkaConsumer) -> bool:
     aiokafka sends no fetch to a broker while any partition it leads has fetched records not
     yet taken, until 100 ms after they came (its ``prefetch_backoff``, not an option): a
     backlog being handled on one partition (one tenant's flood) held every other partition's
-    next records up to 100 ms (docs/operations.md, "The flood as the issue sends it"). Without
+    next records up to 100 ms (docs/measurements.md, "The flood as the issue sends it"). Without
     that wait, the fetch that leaves the busy partition out held it in turn for up to the
     fetch's wait on the broker (500 ms) once its records were taken: so such a fetch waits
     :data:`HELD_FETCH_WAIT_MS` at most; a fetch of every partition waits as before. The

@@ -5,7 +5,7 @@
   CPython's full collection (generation 2) walks every object the collector tracks, with the
   event loop stopped, and it comes when enough objects have survived the younger passes. In
   the flood test, the executor's took 121 ms, and another tenant's read that had just
-  arrived waited behind it (docs/operations.md, "Garbage collection, measured").
+  arrived waited behind it (docs/measurements.md, "Garbage collection, measured").
   ``gc.freeze()`` moves what exists into a permanent generation that no pass walks, so a full
   pass walks only what was allocated since. Garbage is collected first, so nothing
   unreachable is frozen; a frozen object still goes when its last reference does (only a

@@ -731,7 +731,7 @@ class ConsumerLoop:
         bulk: list[Publication] = []
         # Bulk records (a flood's refusals) without a span exporter: no span of their own
         # (nothing would record it), counted once per batch, their outputs carrying the
-        # consumed record's `traceparent` (≈ 10 µs a record less: docs/operations.md).
+        # consumed record's `traceparent` (≈ 10 µs a record less: docs/measurements.md).
         quiet = not self._tracer.enabled
         counted: dict[tuple[str, str | None], int] = {}
         for n, (record, handled) in enumerate(results, 1):

@@ -6,7 +6,7 @@ needs no approval) is committed by the authorizer, and since contract v1.8 has n
 policies, v1.8) is the authorization's record. So a read costs no join hop (bench/RESULTS.md:
 the join's faust hop was the most expensive hop of a read), and not even a record the join
 must skip (in a flood of admitted reads, skipping them cost the join 0.4 s of CPU and the
-other tenants' reads their latency; docs/operations.md, "No calls.authorized record for a
+other tenants' reads their latency; docs/measurements.md, "No calls.authorized record for a
 call the authorizer commits"). From v1.4 to v1.7 such a call had a `calls.authorized`
 record saying ``committed: true``, which the approval-join still leaves alone. Every other
 permitted call is committed by the approval-join: after a human's approval, or with the

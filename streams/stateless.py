@@ -71,7 +71,7 @@ BATCH_MAX = 500  # records per poll: a backlog drains in large batches
 # that a fetch brought (≈ 2,400 proposals; aiokafka fetches a partition's next records only
 # once those are taken), while the handlers and the publisher give the event loop to the
 # other partitions every few records. The authorizer keeps batches of 500: batches of 100 did
-# not measurably shorten another tenant's wait in the flood (docs/operations.md), and more
+# not measurably shorten another tenant's wait in the flood (docs/measurements.md), and more
 # batches cost more round trips under a backlog.
 PARTITION_BATCH = {StreamStage.VALIDATOR: 5000, StreamStage.AUTHORIZER: BATCH_MAX}
 YIELD_EVERY = 5  # records a handler decides before letting other partitions' batches run

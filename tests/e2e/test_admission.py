@@ -60,7 +60,7 @@ B_EVERY = 0.25
 # 50 reads (A's, or B's: measured both) they took 25-56 ms and 0.04-0.13 s. B's 16 reads
 # alone (one every 250 ms) do not warm it. Not the broker's first appends to new partitions
 # (its request log: the slow appends came at offsets 34-50); what does warm is not isolated
-# (docs/operations.md, "A fresh pipeline's first flood").
+# (docs/measurements.md, "A fresh pipeline's first flood").
 WARM_A_CALLS = 50
 LIMITS = f"""
 # tenant-a's reads are limited to {RATE}/s; tenant-b has no limit.
