@@ -6,6 +6,10 @@ Declared beside the policies (``budgets.toml`` or ``budgets.json`` in the policy
 and distributed with the policy set, so they change at run time like policies. Everything
 here is pure: the executor's commit transaction locks the window, sums its reservations and
 asks :func:`budget_decision` (docs/budgets.md).
+
+A budget without ``tenant`` is the default for every tenant (each tenant still has its own
+windows); a budget naming a tenant replaces the default of the same name for that tenant
+(:func:`budgets_for_tenant`), as a rule naming a tenant does in limits.toml.
 """
 
 from __future__ import annotations
@@ -39,21 +43,26 @@ WindowKind = Literal["day", "week", "rolling"]
 
 class Budget(BaseModel):
     """One budget as declared. The tenant is always part of its scope: every tenant has its
-    own windows."""
+    own windows. Without ``tenant`` it is the default for every tenant; with it, it is that
+    tenant's own and replaces the default of the same ``name`` for it (as in limits.toml)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    # The one tenant this budget is for (None: the default for every tenant).
+    tenant: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_-]{1,64}$")
     # The tools whose calls count; empty: every write tool.
     tools: tuple[str, ...] = ()
     # Scope beyond the tenant: the agent (the actor's sub), the subject (the owner of the
     # resource the call acts on) and/or the tool.
     per: tuple[ScopeKey, ...] = ()
     measure: str = Field(pattern=_MEASURE.pattern)
-    cap: int = Field(ge=0)
+    # In the measure's unit (minor units for a sum of amounts): an integer as written, never
+    # a string or a float converted ("500.00" would otherwise be read as 500).
+    cap: int = Field(ge=0, strict=True)
     window: WindowKind
     time_zone: str = "UTC"
-    rolling_hours: int | None = Field(default=None, ge=1, le=24 * 366)
+    rolling_hours: int | None = Field(default=None, ge=1, le=24 * 366, strict=True)
 
     @model_validator(mode="after")
     def _consistent(self) -> Budget:
@@ -187,43 +196,175 @@ def budget_decision(
     )
 
 
-def parse_budgets(documents: Sequence[Mapping[str, Any]], *, source: str) -> tuple[Budget, ...]:
-    """Budgets from their declarations; a bad one raises `ConfigurationError` naming it."""
-    budgets = []
+@dataclass(frozen=True, kw_only=True)
+class BudgetProblem:
+    """What is wrong with a budgets file: where (the file, and the line when it is known;
+    0: not known) and what, naming the budget by its ``name`` (and tenant) first."""
+
+    source: str
+    line: int
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.source}:{self.line}" if self.line else self.source
+        return f"{where}: {self.message}"
+
+
+def budget_label(document: Mapping[str, Any], position: int) -> str:
+    """How an error names a budget: ``budget "daily-refunds" (tenant tenant-a)``; by its
+    position (``budget #2``) only when it has no usable name."""
+    name, tenant = document.get("name"), document.get("tenant")
+    label = (
+        f"budget {json.dumps(name)}"
+        if isinstance(name, str) and name.strip()
+        else f"budget #{position}"
+    )
+    if isinstance(tenant, str) and tenant:
+        label += f" (tenant {tenant})"
+    return label
+
+
+# Lines of a budgets.toml: per ``[[budgets]]`` table, the line of its header ("") and of each
+# of its keys.
+BudgetLines = Sequence[Mapping[str, int]]
+_TABLE = re.compile(r"^\s*\[\[\s*budgets\s*\]\]\s*(#.*)?$")
+_ANY_TABLE = re.compile(r"^\s*\[")
+_KEY = re.compile(r"^\s*([A-Za-z0-9_-]+)\s*=")
+
+
+def toml_budget_lines(text: str) -> list[dict[str, int]]:
+    """Where each ``[[budgets]]`` table of ``text`` and its keys are (1-based lines)."""
+    tables: list[dict[str, int]] = []
+    current: dict[str, int] | None = None
+    for number, line in enumerate(text.splitlines(), start=1):
+        if _TABLE.match(line):
+            current = {"": number}
+            tables.append(current)
+        elif _ANY_TABLE.match(line):
+            current = None
+        elif current is not None and (key := _KEY.match(line)):
+            current.setdefault(key.group(1), number)
+    return tables
+
+
+def check_budgets(
+    documents: Sequence[Mapping[str, Any]], *, source: str, lines: BudgetLines = ()
+) -> tuple[tuple[Budget, ...], tuple[BudgetProblem, ...]]:
+    """The budgets that parse (sorted by name, then tenant) and each problem: a budget that
+    does not parse (named by its ``name``, at the line of the first bad key when ``lines``
+    has them), and a (name, tenant) declared twice."""
+    where = list(lines) if len(lines) == len(documents) else [{} for _ in documents]
+    budgets: list[Budget] = []
+    problems: list[BudgetProblem] = []
+    first: dict[tuple[str, str | None], int] = {}
     for i, document in enumerate(documents):
+        label, at = budget_label(document, i + 1), where[i]
         try:
-            budgets.append(Budget.model_validate(dict(document)))
+            found = Budget.model_validate(dict(document))
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or '-'}: {e['msg']}" for e in exc.errors()
+            errors = exc.errors()
+            keys = [str(e["loc"][0]) for e in errors if e["loc"]]
+            problems.append(
+                BudgetProblem(
+                    source=source,
+                    line=next((at[k] for k in keys if k in at), at.get("", 0)),
+                    message=f"{label}: "
+                    + "; ".join(
+                        f"{'.'.join(str(p) for p in e['loc']) or '-'}: {e['msg']}" for e in errors
+                    ),
+                )
             )
-            raise ConfigurationError(f"{source}: budget #{i + 1}: {problems}") from exc
-    names = [b.name for b in budgets]
-    duplicates = sorted({n for n in names if names.count(n) > 1})
-    if duplicates:
-        raise ConfigurationError(f"{source}: budget names used twice: {', '.join(duplicates)}")
-    return tuple(sorted(budgets, key=lambda b: b.name))
+            continue
+        identity = (found.name, found.tenant)
+        if identity in first:
+            earlier = where[first[identity]].get("", 0)
+            also = f"line {earlier}" if earlier else f"budget #{first[identity] + 1}"
+            problems.append(
+                BudgetProblem(
+                    source=source,
+                    line=at.get("", 0),
+                    message=(
+                        f"{label}: declared twice (also at {also}); one budget per name "
+                        + ("and tenant" if found.tenant else "without a tenant")
+                    ),
+                )
+            )
+            continue
+        first[identity] = i
+        budgets.append(found)
+    return tuple(sorted(budgets, key=lambda b: (b.name, b.tenant or ""))), tuple(problems)
 
 
-def load_budget_file(directory: Path) -> tuple[Budget, ...]:
-    """The budgets of a policy directory (none without a budgets file)."""
+def parse_budgets(
+    documents: Sequence[Mapping[str, Any]], *, source: str, lines: BudgetLines = ()
+) -> tuple[Budget, ...]:
+    """Budgets from their declarations; bad ones raise `ConfigurationError` naming each
+    (see `check_budgets`)."""
+    budgets, problems = check_budgets(documents, source=source, lines=lines)
+    if problems:
+        raise ConfigurationError("; ".join(str(p) for p in problems))
+    return budgets
+
+
+def budgets_for_tenant(budgets: Sequence[Budget], tenant: str) -> tuple[Budget, ...]:
+    """The budgets in force for ``tenant``, in the order of ``budgets`` (a set's are sorted
+    by name): per name, the one naming the tenant, else the default (no tenant); a budget
+    naming another tenant never applies."""
+    chosen: dict[str, Budget] = {}
+    for budget in budgets:
+        if budget.tenant is not None and budget.tenant != tenant:
+            continue
+        if budget.name not in chosen or budget.tenant is not None:
+            chosen[budget.name] = budget
+    return tuple(chosen.values())
+
+
+@dataclass(frozen=True, kw_only=True)
+class BudgetFile:
+    """A policy directory's budgets file as read: its budgets, or what is wrong with it."""
+
+    path: Path | None  # None: the directory has no budgets file
+    budgets: tuple[Budget, ...] = ()
+    problems: tuple[BudgetProblem, ...] = ()
+
+
+def read_budget_file(directory: Path) -> BudgetFile:
+    """The budgets of a policy directory and every problem of its budgets file (each bad
+    budget named, with its line in a budgets.toml)."""
     found = [directory / name for name in BUDGET_FILES if (directory / name).is_file()]
     if not found:
-        return ()
-    if len(found) > 1:
-        raise ConfigurationError(f"{directory} has both budgets.toml and budgets.json")
+        return BudgetFile(path=None)
     path = found[0]
+
+    def refused(message: str, line: int = 0) -> BudgetFile:
+        return BudgetFile(
+            path=path, problems=(BudgetProblem(source=str(path), line=line, message=message),)
+        )
+
+    if len(found) > 1:
+        return refused(f"{directory} has both budgets.toml and budgets.json")
     try:
         text = path.read_text(encoding="utf-8")
         content = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
     except (ValueError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigurationError(f"{path} does not parse: {exc}") from exc
+        return refused(f"does not parse: {exc}")
     if not isinstance(content, dict) or set(content) - {BUDGETS_KEY}:
-        raise ConfigurationError(f"{path}: only a list under {BUDGETS_KEY!r} is allowed")
+        return refused(f"only a list under {BUDGETS_KEY!r} is allowed")
     listed = content.get(BUDGETS_KEY, [])
     if not isinstance(listed, list) or not all(isinstance(b, dict) for b in listed):
-        raise ConfigurationError(f"{path}: {BUDGETS_KEY!r} must be a list of tables")
-    return parse_budgets(listed, source=str(path))
+        return refused(f"{BUDGETS_KEY!r} must be a list of tables")
+    lines = toml_budget_lines(text) if path.suffix == ".toml" else []
+    budgets, problems = check_budgets(listed, source=str(path), lines=lines)
+    return BudgetFile(path=path, budgets=budgets, problems=problems)
+
+
+def load_budget_file(directory: Path) -> tuple[Budget, ...]:
+    """The budgets of a policy directory (none without a budgets file); a file with any
+    problem raises `ConfigurationError` naming each, the bad budget by its name first."""
+    read = read_budget_file(directory)
+    if read.problems:
+        raise ConfigurationError("; ".join(str(p) for p in read.problems))
+    return read.budgets
 
 
 def canonical_budgets(budgets: Sequence[Budget]) -> str:
@@ -264,6 +405,12 @@ def budgets_of_tool(budgets: Sequence[Budget], tool: Tool) -> tuple[Budget, ...]
     tool when it is a write (plain reads have no ledger entry and are never budgeted)."""
     write = not (tool.effect is Effect.READ and tool.external is None)
     return tuple(b for b in budgets if tool.name in b.tools or (not b.tools and write))
+
+
+# The cap ``context.budgets`` shows for a budget that is not in force for the call's tenant
+# (another tenant's own budget, with no default of its name) or does not apply to its tool:
+# Cedar's largest Long, nothing caps it.
+UNCAPPED = 2**63 - 1
 
 
 # Usage in one window: scope key → (used, reserved), as read by the authorizer's view.

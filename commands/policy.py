@@ -22,10 +22,15 @@ from typing import Any, Protocol
 import cedarpy
 
 from commands.budgets import (
+    UNCAPPED,
     Budget,
+    BudgetFile,
     BudgetStanding,
+    budgets_for_tenant,
+    budgets_of_tool,
     canonical_budgets,
     load_budget_file,
+    read_budget_file,
 )
 from commands.catalog import Catalog, Resource, Tool
 from commands.cedar_schema import BUDGETS_CONTEXT, entity_type, generate_schema
@@ -199,6 +204,11 @@ class PolicySet:
         """A fixed set is its own source (see `PolicySource`)."""
         return self
 
+    def budgets_for(self, tenant: str) -> tuple[Budget, ...]:
+        """The budgets in force for ``tenant``: its own where one replaces the default of
+        the same name, else the default (docs/budgets.md, "Setting tenants apart")."""
+        return budgets_for_tenant(self.budgets, tenant)
+
     def policy_id(self, cedar_id: str) -> str:
         """The ``@id`` of a policy, or Cedar's own id when it has none."""
         return self.annotations.get(cedar_id, {}).get(ID_ANNOTATION) or cedar_id
@@ -344,9 +354,17 @@ def budgets_record(request: AuthorizationRequest, policies: PolicySet) -> dict[s
     if names is None:
         return None
     given = {s.name: s for s in request.budgets}
-    caps = {b.name: b.cap for b in policies.budgets}
+    # The tenant's budgets (its own replacing the default); a name the schema declares but
+    # none of which applies to this tenant's call is shown uncapped.
+    applying = {
+        b.name: b.cap
+        for b in budgets_of_tool(policies.budgets_for(request.actor.tenant), request.tool)
+    }
     return {
-        n: (given.get(n) or BudgetStanding(name=n, used=0, reserved=0, cap=caps[n])).cedar()
+        n: (
+            given.get(n)
+            or BudgetStanding(name=n, used=0, reserved=0, cap=applying.get(n, UNCAPPED))
+        ).cedar()
         for n in names
     }
 
@@ -704,21 +722,59 @@ def _cedar_message(exc: Exception | str) -> str:
 
 
 def directory_budgets(directory: Path) -> tuple[Budget, ...]:
-    """The budgets of a policy directory for its generated schema; a budgets file that does
-    not load declares none here (`policy check` names its problem on its own)."""
-    try:
-        return load_budget_file(directory)
-    except ConfigurationError:
-        return ()
+    """The budgets of a policy directory for its generated schema. A budgets file that does
+    not load raises `ConfigurationError` naming the bad budget: a schema generated without
+    its budgets would only move the error to the policies that name them."""
+    return load_budget_file(directory)
+
+
+def _without_budgets(schema: Any) -> Any:
+    """``schema`` (JSON form) with every action's ``context.budgets`` taken out."""
+    if not isinstance(schema, dict):
+        return schema
+    stripped = json.loads(json.dumps(schema))
+    for namespace in stripped.values():
+        actions = namespace.get("actions", {}) if isinstance(namespace, dict) else {}
+        for spec in actions.values():
+            context = (spec.get("appliesTo") or {}).get("context") or {}
+            (context.get("attributes") or {}).pop(BUDGETS_CONTEXT, None)
+    return stripped
+
+
+def _with_budgets_of(generated: dict[str, Any], on_disk: Any) -> dict[str, Any]:
+    """``generated`` with each action's ``context.budgets`` as ``on_disk`` declares it: the
+    schema to check policies against while the budgets file does not load, so that its own
+    problem is the one reported, not the drift it would cause."""
+    grafted: dict[str, Any] = json.loads(json.dumps(generated))
+    if not isinstance(on_disk, dict):
+        return grafted
+    for name, namespace in grafted.items():
+        theirs = on_disk.get(name)
+        their_actions = theirs.get("actions", {}) if isinstance(theirs, dict) else {}
+        for action, spec in namespace.get("actions", {}).items():
+            their_spec = their_actions.get(action)
+            if not isinstance(their_spec, dict):
+                continue
+            their_context = (their_spec.get("appliesTo") or {}).get("context") or {}
+            declared = (their_context.get("attributes") or {}).get(BUDGETS_CONTEXT)
+            if declared is not None:
+                spec["appliesTo"]["context"]["attributes"][BUDGETS_CONTEXT] = declared
+    return grafted
 
 
 def check_policy_directory(directory: Path, catalog: Catalog) -> list[PolicyProblem]:
-    """Everything wrong with the policy set in ``directory`` for ``catalog``: the catalog's
+    """Everything wrong with the policy set in ``directory`` for ``catalog``: the budgets
+    file's problems first (each bad budget by name, file and line), the catalog's
     declarations the Cedar schema cannot express (file and line of the declaration), a
     schema file that differs from the generated one, and each policy that does not parse or
-    does not match the generated schema (file, and the line of the problem in the policy)."""
-    problems: list[PolicyProblem] = []
-    generated = generate_schema(catalog, directory_budgets(directory))
+    does not match the generated schema (file, and the line of the problem in the policy).
+
+    While the budgets file does not load, ``context.budgets`` is taken as the schema file
+    declares it: its drift and the policies naming those budgets are knock-ons of the bad
+    budget, not reported."""
+    budget_file = read_budget_file(directory)
+    problems = _budget_problems(budget_file, catalog)
+    generated = generate_schema(catalog, budget_file.budgets)
     for p in generated.problems:
         source_file, _, source_line = p.source.rpartition(":")
         problems.append(
@@ -728,7 +784,7 @@ def check_policy_directory(directory: Path, catalog: Catalog) -> list[PolicyProb
                 message=f"tool {p.tool}: {p.where}: {p.problem}",
             )
         )
-    schema = cedarpy.Schema.from_json_str(generated.text())
+    expected = generated.schema
     for schema_file in sorted(directory.glob(f"*{SCHEMA_SUFFIX}")):
         try:
             on_disk = json.loads(schema_file.read_text(encoding="utf-8"))
@@ -737,7 +793,12 @@ def check_policy_directory(directory: Path, catalog: Catalog) -> list[PolicyProb
                 PolicyProblem(file=str(schema_file), line=1, message=f"not JSON: {exc}")
             )
             continue
-        if on_disk != generated.schema:
+        if budget_file.problems:
+            expected = _with_budgets_of(generated.schema, on_disk)
+            differs = _without_budgets(on_disk) != _without_budgets(generated.schema)
+        else:
+            differs = on_disk != generated.schema
+        if differs:
             problems.append(
                 PolicyProblem(
                     file=str(schema_file),
@@ -748,12 +809,11 @@ def check_policy_directory(directory: Path, catalog: Catalog) -> list[PolicyProb
                     ),
                 )
             )
+    schema = cedarpy.Schema.from_json_str(json.dumps(expected))
     policy_files = sorted(directory.glob("*.cedar"))
     if not policy_files:
         problems.append(PolicyProblem(file=str(directory), line=0, message="no *.cedar files"))
-    return (
-        problems + check_policy_files(policy_files, schema) + _budget_problems(directory, catalog)
-    )
+    return problems + check_policy_files(policy_files, schema)
 
 
 AnnotationCheck = Callable[[dict[str, str]], list[str]]
@@ -816,18 +876,21 @@ def check_policy_files(
     return problems
 
 
-def _budget_problems(directory: Path, catalog: Catalog) -> list[PolicyProblem]:
-    """The budgets file's problems: one that does not load, or a budget naming a tool the
-    catalog does not have (docs/budgets.md)."""
-    try:
-        budgets = load_budget_file(directory)
-    except ConfigurationError as exc:
-        return [PolicyProblem(file=str(directory), line=0, message=exc.safe_message)]
+def _budget_problems(budget_file: BudgetFile, catalog: Catalog) -> list[PolicyProblem]:
+    """The budgets file's problems (each bad budget by name, at its line when known), and
+    each budget naming a tool the catalog does not have (docs/budgets.md)."""
+    file = str(budget_file.path)
     return [
+        PolicyProblem(file=p.source, line=p.line, message=p.message) for p in budget_file.problems
+    ] + [
         PolicyProblem(
-            file=str(directory), line=0, message=f"budget {b.name}: no tool {tool!r} in the catalog"
+            file=file,
+            line=0,
+            message=f"budget {b.name}"
+            + (f" (tenant {b.tenant})" if b.tenant else "")
+            + f": no tool {tool!r} in the catalog",
         )
-        for b in budgets
+        for b in budget_file.budgets
         for tool in b.tools
         if catalog.get(tool) is None
     ]

@@ -245,9 +245,13 @@ class BudgetScopeShown(Body):
 
 
 class BudgetShown(Body):
-    """A budget of the policy set in force (`dashboard.shaping.budgets_panel`)."""
+    """A budget of the policy set in force for the token's tenant
+    (`dashboard.shaping.budgets_panel`)."""
 
     name: str
+    tenant_specific: bool = Field(
+        description="the tenant's own budget (`tenant =`), replacing any default of its name"
+    )
     measure: str
     unit: str = Field(description='the argument summed, or "calls"')
     cap: int

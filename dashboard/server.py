@@ -351,12 +351,13 @@ async def budgets(request: web.Request) -> web.Response:
     tenant = _operator(request).tenant
     policies = await request.app[_POLICIES].current()
     now = _now()
-    rows = await request.app[_READS].budget_usage(policies.budgets, tenant=tenant, now=now)
+    in_force = policies.budgets_for(tenant)  # its own budgets replace the defaults
+    rows = await request.app[_READS].budget_usage(in_force, tenant=tenant, now=now)
     return web.json_response(
         {
             "tenant": tenant,
             "policy_version": policies.version,
-            "budgets": shaping.budgets_panel(policies.budgets, rows, now=now),
+            "budgets": shaping.budgets_panel(in_force, rows, now=now),
         }
     )
 

@@ -518,10 +518,12 @@ def _local_time(budget: Budget, at: datetime | None) -> str | None:
 def budgets_panel(
     budgets: Iterable[Budget], rows: Iterable[Mapping[str, Any]], *, now: datetime
 ) -> list[dict[str, Any]]:
-    """Each budget of the set in force with its declaration and, per scope with usage in the
-    current window, used (consumed plus reserved for unsettled calls), reserved, cap, what
-    is left, a whole percent for the bar and the reset time; a budget nothing was used of
-    shows its next reset."""
+    """Each budget in force for the signed-in tenant (``budgets``: the set's, resolved with
+    `commands.budgets.budgets_for_tenant`, its own replacing the default) with its
+    declaration, whether it is the tenant's own, and, per scope with usage in the current
+    window, used (consumed plus reserved for unsettled calls), reserved, cap, what is left,
+    a whole percent for the bar and the reset time; a budget nothing was used of shows its
+    next reset."""
     by_budget: dict[str, list[Mapping[str, Any]]] = {}
     for row in rows:
         by_budget.setdefault(row["budget"], []).append(row)
@@ -550,6 +552,8 @@ def budgets_panel(
         shown.append(
             {
                 "name": budget.name,
+                # True: the tenant's own budget (`tenant =`), replacing any default.
+                "tenant_specific": budget.tenant is not None,
                 "measure": budget.measure,
                 "unit": budget.argument or "calls",
                 "cap": budget.cap,

@@ -524,13 +524,15 @@ class CommandExecutor:
         (refusal,) = resource_refusals([loaded], policies)
         if refusal is not None:
             return Execution(outcome=self._failed(command, refusal, trace_id)), None
-        budgeted = bool(policies.budgets) and not plain_read(command, tool)
+        # The tenant's budgets: its own where one replaces the default (docs/budgets.md).
+        in_force = policies.budgets_for(command.tenant) if policies.budgets else ()
+        budgeted = bool(in_force) and not plain_read(command, tool)
         if budgeted:
             # The authoritative budget check: the window locked, summed and the amount
             # reserved in this transaction, the one that inserts the ledger entry.
             exceeded = await self._budgets.reserve(
                 conn,
-                policies.budgets,
+                in_force,
                 tenant=command.tenant,
                 operation_id=command.operation_id,
                 agent=actor.sub,

@@ -1,5 +1,5 @@
-"""`ratifier budgets`: the budgets of the policy set in force, with each window's usage and
-when it resets (docs/budgets.md)."""
+"""`ratifier budgets`: the budgets of the policy set in force for one tenant (its own where
+one replaces the default), with each window's usage and when it resets (docs/budgets.md)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from commands.budgets import Budget, window_of
+from commands.budgets import Budget, budgets_for_tenant, window_of
 from commands.policy import PolicySet
 from config.settings import Settings
 from executors.budgets import BudgetBook, WindowUsage
@@ -50,22 +50,38 @@ def _amount(budget: Budget, value: int) -> str:
     return f"{value} calls" if budget.argument is None else f"{value} {budget.argument}"
 
 
+def origin(budget: Budget, budgets: Sequence[Budget]) -> str:
+    """Where a budget in force for a tenant comes from, when it is the tenant's own: " (tenant
+    T's own, replaces the default cap C)" or " (tenant T's own, no default)"; "" for the
+    default."""
+    if budget.tenant is None:
+        return ""
+    default = next((b for b in budgets if b.name == budget.name and b.tenant is None), None)
+    replaced = f"replaces the default cap {default.cap}" if default else "no default"
+    return f" (tenant {budget.tenant}'s own, {replaced})"
+
+
 def describe_budgets(
     budgets: Sequence[Budget], usages: Sequence[WindowUsage], *, tenant: str, now: datetime
 ) -> list[str]:
-    """Each budget with its declaration, then each scope's current window: used (consumed
-    plus reserved for calls still unknown), cap, what is left and when it resets."""
+    """Each budget in force for ``tenant`` (of the set's ``budgets``: its own replacing the
+    default) with its declaration, then each scope's current window: used (consumed plus
+    reserved for calls still unknown), cap, what is left and when it resets."""
     if not budgets:
         return ["the policy set in force declares no budgets"]
+    in_force = budgets_for_tenant(budgets, tenant)
+    if not in_force:
+        return [f"no budget of the policy set in force applies to tenant {tenant}"]
     lines = []
-    for budget in budgets:
+    for budget in in_force:
         window = (
             f"rolling {budget.rolling_hours} h"
             if budget.window == "rolling"
             else f"{budget.window} in {budget.time_zone}"
         )
         lines.append(
-            f"{budget.name}: {budget.measure} <= {budget.cap} per {window}, "
+            f"{budget.name}{origin(budget, budgets)}: "
+            f"{budget.measure} <= {budget.cap} per {window}, "
             f"tools {', '.join(budget.tools) or 'all writes'}, "
             f"per tenant{''.join(f', {p}' for p in budget.per if p != 'tenant')}"
         )
@@ -89,7 +105,8 @@ def describe_budgets(
 async def report(settings: Settings, *, tenant: str, local: bool) -> list[str]:
     policies = await policies_in_force(settings, local=local)
     now = datetime.now(UTC)
-    usages = await budget_usage(settings, policies.budgets, tenant=tenant, now=now)
+    in_force = policies.budgets_for(tenant)
+    usages = await budget_usage(settings, in_force, tenant=tenant, now=now)
     return [
         f"policy set {policies.version}",
         *describe_budgets(policies.budgets, usages, tenant=tenant, now=now),

@@ -55,7 +55,9 @@ def charges_of(
     found = []
     for i, request in enumerate(requests):
         declared = set(policies.budget_context.get(request.tool.name, ()))
-        for budget in budgets_of_tool(policies.budgets, request.tool):
+        # The tenant's budgets: its own where one replaces the default of the same name.
+        in_force = policies.budgets_for(request.actor.tenant)
+        for budget in budgets_of_tool(in_force, request.tool):
             if budget.name not in declared:
                 continue
             span = window_of(budget, now)
