@@ -10,16 +10,20 @@ import random
 import uuid
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 from psycopg_pool import AsyncConnectionPool
 from redis.asyncio import Redis
 
-from commands.budgets import Budget
+from commands.budgets import Budget, load_budget_file, window_of
 from commands.policy import PolicySet
 from commands.reference import catalog
 from config.settings import Settings
+from dashboard.server import create_app
 from executors.budgets import BudgetBook
 from executors.claims import Claim, ClaimKind, ClaimStore
 from executors.executor import CommandExecutor, GroupMember
@@ -34,6 +38,7 @@ from tests.integration.test_executor import (
     provider_stats,
     scalar,
 )
+from tests.services import bearer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -328,3 +333,139 @@ async def test_a_group_commit_reserves_each_member_in_its_savepoint(
     assert statuses == [Status.SUCCEEDED, Status.SUCCEEDED, Status.DENIED, Status.SUCCEEDED]
     rows = await usage(pool, budget.name)
     assert sorted(rows.values()) == [("consumed", 100), ("consumed", 400), ("consumed", 500)]
+
+
+# -- per-tenant caps (issue 42, docs/budgets.md "Setting tenants apart") ----------------------
+
+
+async def tenant_payment(pool: AsyncConnectionPool[Any], tenant: str) -> str:
+    payment_id = f"pay_BUD{uuid.uuid4().hex[:12]}"
+    async with pool.connection() as conn:
+        await conn.execute(
+            "INSERT INTO payments (tenant, payment_id, customer_email, amount_minor, currency, "
+            "refundable_minor, status) VALUES (%s, %s, 'budget@example.com', 10000000, 'EUR', "
+            "10000000, 'captured')",
+            (tenant, payment_id),
+        )
+    return payment_id
+
+
+def tenant_refund(tenant: str, payment_id: str, amount: int) -> CommittedCommand:
+    return command(
+        "propose_refund",
+        {"payment_id": payment_id, "amount_minor": amount, "reason": "budget test"},
+        tenant=tenant,
+        roles=("refund",),
+        approved=True,
+    )
+
+
+async def tenant_usage(
+    pool: AsyncConnectionPool[Any], budget: str
+) -> dict[str, list[tuple[str, int]]]:
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT tenant, state, amount FROM budget_usage WHERE budget = %s "
+            "ORDER BY tenant, reserved_at",
+            (budget,),
+        )
+        found: dict[str, list[tuple[str, int]]] = {}
+        for r in await cur.fetchall():
+            found.setdefault(r["tenant"], []).append((r["state"], r["amount"]))
+        return found
+
+
+async def test_a_tenant_is_capped_at_its_own_amount_while_others_get_the_default(
+    pool: AsyncConnectionPool[Any], executor_for: ExecutorFor
+) -> None:
+    """500.00 a day for every tenant, 200.00 for tenant-a (its own budget of the same name),
+    and a count of tenant-a's refunds that no other tenant has: through the executor's commit
+    transaction on real PostgreSQL, each tenant in windows of its own."""
+    name, count_name = unique("tenants"), unique("tenant-a-only")
+    default = daily(name, 50_000)
+    own = daily(name, 20_000, tenant="tenant-a")
+    only_a = daily(count_name, 10, tenant="tenant-a", measure="count")
+    executor = executor_for(default, own, only_a)
+    a_payment, b_payment = (
+        await tenant_payment(pool, "tenant-a"),
+        await tenant_payment(pool, "tenant-b"),
+    )
+
+    async def run(tenant: str, payment_id: str, amount: int) -> Any:
+        return (
+            await executor.execute(tenant_refund(tenant, payment_id, amount), trace_id=None)
+        ).outcome
+
+    # tenant-a: its own 200.00, not the default 500.00.
+    assert (await run("tenant-a", a_payment, 20_000)).status is Status.SUCCEEDED
+    over_a = await run("tenant-a", a_payment, 1)
+    assert over_a.status is Status.DENIED
+    assert over_a.error is not None and over_a.error.code is ErrorCode.BUDGET_EXCEEDED
+    assert f"Budget {name} exceeded" in over_a.error.message
+    assert "0 of 20000 remain" in over_a.error.message
+    # tenant-b: the default 500.00, in windows of its own (tenant-a's use takes nothing).
+    assert (await run("tenant-b", b_payment, 30_000)).status is Status.SUCCEEDED
+    assert (await run("tenant-b", b_payment, 20_000)).status is Status.SUCCEEDED
+    over_b = await run("tenant-b", b_payment, 1)
+    assert over_b.error is not None and over_b.error.code is ErrorCode.BUDGET_EXCEEDED
+    assert "0 of 50000 remain" in over_b.error.message
+    assert await tenant_usage(pool, name) == {
+        "tenant-a": [("consumed", 20_000)],  # a refusal reserves nothing in its budget
+        "tenant-b": [("consumed", 30_000), ("consumed", 20_000)],
+    }
+    # The budget only tenant-a has counts its calls alone (the refused one's reservation,
+    # made first in the lock order, is released by its refusal).
+    assert await tenant_usage(pool, count_name) == {"tenant-a": [("consumed", 1), ("released", 1)]}
+    # `ratifier budgets --tenant` and the dashboard read each tenant's window.
+    now = datetime.now(UTC)
+    async with pool.connection() as conn:
+        (a_window,) = await BudgetBook().usage(conn, own, tenant="tenant-a", now=now)
+        (b_window,) = await BudgetBook().usage(conn, default, tenant="tenant-b", now=now)
+    assert (a_window.used, a_window.budget.cap) == (20_000, 20_000)
+    assert (b_window.used, b_window.budget.cap) == (50_000, 50_000)
+
+
+async def test_the_dashboard_shows_each_tenant_the_budgets_in_force_for_it(
+    own_settings: Settings, tmp_path: Path
+) -> None:
+    """GET /api/budgets as tenant-a shows its own cap (marked as its own) and its usage; as
+    tenant-b the default; neither sees the other's budget or usage."""
+    from tests.unit.test_budget_context import budgeted_directory
+    from tests.unit.test_budget_tenants import TENANTS
+
+    name = unique("tenants-api")
+    directory = budgeted_directory(tmp_path, "", budgets=TENANTS.replace("daily-refunds", name))
+    (directory / "budgets.cedar").unlink()
+    settings = own_settings.model_copy(
+        update={"policies": own_settings.policies.model_copy(update={"directory": str(directory)})}
+    )
+    own = next(b for b in load_budget_file(directory) if b.tenant == "tenant-a")
+    now = datetime.now(UTC)
+    tenant_a, tenant_b = unique("ta"), unique("tb")
+    # The test database outlives sessions: tenants of this test's own, named in the file.
+    text = (directory / "budgets.toml").read_text(encoding="utf-8")
+    (directory / "budgets.toml").write_text(
+        text.replace('"tenant-a"', f'"{tenant_a}"'), encoding="utf-8"
+    )
+    with psycopg.connect(settings.storage.database_url, autocommit=True) as conn:
+        for owner, amount in ((tenant_a, 15_000), (tenant_b, 1_000)):
+            conn.execute(
+                "INSERT INTO budget_usage (tenant, budget, operation_id, scope_key, window_key, "
+                "amount, state, reserved_at) VALUES (%s, %s, %s, '*', %s, %s, 'consumed', %s)",
+                (owner, name, uuid.uuid4().hex, window_of(own, now).key, amount, now),
+            )
+
+    async with TestClient(TestServer(create_app(settings))) as dashboard:
+
+        async def shown(tenant: str) -> list[tuple[str, int, bool, list[int]]]:
+            answer = await dashboard.get(
+                "/api/budgets", headers=bearer(settings, tenant, ("support",))
+            )
+            assert answer.status == 200
+            return [
+                (b["name"], b["cap"], b["tenant_specific"], [s["used"] for s in b["scopes"]])
+                for b in (await answer.json())["budgets"]
+            ]
+
+        assert await shown(tenant_a) == [(name, 20_000, True, [15_000])]
+        assert await shown(tenant_b) == [(name, 50_000, False, [1_000])]

@@ -26,6 +26,7 @@ from commands.policy import (
     PolicySet,
     budgets_record,
     check_policy_directory,
+    directory_budgets,
 )
 from commands.reference import catalog
 from config.settings import Settings
@@ -198,9 +199,21 @@ def test_policy_check_puts_the_bad_budget_first_without_its_knock_ons(tmp_path: 
         f'{directory / "budgets.toml"}:14: budget "daily-refunds" (tenant tenant-a): '
         "cap: Input should be a valid integer"
     ]
-    # The schema as the service and `ratifier policy schema` read it: the same error.
-    with pytest.raises(ConfigurationError, match=r'^\S+budgets.toml:14: budget "daily-refunds"'):
-        PolicySet.from_directory(directory)
+    # The set as a service loads it, and the budgets `ratifier policy schema` generates the
+    # schema with (not a schema without them): the same error first.
+    for load in (PolicySet.from_directory, directory_budgets):
+        with pytest.raises(ConfigurationError, match=r'^\S+budgets.toml:14: budget "daily-refun'):
+            load(directory)
+    # Every declaration of the name the policy uses broken: still only the budgets' problems.
+    (directory / "budgets.toml").write_text(
+        text.replace("cap = 20000", 'cap = "200.00"').replace("cap = 50000", "cap = 500.00"),
+        encoding="utf-8",
+    )
+    problems = [str(p) for p in check_policy_directory(directory, catalog)]
+    assert [p.partition(": ")[2][:42] for p in problems] == [
+        'budget "daily-refunds": cap: Input should ',
+        'budget "daily-refunds" (tenant tenant-a): ',
+    ]
 
 
 def test_policy_check_still_reports_a_real_drift_after_the_bad_budget(tmp_path: Path) -> None:
@@ -277,4 +290,16 @@ def test_the_dashboard_shows_the_budgets_in_force_for_the_tenant(tmp_path: Path)
     panel = budgets_panel(policies.budgets_for("tenant-b"), [], now=now)
     assert [(b["name"], b["cap"], b["tenant_specific"]) for b in panel] == [
         ("daily-refunds", 50000, False)
+    ]
+
+
+def test_the_authorizers_view_reads_the_tenants_own_window_and_cap(tmp_path: Path) -> None:
+    from streams.budget_view import charges_of
+
+    policies = PolicySet.from_directory(budgeted_directory(tmp_path, NEAR, budgets=TENANTS))
+    now = datetime(2026, 12, 2, 10, tzinfo=UTC)
+    charges = charges_of([request_of("tenant-a"), request_of("tenant-b")], policies, now)
+    assert [(c.index, c.name, c.cap, c.window.tenant) for c in charges] == [
+        (0, "daily-refunds", 20000, "tenant-a"),
+        (1, "daily-refunds", 50000, "tenant-b"),
     ]
