@@ -318,6 +318,38 @@ def mixed_wave(settings: Settings, history: History, proposed: set[str], size: i
     )
 
 
+def where_calls_stopped(records: list[Any], calls: set[str]) -> dict[str, Counter[str]]:
+    """For each topic, how many of ``calls`` have a record on it (by the ``call_id`` in the
+    value: every pipeline record carries its call's id)."""
+    found: dict[str, Counter[str]] = {}
+    for record in records:
+        try:
+            call_id = json.loads(record.value).get("call_id")
+        except (ValueError, AttributeError):
+            continue
+        if call_id in calls:
+            found.setdefault(record.topic.split(".", 1)[1], Counter())[call_id] += 1
+    return found
+
+
+def unanswered_report(pipeline: Any, expected: set[str]) -> str:
+    """What a timeout leaves to diagnose: the calls without an outcome, the furthest topic each
+    reached, and every worker's log tail."""
+    settings = pipeline.settings
+    records = run(read_to_end(settings, list(Topic)))
+    missing = expected - set(outcomes_by_call(records))
+    reached = where_calls_stopped(records, missing)
+    tails = "\n".join(
+        f"--- {w.name} (alive: {w.process.poll() is None})\n{w.log_tail()}"
+        for w in pipeline.workers
+    )
+    return (
+        f"{len(missing)} of {len(expected)} calls have no outcome; of those, records per "
+        f"topic: { {t: len(c) for t, c in sorted(reached.items())} }; e.g. "
+        f"{sorted(missing)[:5]}\n{tails}"
+    )
+
+
 def test_pipeline_through_a_killed_leader(
     cluster: KafkaInstance, signing_keys: SigningKeys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -346,14 +378,19 @@ def test_pipeline_through_a_killed_leader(
         cluster.up()
         restarted = time.monotonic() - killed_at
         mixed_wave(settings, history, proposed, 200)
-        records = run(
-            read_until(
-                settings,
-                [Topic.OUTCOMES],
-                lambda recs: proposed | set(history.proposed) <= set(outcomes_by_call(recs)),
-                timeout=180,
+        try:
+            records = run(
+                read_until(
+                    settings,
+                    [Topic.OUTCOMES],
+                    lambda recs: proposed | set(history.proposed) <= set(outcomes_by_call(recs)),
+                    timeout=180,
+                )
             )
-        )
+        except TimeoutError as exc:
+            raise AssertionError(
+                unanswered_report(pipeline, proposed | set(history.proposed))
+            ) from exc
         all_answered = time.monotonic() - killed_at
         deadline = time.monotonic() + 90
         while True:
