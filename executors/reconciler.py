@@ -12,8 +12,10 @@ hook (`ExternalEffect.lookup`) asks the downstream system by operation id:
   idempotency key still protects it), then settle or release;
 - failed downstream → release the reservation, publish `failed`;
 - cannot tell (downstream unreachable) → check again later, with bounded backoff; when the
-  budget is spent → `retry_exhausted`, escalated (`ratifier ops unknown`), the reservation
-  kept until a human resolves it (`ratifier ops resolve`).
+  budget is spent → escalated (`ratifier ops unknown`): the calls are told `unknown` /
+  `retry_exhausted` (v1.9; before, `failed`, though the effect may have happened), the
+  reservation kept until a human resolves it (`ratifier ops resolve`), whose outcome is the
+  calls' final one.
 
 Every call answered `unknown` for the operation (`unknown_calls`: the call that started it and
 any retry under the same idempotency key) is owed the settled outcome, readdressed to its own

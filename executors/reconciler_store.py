@@ -192,7 +192,9 @@ class Reconciler:
             detail={"operation_id": row["operation_id"], "attempts": attempt},
         )
         log.error("operation %s escalated after %d checks", row["operation_id"], attempt)
-        outcome = settled_outcome(row, Status.FAILED, code=ErrorCode.RETRY_EXHAUSTED)
+        # Still `unknown` (v1.9): nobody can tell yet whether the effect happened, so no
+        # final answer is given; a human's resolution settles the calls.
+        outcome = settled_outcome(row, Status.UNKNOWN, code=ErrorCode.RETRY_EXHAUSTED)
         # The waiting calls stay recorded: a human's resolution is owed to them too.
         owed = await self._owe(conn, row, outcome, settled=False)
         return Verdict(outcome=outcome, escalated=True, owed=owed)

@@ -19,7 +19,7 @@ from schemas.names import REPLY_NAMESPACE, REPLY_OF_HEADER, TRACEPARENT_HEADER
 
 ASYNCAPI_VERSION = "3.0.0"
 # The contract's version: major = the records' "v", minor = additive changes since.
-CONTRACT_VERSION = "1.8.0"
+CONTRACT_VERSION = "1.9.0"
 KAFKA_BINDING_VERSION = "0.5.0"
 
 # What each topic's Kafka key is (the partition key): a field of the record.

@@ -87,7 +87,9 @@ SAFE_MESSAGES: dict[ErrorCode, str] = {
     ErrorCode.TIMEOUT: "The outcome is not known yet; reconciliation is under way.",
     ErrorCode.RETRYABLE_ERROR: "A transient failure happened before any effect.",
     ErrorCode.PERMANENT_ERROR: "The call cannot succeed with these arguments.",
-    ErrorCode.RETRY_EXHAUSTED: "Retries are exhausted; the call was escalated.",
+    ErrorCode.RETRY_EXHAUSTED: (
+        "Retries are exhausted (status unknown: escalated to a person, whose answer follows)."
+    ),
     ErrorCode.CANCELLED: "The call was cancelled before its effect.",
     ErrorCode.INVALID_REPLY_ADDRESS: "The reply address is not a reply topic of this deployment.",
     ErrorCode.FROZEN: "Operators have paused this kind of action for now; try again later.",

@@ -50,13 +50,17 @@ class History:
                     found.append(f"still unknown: {call_id}")
                 continue
             final = done[-1]["status"]
-            if (done[-1].get("error") or {}).get("code") not in TRY_AGAIN_LATER:
+            code = (done[-1].get("error") or {}).get("code")
+            if code not in TRY_AGAIN_LATER:
                 final_by_operation.setdefault(operation_id, set()).add(final)
             applied = self.effects.get(operation_id, 0) > 0
             if final == "succeeded" and not applied:
                 found.append(f"succeeded without an effect: {call_id}")
-            if final == "failed" and applied and done[-1]["error"]["code"] != "retry_exhausted":
-                found.append(f"failed although applied downstream: {call_id}")
+            # Applied means succeeded, whatever the code (an escalation is `unknown`, never
+            # `failed`). Not this call's effect: a `conflict` (the key is another call's) and
+            # a call turned away before anything ran (its retry applied it).
+            if applied and final not in ("succeeded", "conflict") and code not in TRY_AGAIN_LATER:
+                found.append(f"{final} ({code}) although applied downstream: {call_id}")
         for operation_id, finals in final_by_operation.items():
             if len(finals) > 1:
                 found.append(f"operation {operation_id} ended differently: {sorted(finals)}")

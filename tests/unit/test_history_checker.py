@@ -31,3 +31,31 @@ def test_two_real_endings_of_one_operation_are_a_violation() -> None:
     assert "operation op ended differently: ['failed', 'succeeded']" in history.problems(
         settled=True
     )
+
+
+def test_an_applied_refund_reported_failed_is_a_violation_whatever_the_code() -> None:
+    for code in ("retry_exhausted", "permanent_error", "timeout"):
+        history = History(
+            proposed={"c1": "op"},
+            effects={"op": 1},
+            outcomes={"c1": [outcome("unknown", "timeout"), outcome("failed", code)]},
+        )
+        assert f"failed ({code}) although applied downstream: c1" in history.problems(settled=True)
+
+
+def test_an_escalation_is_unknown_and_the_human_resolution_settles_it() -> None:
+    escalated = [outcome("unknown", "timeout"), outcome("unknown", "retry_exhausted")]
+    history = History(proposed={"c1": "op"}, effects={"op": 1}, outcomes={"c1": escalated})
+    assert history.problems(settled=True) == ["still unknown: c1"]
+    history.outcomes["c1"] = [*escalated, outcome("succeeded")]
+    assert history.problems(settled=True) == []
+
+
+def test_a_conflicting_reuse_of_an_applied_key_is_no_violation() -> None:
+    history = History(
+        proposed={"c1": "op", "c2": "op"},
+        effects={"op": 1},
+        outcomes={"c1": [outcome("succeeded")], "c2": [outcome("conflict", "conflict")]},
+    )
+    # The conflict answers c2's reuse of the key, not whether the effect happened.
+    assert all("although applied" not in p for p in history.problems(settled=True))
