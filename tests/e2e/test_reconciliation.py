@@ -116,6 +116,16 @@ def ledger(pipeline: Pipeline, operation_id: str) -> dict[str, Any]:
     return {"status": row[0], "attempts": row[1], "escalated": row[2] is not None}
 
 
+def due_elsewhere(pipeline: Pipeline) -> int:
+    """Unknown, unescalated operations in the shared ledger: each takes a turn of the
+    reconciler's checks (a diagnosis when a schedule seems not to run)."""
+    with psycopg.connect(pipeline.settings.storage.database_url) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM command_ledger WHERE status = 'unknown' AND escalated_at IS NULL"
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
 def refund_status(pipeline: Pipeline, operation_id: str) -> str:
     with psycopg.connect(pipeline.settings.storage.database_url) as conn:
         row = conn.execute(
@@ -255,7 +265,11 @@ def test_reconciler_killed_mid_schedule_neither_loses_nor_repeats(
     faults(pipeline, down=True)
     deadline = time.monotonic() + 60
     while ledger(pipeline, command.operation_id)["attempts"] < 2:
-        assert time.monotonic() < deadline, "the schedule never ran"
+        assert time.monotonic() < deadline, (
+            f"the schedule never ran: {ledger(pipeline, command.operation_id)}, "
+            f"{due_elsewhere(pipeline)} other unknown operation(s) not escalated\n"
+            f"{patient.log_tail()}"
+        )
         time.sleep(0.2)
     patient.kill()
     before = ledger(pipeline, command.operation_id)["attempts"]
