@@ -4,7 +4,11 @@ provider's write breaker, shared by both executors, opens within 5 s of the outa
 is open the provider sees no attempt (its counters, sampled every 0.1 s); every call gets
 one final outcome (`unavailable` with `retry_after` for those refused; reads, judged by
 their own breaker, all succeed); it closes within 10 s of the recovery; each change of state
-is a `breakers` record and an audit row."""
+is a `breakers` record and an audit row.
+
+And the breaker is one for the fleet: opened by one executor's failures, a second executor
+process refuses the downstream's calls `unavailable` without a single attempt (the
+provider's POST counter) while the first is gone."""
 
 from __future__ import annotations
 
@@ -22,13 +26,20 @@ import psycopg
 import pytest
 
 from config.settings import Settings
+from ratifier.processes import wait_for_log
 from ratifier.topics import delete_topics
 from runtime.clients import kafka_producer
 from schemas.envelopes import BreakerTransition
 from schemas.names import Topic
 from tests.e2e.conftest import ARTIFACTS, Pipeline, SigningKeys, start_pipeline
-from tests.e2e.executor_kit import wait_terminal
-from tests.services import context_token, keyed_call, read_until, run
+from tests.e2e.executor_kit import (
+    provider_stats,
+    publish_commands,
+    refund_command,
+    seed_payments,
+    wait_terminal,
+)
+from tests.services import context_token, keyed_call, read_to_end, read_until, run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
@@ -209,3 +220,80 @@ def test_a_provider_outage_under_load(outage: Pipeline) -> None:
     assert sorted((r["to_state"], r["at"]) for r in audited if r["breaker"] == BREAKER) == sorted(
         (t.to_state, json.loads(t.model_dump_json())["at"]) for t in transitions
     )
+
+
+def _opened(settings: Settings) -> BreakerTransition:
+    """The first transition of the write breaker to `open` on `breakers`."""
+
+    def opened(records: list[Any]) -> bool:
+        return any(json.loads(r.value)["to_state"] == "open" for r in records)
+
+    records = run(read_until(settings, [Topic.BREAKERS], opened, timeout=60))
+    found = [BreakerTransition.model_validate_json(r.value) for r in records]
+    return next(t for t in found if t.breaker == BREAKER and t.to_state == "open")
+
+
+async def _set_faults(url: str, **faults: Any) -> None:
+    async with aiohttp.ClientSession() as session:
+        await _faults(session, url, **faults)
+
+
+@pytest.mark.timeout(240)
+def test_a_breaker_opened_by_one_executor_stops_another_without_an_attempt(
+    signing_keys: SigningKeys,
+) -> None:
+    # A long cool-down: the breaker stays open while the second executor takes over.
+    pipeline = start_pipeline(
+        signing_keys,
+        f"e2e-breaker-shared-{uuid.uuid4().hex[:4]}",
+        streams=False,
+        executors=1,
+        RATIFIER_EXECUTOR__CLAIM_LEASE_SECONDS="5",
+        RATIFIER_BREAKERS__WINDOW_SECONDS="60",
+        RATIFIER_BREAKERS__MIN_CALLS="5",
+        RATIFIER_BREAKERS__COOLDOWN_SECONDS="300",
+    )
+    try:
+        settings, url = pipeline.settings, pipeline.provider_url
+        seed_payments(settings)
+        first = pipeline.worker("executor")
+        assert wait_for_log(first, "started on", timeout=120), first.log_tail()
+        # The provider fails every refund (503, nothing applied): the first executor's
+        # attempts open the breaker.
+        run(_set_faults(url, fail_before=10**9))
+        failing = [refund_command(f"bs-{uuid.uuid4().hex[:12]}") for _ in range(8)]
+        publish_commands(settings, failing)
+        opened = _opened(settings)
+        assert opened.by.split(":")[1] == str(first.process.pid), opened
+        wait_terminal(settings, {c.call_id for c in failing}, timeout=120)
+
+        # A second executor process; the first one leaves: only the second reads commands.
+        second = pipeline.start("executor", "executor-2")
+        assert wait_for_log(second, "started on", timeout=120), second.log_tail()
+        pipeline.stop_worker("executor")
+        attempts = provider_stats(url)["posts"]
+        refused = [refund_command(f"bs-{uuid.uuid4().hex[:12]}") for _ in range(10)]
+        publish_commands(settings, refused)
+        outcomes = wait_terminal(settings, {c.call_id for c in refused}, timeout=120)
+
+        stats = provider_stats(url)
+        assert stats["posts"] == attempts, "the second executor attempted the provider"
+        for command in refused:
+            found = outcomes[command.call_id]
+            answers = {(o["status"], (o.get("error") or {}).get("code")) for o in found}
+            assert answers == {("rejected", "unavailable")}, found
+            assert all(o["error"]["retryable"] and o["error"]["retry_after"] > 0 for o in found)
+        # It was the second executor that refused them, and the breaker never moved again.
+        assert "executor-2" in [w.name for w in pipeline.workers]
+        assert "executor" not in [w.name for w in pipeline.workers]
+        moves = run(_breaker_moves(settings))
+        assert moves == [("closed", "open")], moves
+    finally:
+        pipeline.stop()
+        run(delete_topics(pipeline.settings))
+
+
+async def _breaker_moves(settings: Settings) -> list[tuple[str, str]]:
+    records = await read_to_end(settings, [Topic.BREAKERS])
+    found = [BreakerTransition.model_validate_json(r.value) for r in records]
+    return [(t.from_state, t.to_state) for t in sorted(found, key=lambda t: t.at)]
