@@ -1,9 +1,11 @@
 """The kill switch on the real pipeline (Kafka, Redis, PostgreSQL, worker processes):
-`ratifier freeze`, run as an operator runs it while 150 calls/s flow, returns within 1 s of
-its invocation and no effect starts later than 1 s after the invocation (provider counters,
-matched by the executor's audit rows); later calls end `frozen`, unfreezing restores service;
-a committed command not started yet is refused at commit time; an approval in a frozen scope
-is refused."""
+`ratifier freeze`, run as an operator runs it while 150 calls/s flow and the executor has a
+backlog (stopped for a while, committed commands waiting for it), returns within 1 s of its
+invocation; no effect comes after it (provider counters, matched by the executor's audit
+rows); each stage refuses what it holds, counted apart: the executor every command of its
+backlog (`frozen` at commit time), the authorizer every later call, together every refund
+that did not run; unfreezing restores service; a committed command not started yet is
+refused at commit time; an approval in a frozen scope is refused."""
 
 from __future__ import annotations
 
@@ -38,14 +40,16 @@ from tests.e2e.approvals_kit import (
 )
 from tests.e2e.conftest import ARTIFACTS, Pipeline
 from tests.e2e.executor_kit import provider_stats, wait_terminal
-from tests.services import context_token, keyed_call, read_until, run, worker_env
+from tests.services import context_token, keyed_call, read_to_end, read_until, run, worker_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
 OPERATOR = Actor(sub="ops-1", tenant="tenant-a", roles=("operator",))
 RATE = 150  # calls per second offered (half refunds, half reads): the load of issue 42
 TICK = 0.05
-BEFORE, AFTER = 3.0, 3.0  # seconds of load before and after the freeze
+# Seconds of load: with the executor running, with it stopped (a backlog builds up on
+# `commands.committed`) before the freeze, and after the freeze returned.
+LIVE, BACKLOG, AFTER = 2.0, 2.0, 3.0
 
 
 async def _switch(settings: Settings, scope: str, *, frozen: bool) -> float:
@@ -99,25 +103,49 @@ async def _freeze_from_the_command_line(pipeline: Pipeline) -> CommandLineFreeze
     return CommandLineFreeze(invoked=invoked, returned=returned, in_force=in_force, output=output)
 
 
-async def _load_with_freeze(
-    pipeline: Pipeline,
-) -> tuple[dict[str, tuple[str, float]], CommandLineFreeze]:
-    """Offer refunds (auto-approved, 1 minor unit) and reads at RATE for BEFORE + AFTER
-    seconds; after BEFORE, run `ratifier freeze` on `writes:tenant-a` while the load goes
-    on. Every call's kind and send time, and the freeze's timings."""
+@dataclass
+class Backlogged:
+    """What the load met: each call's kind and send time, when the executor had stopped
+    (wall clock), and the freeze's timings."""
+
+    sent: dict[str, tuple[str, float]]
+    stopped: float
+    restarted: float
+    freeze: CommandLineFreeze
+
+
+async def _load_with_freeze(pipeline: Pipeline) -> Backlogged:
+    """Offer refunds (auto-approved, 1 minor unit) and reads at RATE. After LIVE seconds,
+    stop the executor (the load goes on: committed commands wait on `commands.committed`, a
+    backlog); BACKLOG seconds after it stopped, run `ratifier freeze` on `writes:tenant-a`
+    while the load goes on; once it returned, start the executor again, and offer load for
+    AFTER seconds more."""
     settings = pipeline.settings
     refunder = context_token(settings, roles=("refund", "refund_auto"))
     reader = context_token(settings, roles=("support",))
     producer = kafka_producer(settings)
     await producer.start()
     sent: dict[str, tuple[str, float]] = {}
+    stopping: asyncio.Task[None] | None = None
     freezing: asyncio.Task[CommandLineFreeze] | None = None
+    stopped = restarted = 0.0
     try:
         started = time.monotonic()
         n = 0
-        while (elapsed := time.monotonic() - started) < BEFORE + AFTER:
-            if freezing is None and elapsed >= BEFORE:
+        while not restarted or time.time() < restarted + AFTER:
+            elapsed = time.monotonic() - started
+            assert elapsed < 120, "the executor did not stop, or the freeze did not return"
+            if stopping is None and elapsed >= LIVE:
+                stopping = asyncio.create_task(asyncio.to_thread(pipeline.stop_worker, "executor"))
+            if stopping is not None and stopping.done() and not stopped:
+                await stopping  # its error, if it failed
+                stopped = time.time()
+            if freezing is None and stopped and time.time() >= stopped + BACKLOG:
                 freezing = asyncio.create_task(_freeze_from_the_command_line(pipeline))
+            if freezing is not None and freezing.done() and not restarted:
+                await freezing  # its error, if it failed
+                pipeline.start("executor", "executor")
+                restarted = time.time()
             for _ in range(int(RATE * TICK)):
                 n += 1
                 call_id = f"ks-{uuid.uuid4().hex[:16]}"
@@ -146,35 +174,60 @@ async def _load_with_freeze(
         freeze = await freezing
     finally:
         await producer.stop()
-    return sent, freeze
+        if stopping is not None:
+            await asyncio.wait({stopping})
+        if freezing is not None and not freezing.done():
+            freezing.cancel()
+            await asyncio.wait({freezing})
+        # The session's pipeline keeps its executor, whatever happened here.
+        if "executor" not in [w.name for w in pipeline.workers]:
+            pipeline.start("executor", "executor")
+    return Backlogged(sent=sent, stopped=stopped, restarted=restarted, freeze=freeze)
 
 
 def _at(iso: str) -> float:
     return datetime.fromisoformat(iso).timestamp()
 
 
-def test_a_freeze_under_load_stops_every_effect_within_a_second(pipeline: Pipeline) -> None:
+def _committed_at(settings: Settings, call_ids: set[str]) -> dict[str, float]:
+    """When each of ``call_ids`` that was committed got its `commands.committed` record (the
+    record's timestamp, wall-clock seconds)."""
+    found: dict[str, float] = {}
+    for record in run(read_to_end(settings, [Topic.COMMITTED])):
+        call_id = json.loads(record.value)["call_id"]
+        if call_id in call_ids:
+            found.setdefault(call_id, record.timestamp / 1000)
+    return found
+
+
+def test_a_freeze_under_load_with_an_executor_backlog_refuses_at_both_stages(
+    pipeline: Pipeline,
+) -> None:
     settings = pipeline.settings
     offered = time.monotonic()
     try:
-        sent, freeze = run(_load_with_freeze(pipeline))
+        load = run(_load_with_freeze(pipeline))
         offered = (time.monotonic() - offered) or 1.0
-        outcomes = wait_terminal(settings, set(sent), timeout=300)
+        outcomes = wait_terminal(settings, set(load.sent), timeout=300)
     finally:
         run(_switch(settings, "writes:tenant-a", frozen=False))
     unfrozen = time.time()
+    sent, freeze = load.sent, load.freeze
     stats = provider_stats(pipeline.provider_url)
-    ours = {f"tenant-a:{c}" for c, (kind, _) in sent.items() if kind == "refund"}
-    applied = {k: _at(t) for k, t in stats["applied_at"].items() if k in ours}
+    refunds = {c for c, (kind, _) in sent.items() if kind == "refund"}
+    applied = {
+        c: _at(stats["applied_at"][f"tenant-a:{c}"])
+        for c in refunds
+        if f"tenant-a:{c}" in stats["applied_at"]
+    }
+    committed = _committed_at(settings, refunds)
 
     invoked, acked = freeze.invoked, freeze.in_force
     # The operator's command returned within 1 s of its invocation, once the broker had the
-    # record (the time it printed lies between the two), and no effect started later than 1 s
-    # after the invocation.
+    # record (the time it printed lies between the two).
     assert freeze.returned - invoked <= 1.0, (round(freeze.returned - invoked, 3), freeze.output)
     assert invoked < acked <= freeze.returned, freeze
-    late = {k: round(t - invoked, 3) for k, t in applied.items() if t > invoked + 1.0}
-    assert not late, late
+    assert load.stopped < invoked < load.restarted, load
 
     final = {c: found[-1] for c, found in outcomes.items()}
     by_status: dict[tuple[str, str, str | None], int] = {}
@@ -185,43 +238,65 @@ def test_a_freeze_under_load_stops_every_effect_within_a_second(pipeline: Pipeli
         by_status[key] = by_status.get(key, 0) + 1
         if code == "frozen":
             by_stage[outcome["stage"]] = by_stage.get(outcome["stage"], 0) + 1
+    # The executor's backlog when the freeze came: refunds committed before the broker's
+    # acknowledgement and not executed (the executor was stopped).
+    backlog = {c for c in refunds if c not in applied and committed.get(c, acked) < acked}
     report = {
         "offered_calls": len(sent),
-        "offered_per_second": round(len(sent) / (BEFORE + AFTER), 1),
+        "offered_per_second": round(len(sent) / offered, 1),
         "seconds_to_offer": round(offered, 2),
         "outcomes": {" ".join(map(str, k)): v for k, v in sorted(by_status.items(), key=str)},
         "frozen_at_stage": by_stage,
+        "executor_backlog_at_freeze": len(backlog),
         "effects": len(applied),
+        "executor_stopped_before_freeze_s": round(invoked - load.stopped, 3),
+        "executor_restarted_after_freeze_s": round(load.restarted - invoked, 3),
         "freeze_command_returned_after_s": round(freeze.returned - invoked, 3),
         "freeze_in_force_after_s": round(acked - invoked, 3),
-        "last_effect_after_invocation_s": round(
-            max(applied.values(), default=invoked) - invoked, 3
+        "last_effect_before_invocation_s": round(
+            invoked - max(applied.values(), default=invoked), 3
         ),
-        "last_effect_after_ack_s": round(max(applied.values(), default=acked) - acked, 3),
     }
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     Path(ARTIFACTS / "kill-switch-load.json").write_text(json.dumps(report, indent=2))
     print("kill switch under load:", json.dumps(report))
 
+    # No effect after the freeze: every one was applied before the command was invoked.
+    late = {c: round(t - invoked, 3) for c, t in applied.items() if t >= invoked}
+    assert not late, late
+    at_authorize, at_execute = set(), set()
     for call_id, (kind, at) in sent.items():
         outcome = final[call_id]
         code = (outcome.get("error") or {}).get("code")
-        effect = applied.get(f"tenant-a:{call_id}")
         if kind == "read":  # a writes freeze leaves reads alone
             assert outcome["status"] == "succeeded", outcome
             continue
         if outcome["status"] == "succeeded":
-            assert effect is not None, outcome
-        else:  # frozen before its effect: at admission or at commit time; no effect at all
-            assert (outcome["status"], code) == ("denied", "frozen"), outcome
-            assert outcome["stage"] in ("authorize", "execute"), outcome
-            assert effect is None, outcome
-        if at > invoked + 1.0:  # proposed a second after the command: refused
-            assert code == "frozen", outcome
+            assert call_id in applied, outcome
+            continue
+        # Frozen before its effect, no effect at all: a committed command by the executor
+        # (at commit time), any other call by the authorizer.
+        assert (outcome["status"], code) == ("denied", "frozen"), outcome
+        assert call_id not in applied, outcome
+        if call_id in committed:
+            assert outcome["stage"] == "execute", outcome
+            at_execute.add(call_id)
+        else:
+            assert outcome["stage"] == "authorize", outcome
+            at_authorize.add(call_id)
+        if at > invoked + 1.0:  # proposed a second after the command: the authorizer's
+            assert outcome["stage"] == "authorize", outcome
+    # Both stages refused, each what it held: the executor its whole backlog, the authorizer
+    # every call it saw after the freeze; together, every refund that did not run.
+    assert backlog and backlog <= at_execute, (len(backlog), len(at_execute))
+    assert at_authorize, by_stage
+    assert by_stage == {"execute": len(at_execute), "authorize": len(at_authorize)}, by_stage
+    assert len(at_execute) + len(at_authorize) == len(refunds) - len(applied), report
+    assert {c for c in refunds if sent[c][1] > invoked + 1.0} <= at_authorize
+    assert applied, by_status  # load was flowing before the executor stopped
     # The audit tells the same story as the provider: each refund the executor recorded as
-    # succeeded is an effect the provider applied (so started before the deadline, above), and
-    # each refund it refused at commit time is recorded `frozen` with no effect.
-    refunds = {c for c, (kind, _) in sent.items() if kind == "refund"}
+    # succeeded is an effect the provider applied, and each refund it refused at commit time
+    # is recorded `frozen` with no effect.
     recorded = _executed(settings, refunds)
     for call_id in refunds:
         final_status = (final[call_id]["status"], (final[call_id].get("error") or {}).get("code"))
@@ -229,13 +304,9 @@ def test_a_freeze_under_load_stops_every_effect_within_a_second(pipeline: Pipeli
             assert recorded.get(call_id) == [final_status], (call_id, recorded.get(call_id))
         else:  # refused at admission: never reached the executor
             assert call_id not in recorded, (call_id, recorded[call_id])
-        assert (recorded.get(call_id) == [("succeeded", None)]) == (
-            f"tenant-a:{call_id}" in applied
-        ), call_id
-    assert by_status.get(("refund", "succeeded", None), 0) > 0, by_status  # load was flowing
-    assert by_status.get(("refund", "denied", "frozen"), 0) > 0, by_status
+        assert (recorded.get(call_id) == [("succeeded", None)]) == (call_id in applied), call_id
 
-    # Unfrozen: new calls succeed again.
+    # Unfrozen: new calls succeed again (the running executor followed the unfreeze).
     (again,) = propose_only(pipeline, roles=("refund", "refund_auto"), amount_minor=1)
     (outcome,) = terminal_outcomes(pipeline, {again}, timeout=120)[again]
     assert outcome["status"] == "succeeded", outcome
