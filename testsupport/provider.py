@@ -47,6 +47,7 @@ class FaultSettings(BaseModel):
     fail_before: Annotated[int, Field(ge=0)] | None = None
     drop_after: Annotated[int, Field(ge=0)] | None = None
     down: bool | None = None
+    then_down: bool | None = None
 
 
 @dataclass
@@ -55,6 +56,9 @@ class Faults:
     fail_before: int = 0  # the next N POSTs answer 503 without applying
     drop_after: int = 0  # the next N POSTs apply, then drop the connection unanswered
     down: bool = False  # every /refunds request has its connection closed at once
+    # With drop_after: the provider goes down as it drops an answer, so no check can reach
+    # it before a test says so (a reconciler is faster than the test's next request).
+    then_down: bool = False
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -62,6 +66,7 @@ class Faults:
             "fail_before": self.fail_before,
             "drop_after": self.drop_after,
             "down": self.down,
+            "then_down": self.then_down,
         }
 
 
@@ -149,6 +154,7 @@ async def create_refund(request: web.Request) -> web.Response:
         if state.faults.drop_after > 0:
             # The effect exists (just applied, or applied before); the answer is lost.
             state.faults.drop_after -= 1
+            state.faults.down = state.faults.down or state.faults.then_down
             return _drop(request)
     return web.json_response(first.refund, status=status)
 

@@ -170,11 +170,12 @@ def test_provider_down_beyond_budget_escalates_then_a_human_resolves(
     pipeline_with_reconciler: Pipeline,
 ) -> None:
     pipeline = pipeline_with_reconciler
-    faults(pipeline, drop_after=1)  # applied, response lost …
+    # Applied, response lost, and the provider down from that moment: a check made before
+    # this test's next request would otherwise find the refund and settle it.
+    faults(pipeline, drop_after=1, then_down=True)
     command = refund_command(f"esc-{uuid.uuid4().hex[:10]}", amount=7)
     publish_commands(pipeline.settings, [command])
     outcomes_until(pipeline, command.call_id, {"unknown"})
-    faults(pipeline, down=True)  # … and then the provider stays down
     # Escalated (v1.9): still `unknown`, since nobody can tell whether the effect happened
     # (it did); the final answer is the human's.
     seen = outcomes_until(pipeline, command.call_id, {"unknown"}, code="retry_exhausted")
@@ -258,11 +259,10 @@ def test_reconciler_killed_mid_schedule_neither_loses_nor_repeats(
         RATIFIER_RECONCILER__BACKOFF_SECONDS="0.2",
         RATIFIER_RECONCILER__ATTEMPTS="60",
     )
-    faults(pipeline, drop_after=1)
+    faults(pipeline, drop_after=1, then_down=True)  # applied, answer lost, provider down
     command = refund_command(f"kill-{uuid.uuid4().hex[:10]}")
     publish_commands(pipeline.settings, [command])
     outcomes_until(pipeline, command.call_id, {"unknown"})
-    faults(pipeline, down=True)
     deadline = time.monotonic() + 60
     while ledger(pipeline, command.operation_id)["attempts"] < 2:
         assert time.monotonic() < deadline, (

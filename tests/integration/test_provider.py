@@ -187,6 +187,20 @@ async def test_drop_after_is_unknown_yet_applied_and_found(
     assert await admin.stats() == {"refunds": 1, "by_key": {k: 1}, "posts": 2}
 
 
+async def test_then_down_takes_the_provider_down_as_it_drops_the_answer(
+    client: PaymentProvider, admin: Admin
+) -> None:
+    k = key()
+    await admin.faults(drop_after=1, then_down=True)
+    with pytest.raises(OutcomeUnknown):
+        await client.create_refund(idempotency_key=k, **REFUND)
+    assert (await admin.stats())["by_key"] == {k: 1}  # applied …
+    with pytest.raises(TransientFailure):
+        await client.find_refund(k)  # … and nobody can tell any more
+    await admin.clear_faults()
+    assert await client.find_refund(k) is not None
+
+
 async def test_down_makes_create_unknown_and_lookup_transient(
     client: PaymentProvider, admin: Admin
 ) -> None:
@@ -240,6 +254,7 @@ async def test_faults_merge_and_reset(admin: Admin, base_url: str) -> None:
             "fail_before": 3,
             "drop_after": 0,
             "down": False,
+            "then_down": False,
         }
     async with admin.session.post(f"{base_url}/_faults", json={"down": "yes"}) as response:
         assert response.status == 422
