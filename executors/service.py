@@ -21,10 +21,11 @@ import os
 import socket
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from aiokafka import ConsumerRecord
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
 from psycopg_pool import AsyncConnectionPool
 from pydantic import ValidationError
 
@@ -39,18 +40,29 @@ from executors.executor import CommandExecutor, Execution, GroupMember
 from executors.reads import BatchedReads, Read, split_reads
 from feeds.freezes import FleetFreezes
 from feeds.policies import PolicyFeed
-from runtime.clients import database_conninfo, kafka_consumer, kafka_producer, pg_pool, redis_client
+from runtime.clients import (
+    database_conninfo,
+    kafka_consumer,
+    kafka_producer,
+    pg_pool,
+    redis_client,
+    start_kafka_client,
+)
 from runtime.emit import Emit
 from runtime.health import Health
 from runtime.heap import settle_heap
 from runtime.loop import ConsumerLoop, Handled, by_key
 from runtime.retry import Stopped, retrying
 from runtime.shell import ServiceShell, StartupHook, run_until
-from runtime.supervision import SideTask, Supervisor
+from runtime.startup import DEPENDENCY_ERRORS, open_pool
+from runtime.supervision import SideTask
 from schemas.envelopes import CommittedCommand, Outcome, Stage
 from schemas.errors import StorageUnavailable
 from schemas.names import EXECUTOR_GROUP, Topic
 from telemetry.tracing import new_trace_id, traceparent_of, tracer_from
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
 
 log = logging.getLogger("ratifier.executor")
 
@@ -97,6 +109,20 @@ def _position(record: ConsumerRecord[bytes, bytes]) -> Position:
     return (record.topic, record.partition, record.offset)
 
 
+@dataclass(frozen=True, kw_only=True)
+class _Parts:
+    """What an executor process built at start-up (its clients and views)."""
+
+    owner: str
+    consumer: AIOKafkaConsumer
+    producer: AIOKafkaProducer
+    pool: AsyncConnectionPool[Any]
+    redis: Redis
+    claims: ClaimStore
+    cancelled: CancelledCalls
+    freezes: FleetFreezes
+
+
 class ExecutorService:
     """The executor's handler on the runtime's consumer loop (runtime/loop.py)."""
 
@@ -117,7 +143,9 @@ class ExecutorService:
         self._crash_points = crash_points
         self._tracer = tracer_from(settings, service="executor")
         self._loop: ConsumerLoop | None = None
-        self._supervisor: Supervisor | None = None
+        self._built: _Parts | None = None
+        self._cancellations_ready = asyncio.Event()
+        self._freezes_ready = asyncio.Event()
         # Commands in flight at once in this process (the pool has POOL_SIZE connections).
         # Records of one key (operation id) run in order; different keys of a partition run
         # concurrently: one at a time, a partition's throughput was one command per ledger
@@ -131,11 +159,6 @@ class ExecutorService:
     @property
     def stopping(self) -> asyncio.Event:
         return self._stopping
-
-    @property
-    def failure(self) -> str | None:
-        """Why the executor had to stop (a side task died), else None."""
-        return self._supervisor.failure if self._supervisor is not None else None
 
     def stop(self) -> None:
         self._stopping.set()
@@ -381,9 +404,10 @@ class ExecutorService:
         claims = await executor.claim_many([command for _, command in first.values()])
         return dict(zip(positions, claims, strict=True))
 
-    async def _keep_alive(self, claims: ClaimStore) -> None:
+    async def _keep_alive(self) -> None:
         """Refresh this executor's liveness mark, so that when it dies its claims are taken
         over within ``liveness_ms`` instead of after their lease."""
+        claims = self._parts().claims
         while not self._stopping.is_set():
             await claims.heartbeat()
             await asyncio.sleep(claims.liveness_ms / 5000)
@@ -407,7 +431,45 @@ class ExecutorService:
         if not caught_up and not self._stopping.is_set():
             raise TimeoutError("the cancellation and freeze views did not catch up within 60 s")
 
-    async def run(self) -> None:
+    def wire(self, shell: ServiceShell) -> None:
+        """The executor's start-up, side tasks and closing in the shell (one start-up policy
+        for every service): its clients are built, the tool hooks started, the database and
+        the broker waited for (retried, alive but not ready meanwhile); the views it decides
+        on follow their topics as side tasks. A follower that dies stops the executor
+        (non-zero exit: a fresh process rebuilds every view from its topic); the keep-alive
+        is restarted, as Redis away for a while only delays take-overs."""
+        shell.on_startup.append(StartupHook(name="tool hooks", run=self._start_catalog))
+        shell.on_startup.append(StartupHook(name="database and broker", run=self._connect))
+        shell.side_tasks.extend(
+            [
+                SideTask(name="policy follower", run=self._follow_policies),
+                SideTask(name="cancellation follower", run=self._follow_cancellations),
+                SideTask(name="freeze follower", run=self._follow_freezes),
+                SideTask(name="keep-alive", run=self._keep_alive, restartable=True),
+            ]
+        )
+        shell.on_shutdown.append(self._close)
+
+    def _parts(self) -> _Parts:
+        assert self._built is not None, "the executor's clients are built at start-up"
+        return self._built
+
+    async def _connect(self) -> None:
+        """Build the clients and views, open the pool and start the producer; on a failure
+        close what was built (a closed pool or a client that failed to start cannot be
+        started again) and raise it for the shell to retry with new ones."""
+        parts = self._build()
+        try:
+            await open_pool(parts.pool, wait_seconds=30)
+            await start_kafka_client(parts.producer, self._settings.kafka)
+        except BaseException:
+            self._built, self._loop = None, None
+            await parts.pool.close(timeout=1.0)
+            await parts.redis.aclose()
+            raise
+
+    def _build(self) -> _Parts:
+        """Every client and view (nothing connects yet)."""
         settings = self._settings
         group = settings.group(EXECUTOR_GROUP)
         consumer = kafka_consumer(
@@ -454,8 +516,7 @@ class ExecutorService:
             breakers=breakers,
         )
         handle = partial(self._handle_batch, executor=executor, reads=reads, pool=pool)
-
-        loop = self._loop = ConsumerLoop(
+        self._loop = ConsumerLoop(
             settings,
             consumer,
             producer,
@@ -472,55 +533,60 @@ class ExecutorService:
             lane=tenant_lane,
             lane_records=LANE_RECORDS,
         )
-        if self._stopping.is_set():
-            loop.stop()
-        await pool.open(wait=True, timeout=30)
-        await self._catalog.start(settings)
-        await producer.start()
-        cancellations_ready, freezes_ready = asyncio.Event(), asyncio.Event()
-        # The views this executor decides on, and its liveness mark, under supervision: a
-        # view that stops following must not be served, so a follower that dies stops the
-        # executor (non-zero exit; a fresh process rebuilds both views from their topics).
-        # The keep-alive is restarted: Redis away for a while only delays take-overs.
-        supervisor = self._supervisor = Supervisor(
-            service="executor", stopping=self._stopping, on_death=self.stop
+        parts = self._built = _Parts(
+            owner=owner,
+            consumer=consumer,
+            producer=producer,
+            pool=pool,
+            redis=redis,
+            claims=claims,
+            cancelled=cancelled,
+            freezes=freezes,
         )
+        return parts
 
-        async def follow_policies() -> None:
-            self._crash_points.reached(CrashPoint.FOLLOWER_STARTED)
-            await self._policies.follow()
+    async def _start_catalog(self) -> None:
+        await self._catalog.start(self._settings)
 
-        async def follow_cancellations() -> None:
-            self._crash_points.reached(CrashPoint.FOLLOWER_STARTED)
-            await cancelled.follow(cancellations_ready)
+    async def _follow_policies(self) -> None:
+        self._crash_points.reached(CrashPoint.FOLLOWER_STARTED)
+        await self._policies.follow()
 
-        async def follow_freezes() -> None:
-            self._crash_points.reached(CrashPoint.FOLLOWER_STARTED)
-            await freezes.follow(freezes_ready)
+    async def _follow_cancellations(self) -> None:
+        self._crash_points.reached(CrashPoint.FOLLOWER_STARTED)
+        await self._parts().cancelled.follow(self._cancellations_ready)
 
-        supervisor.start(SideTask(name="policy follower", run=follow_policies))
-        supervisor.start(SideTask(name="cancellation follower", run=follow_cancellations))
-        supervisor.start(SideTask(name="freeze follower", run=follow_freezes))
-        try:
-            await self._until_ready(cancellations_ready, freezes_ready)
-            if not self._stopping.is_set():  # else a follower died before the start
-                await claims.heartbeat()
-                keep_alive = partial(self._keep_alive, claims)
-                supervisor.start(SideTask(name="keep-alive", run=keep_alive, restartable=True))
-                await consumer.start()
-                log.info("executor %s started on %s", owner, settings.topic(Topic.COMMITTED))
-                settle_heap("executor")  # what start-up built is not walked again
-                await loop.run()
-        finally:
-            log.info("executor stopping")
-            # Let the followers close their own consumers before the pool and clients go.
-            await supervisor.close()
-            await consumer.stop()
-            await producer.stop()
-            await self._catalog.stop()
-            await pool.close()
-            await redis.aclose()
-            self._tracer.shutdown()
+    async def _follow_freezes(self) -> None:
+        self._crash_points.reached(CrashPoint.FOLLOWER_STARTED)
+        await self._parts().freezes.follow(self._freezes_ready)
+
+    async def consume(self, stop: asyncio.Event) -> None:
+        """The shell's main: once the cancellation and freeze views have caught up, the
+        consumer loop until ``stop`` is set."""
+        parts, loop = self._parts(), self._loop
+        assert loop is not None
+        await self._until_ready(self._cancellations_ready, self._freezes_ready)
+        if self._stopping.is_set():  # a follower died before the start
+            return
+        await parts.claims.heartbeat()
+        await parts.consumer.start()
+        log.info("executor %s started on %s", parts.owner, self._settings.topic(Topic.COMMITTED))
+        settle_heap("executor")  # what start-up built is not walked again
+        await run_until(loop, stop)
+
+    async def _close(self) -> None:
+        """After the shell's side tasks (the followers close their own consumers): the
+        clients, in the reverse order of their start."""
+        log.info("executor stopping")
+        parts = self._built
+        if parts is not None:
+            await parts.consumer.stop()
+            await parts.producer.stop()
+        await self._catalog.stop()
+        if parts is not None:
+            await parts.pool.close()
+            await parts.redis.aclose()
+        self._tracer.shutdown()
 
 
 def run_executor(
@@ -552,11 +618,8 @@ def run_executor(
         handle_signals=True,
         # A batch's group commits finish and their outcomes are acknowledged before it exits.
         grace_seconds=STOP_GRACE_SECONDS,
+        retry_on=DEPENDENCY_ERRORS,
     )
     shell.on_startup.append(StartupHook(name="kafka", run=start))
-
-    code = asyncio.run(shell.run(partial(run_until, service)))
-    if service.failure is not None:
-        log.error("executor stopped: %s", service.failure)
-        return 1
-    return code
+    service.wire(shell)
+    return asyncio.run(shell.run(service.consume))
