@@ -1,11 +1,15 @@
 """Fair admission end to end (issue 27): tenant A floods reads under a 200/s limit while
 tenant B sends one read every 250 ms (open loop); B keeps close to its unloaded latency, A's
-excess ends `rate_limited` within a second of publishing, every call has one final outcome.
-Each tenant's calls come from a process of its own (testsupport/flood.py, steady_agent.py);
-this one watches every outcome.
+excess ends `rate_limited` within a second of publishing, A gets what its limit grants
+(burst + rate over the flood, ±10 %: neither more nor much less), every call has one final
+outcome. Each tenant's calls come from a process of its own (testsupport/flood.py,
+steady_agent.py); this one watches every outcome.
+
+A and B are on separate partitions here (checked): the case where fairness holds, so its
+bounds are asserted in `make test` too. Tenants sharing a partition are issue 45.
 
 The flood is ``RATIFIER_TEST_FLOOD`` reads (default 2,000 so that `make test` stays short;
-`make test-admission-flood` runs the issue's 20,000 with the latency bounds asserted)."""
+`make test-admission-flood` runs the issue's 20,000, with B's slowest call within 2x)."""
 
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ from typing import Any
 
 import orjson
 import pytest
+from aiokafka.partitioner import murmur2
 
 from bench.admission import FLOOD_FIGURES
 from commands.policy import DEFAULT_POLICY_DIR
@@ -37,6 +42,7 @@ from ratifier_client.topics import ensure_reply_topic
 from runtime.clients import kafka_consumer, prompt_fetches
 from schemas.envelopes import TERMINAL_STATUSES, Outcome, Status
 from schemas.errors import ErrorCode
+from schemas.lanes import LANE_SEPARATOR, PROPOSAL_LANES
 from schemas.names import Topic
 from tests.e2e.conftest import Pipeline, SigningKeys, start_pipeline
 from tests.services import context_token, read_to_end, run
@@ -44,11 +50,14 @@ from tests.services import context_token, read_to_end, run
 pytestmark = pytest.mark.e2e
 
 FLOOD = int(os.environ.get("RATIFIER_TEST_FLOOD", "2000"))
-# The latency bounds (B within 2x, refusals within 1 s) are asserted with
-# RATIFIER_TEST_FLOOD_STRICT=1 (`make test-admission-flood`); otherwise they are reported
-# (the test's `admission` property and stdout): wall-clock ratios on a CPU shared with other
-# suites measure the neighbours, not admission.
+# B's slowest call during the flood against its slowest alone: within 2x with
+# RATIFIER_TEST_FLOOD_STRICT=1 (`make test-admission-flood`, issue 27), within 3x otherwise
+# (issue 45's bound). B's first call meets A's burst of 200 admitted reads, which take the
+# CPU for a moment: measured on the shared 2-core machine, 0.84-1.88x with the machine
+# otherwise idle (13 runs), 3.1x once with other suites running beside it. Every other bound
+# is the same in both.
 STRICT = os.environ.get("RATIFIER_TEST_FLOOD_STRICT") == "1"
+SLOWEST_FACTOR = 2.0 if STRICT else 3.0
 # Over how long A publishes its flood: the issue's 2.4 s (0: as fast as the broker takes it).
 FLOOD_SECONDS = float(os.environ.get("RATIFIER_TEST_FLOOD_SECONDS", "2.4"))
 RATE = 200
@@ -443,6 +452,14 @@ def _hops(settings: Settings, call_ids: list[str]) -> dict[str, list[float]]:
     return found
 
 
+def _partitions_of(settings: Settings, tenant: str) -> set[int]:
+    """The `calls.proposed` partitions of ``tenant``'s lanes (keys `<tenant>#<lane>`, the
+    client's default partitioner: murmur2 of the key)."""
+    count = settings.topic_partitions
+    keys = [f"{tenant}{LANE_SEPARATOR}{lane}".encode() for lane in range(PROPOSAL_LANES)]
+    return {(murmur2(key) & 0x7FFFFFFF) % count for key in keys}
+
+
 def _code(outcome: Outcome) -> ErrorCode | None:
     return outcome.error.code if outcome.error is not None else None
 
@@ -492,6 +509,9 @@ def test_a_flood_of_one_tenant_leaves_another_at_its_unloaded_latency(
     admitting: Pipeline, record_property: Any
 ) -> None:
     settings = admitting.settings
+    # The case this test measures: A's lanes and B's on partitions of their own.
+    lanes = {t: _partitions_of(settings, t) for t in ("tenant-a", "tenant-b")}
+    assert not lanes["tenant-a"] & lanes["tenant-b"], lanes
     # A fresh pipeline's first calls meet cold caches and connections, and its first few
     # dozen in quick succession are slow (WARM_A_CALLS): neither is B's unloaded latency, nor
     # a flood as a running fleet meets it. So both tenants call first.
@@ -553,17 +573,19 @@ def test_a_flood_of_one_tenant_leaves_another_at_its_unloaded_latency(
     FLOOD_FIGURES.parent.mkdir(parents=True, exist_ok=True)
     FLOOD_FIGURES.write_text(json.dumps(figures), encoding="utf-8")
     print("admission figures:", json.dumps(figures))
-    # Admitted: the burst plus the rate over the span admission decided in, give or take a
-    # batch's timing.
-    assert len(admitted) <= BURST + RATE * (decided_seconds + 0.5), figures
+    # Admitted: the burst plus the rate over the flood, within 10 %: at most over the span
+    # admission decided in (from A's first call to its last refusal), at least over the span
+    # A published in (a limiter refusing nearly everything fails here).
+    assert len(admitted) <= 1.1 * (BURST + RATE * decided_seconds), figures
+    assert len(admitted) >= 0.9 * (BURST + RATE * flood_seconds), figures
     for call_id in refused:
         error = flooded.outcomes[call_id][0].error
         assert error is not None and error.retryable and (error.retry_after or 0) > 0
     assert all(flooded.outcomes[c][0].status is Status.SUCCEEDED for c in b_ids)
-    if STRICT:  # the issue's latency bounds: only meaningful on a machine not shared
-        assert slowest_refusal <= 1.0, figures
-        assert statistics.median(loaded) <= 2 * statistics.median(base), figures
-        assert max(loaded) <= 2 * max(base), figures
+    # The issue's latency bounds, tenants on separate partitions.
+    assert slowest_refusal <= 1.0, figures
+    assert statistics.median(loaded) <= 2 * statistics.median(base), figures
+    assert max(loaded) <= SLOWEST_FACTOR * max(base), figures
 
 
 @pytest.mark.timeout(120)
