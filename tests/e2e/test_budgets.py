@@ -2,7 +2,7 @@
 
 - Through the real entry: three agents (their own signed context tokens) propose refunds on
   `calls.proposed`, a human approves each through the approval API, two executors commit
-  them against a daily budget per agent. For each agent the provider's applied sum stays
+  them against a budget per agent (24 hours). For each agent the provider's applied sum stays
   within the cap; every other refund ends `denied` / `budget_exceeded`, and the numbers add
   up: succeeded calls are exactly the provider's effects, each refusal's message says what
   was left then, and no refused refund would have fitted even in what was left at the end.
@@ -56,8 +56,14 @@ CAP = 50_000  # 500.00
 LARGEST = 999  # 9.99
 
 
-def budget_policies(tmp_path: Path, name: str, cap: int = CAP) -> Path:
-    """The reference policies with one daily budget of the refund amount per agent."""
+def budget_policies(
+    tmp_path: Path,
+    name: str,
+    cap: int = CAP,
+    window: str = 'window = "day"\ntime_zone = "Europe/Berlin"',
+) -> Path:
+    """The reference policies with one budget of the refund amount per agent (daily unless
+    ``window`` says otherwise)."""
     directory = tmp_path / "policies"
     shutil.copytree(DEFAULT_POLICY_DIR, directory)
     (directory / "budgets.toml").write_text(
@@ -68,8 +74,7 @@ tools = ["propose_refund"]
 per = ["agent"]
 measure = "sum:amount_minor"
 cap = {cap}
-window = "day"
-time_zone = "Europe/Berlin"
+{window}
 """,
         encoding="utf-8",
     )
@@ -132,17 +137,19 @@ def test_a_thousand_concurrent_refunds_never_pass_a_daily_budget(fleet: Pipeline
 
 
 AGENTS = ("agent-b1", "agent-b2", "agent-b3")
-AGENT_CAP = 3000  # 30.00 a day per agent
+AGENT_CAP = 3000  # 30.00 per agent over the last 24 hours
 PER_AGENT = 12  # refunds of 1.00-9.99 each: about twice the cap
 REMAIN = re.compile(r"needs (\d+) amount_minor, (\d+) of (\d+) remain")
 
 
 @pytest.fixture
 def approving_fleet(signing_keys: SigningKeys, tmp_path: Path) -> Iterator[tuple[Pipeline, str]]:
-    """The whole pipeline (streams worker with the approval API, two executors) with a daily
-    budget per agent of this run only (the test database outlives sessions)."""
+    """The whole pipeline (streams worker with the approval API, two executors) with a budget
+    per agent of this run only (the test database outlives sessions), over the last 24 hours
+    (one window for the whole run, even across midnight)."""
     name = f"e2e-agent-refunds-{uuid.uuid4().hex[:8]}"
-    policies = budget_policies(tmp_path, name, cap=AGENT_CAP)
+    window = 'window = "rolling"\nrolling_hours = 24'
+    policies = budget_policies(tmp_path, name, cap=AGENT_CAP, window=window)
     pipeline = start_pipeline(
         signing_keys,
         f"budgets-entry-{uuid.uuid4().hex[:4]}",
