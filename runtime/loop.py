@@ -6,8 +6,9 @@ Guarantees (the services' delivery guarantees rest on them):
 
 - At least once: offsets move only after every record of the batch is handled and all it
   produced is acknowledged; a crash anywhere before redelivers the batch (handlers are
-  idempotent). ``before_commit`` runs between the acknowledgements and the commit (crash
-  tests).
+  idempotent). ``after_publish`` (async) runs once everything published is acknowledged, for
+  a batch and for what ``tick`` returned (the approval-join clears its outbox there), and
+  ``before_commit`` between the acknowledgements and the commit (crash tests).
 - Rebalance-safe: offsets are committed only for partitions still assigned; a commit refused
   after a rebalance is logged, and the partitions' new owner redelivers.
 - Per-record isolation: a record whose handling fails (a :class:`Handled` with a
@@ -138,6 +139,9 @@ class Handled:
     # Its output was published and acknowledged by the handler itself (runtime/bulk.py),
     # which also counted it: the loop has nothing to do for it (:data:`SETTLED`).
     settled: bool = False
+    # The hop was recorded by the handler (the approval-join stores it with the state it
+    # wrote): its output is published with this `traceparent`, and no hop of the loop's.
+    traceparent: bytes | None = None
 
 
 SETTLED = Handled(observe=False, settled=True)
@@ -335,6 +339,7 @@ class ConsumerLoop:
         answers: Stage | None = None,
         retry_on: tuple[type[BaseException], ...] = (StorageUnavailable,),
         before_commit: Callable[[], None] | None = None,
+        after_publish: Callable[[], Awaitable[None]] | None = None,
         tick: Tick | None = None,
         poll_ms: int = 200,
         max_records: int = 200,
@@ -349,6 +354,8 @@ class ConsumerLoop:
             raise ValueError("independent partitions take no tick and at least one record")
         if lane is not None and (tick is not None or partition_records is not None):
             raise ValueError("lanes take no tick and are not independent partitions")
+        if after_publish is not None and (lane is not None or partition_records is not None):
+            raise ValueError("after_publish is the one-batch-at-a-time loop's")
         # Batched sends partition records as the producer would, so only with its default
         # partitioner (runtime/clients.py's producers): the same key lands where it always did.
         self._partitioner: Any = getattr(producer, "_partitioner", None)
@@ -363,6 +370,7 @@ class ConsumerLoop:
         self._answers = answers
         self._retry_on = retry_on
         self._before_commit = before_commit
+        self._after_publish = after_publish
         self._tick = tick
         self._poll_ms = poll_ms
         self._max_records = max_records
@@ -441,6 +449,8 @@ class ConsumerLoop:
                 if batches:
                     records = [r for recs in batches.values() for r in recs]
                     await self.process(records)
+                    if self._after_publish is not None:
+                        await self._retrying(self._after_publish)
                     if self._before_commit is not None:
                         self._before_commit()
                     await self._commit(batches)
@@ -448,6 +458,8 @@ class ConsumerLoop:
                 if self._tick is not None:
                     ticked = await self._retrying(self._tick)
                     await self.publish([(None, h) for h in ticked], time.time_ns())
+                    if ticked and self._after_publish is not None:
+                        await self._retrying(self._after_publish)
             except Stopped:
                 log.info("%s: stopped while waiting; the batch is not committed", self._stage)
                 return
@@ -750,6 +762,8 @@ class ConsumerLoop:
                 key = (handled.status, handled.code)
                 counted[key] = counted.get(key, 0) + 1
                 item.traceparent = traceparent_in(record)
+            elif handled.traceparent is not None and handled.failure is None:
+                item.traceparent = handled.traceparent
             else:
                 item.traceparent = self._hop(record, handled, item.emits, started)
             (bulk if handled.bulk and handled.failure is None else items).append(item)

@@ -4,7 +4,7 @@
     python -m testsupport.crashing after_settle:1 reconciler
     python -m testsupport.crashing follower_started:raise executor
 
-The first argument is ``point:probability`` (points: executors/crash_points.py), or
+The first argument is ``point:probability`` (points: runtime/crash_points.py), or
 ``point:raise`` to raise :class:`InjectedFault` there instead of dying (a side task that
 fails, not a process that is killed); the rest is the `ratifier` command line, run with these
 crash points injected."""
@@ -19,8 +19,8 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from executors.crash_points import CrashPoint
 from ratifier.cli import main as ratifier_main
+from runtime.crash_points import CrashPoint
 
 log = logging.getLogger("ratifier.crash-test")
 

@@ -1,0 +1,7 @@
+-- The approval-join: a batch's audit rows, one JSON array of
+-- {tenant, call_id, kind, detail, event_key}; once per source record and position in it.
+INSERT INTO audit_log (tenant, call_id, kind, detail, event_key)
+SELECT a.tenant, a.call_id, a.kind, a.detail, a.event_key
+FROM jsonb_to_recordset(%(rows)s::jsonb)
+     AS a(tenant text, call_id text, kind text, detail jsonb, event_key text)
+ON CONFLICT (event_key) WHERE event_key IS NOT NULL DO NOTHING
