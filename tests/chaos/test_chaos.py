@@ -4,8 +4,9 @@ An isolated set of services — a private single-node Kafka, a private redis-ser
 PostgreSQL cluster, each on free ports and temporary folders (the developer's 9092 / 6379 /
 5432 are never touched) — carries the whole pipeline: a streams worker, two executors, the
 reconciler and the fake provider. Each experiment runs a steady mixed load (reads, duplicate
-idempotency keys, invalid calls, refunds approved through `approvals_kit.decide` a few seconds
-after their request, retried refunds sharing a key) and injects one fault a third of the way in:
+idempotency keys, invalid calls carrying an injected `tenant_id`, reads of another tenant's
+payment, refunds approved through `approvals_kit.decide` a few seconds after their request,
+retried refunds sharing a key) and injects one fault a third of the way in:
 
   executor_kill9    kill -9 of an executor (restarted at once, as a supervisor would)
   streams_kill9     kill -9 of the streams worker with approvals pending (restarted at once)
@@ -17,13 +18,23 @@ after their request, retried refunds sharing a key) and injects one fault a thir
   poison            non-JSON, 900 KB, wrong-version and key-less records on every consumed topic
 
 After each, the history checker (tests/e2e/history.py) and the bookkeeping here verify: no
-lost call (every call sent has a final outcome; `unknown` only provisionally, then settled), no
-duplicate effect at the provider, provider effects = the ledger's succeeded operations, no call
-with two different final outcomes; and measure the recovery time (from the fault's end until
-every call in flight at that moment has its final outcome) and the maximum latency (sending to
-final outcome, approval wait included). The table goes to test-artifacts/chaos.json and is
-printed. RATIFIER_CHAOS_ONLY=name[,name] selects experiments; RATIFIER_CHAOS_SECONDS sets the
-load per experiment (default 75); RATIFIER_CHAOS_RATE the calls per second (default 12).
+lost call (every call the broker acknowledged has a final outcome; `unknown` only
+provisionally, then settled), no duplicate effect at the provider, provider effects = the
+ledger's succeeded operations, no call with two different final outcomes, every acknowledged
+call's final outcome the one its kind must get (tests/chaos/expectations.py: a read succeeds,
+an injected `tenant_id` is rejected `invalid_arguments`, another tenant's payment is denied
+`not_found`, a refund succeeds or ends in a named "not now" refusal), and at least a minimum
+of acknowledged calls (in all and of each kind) and of provider effects for the load planned,
+so that a run that sends, or applies, nothing fails (calls the broker never acknowledged are
+counted, `unsent`, not dropped). Measured: the recovery time (from the fault's end until every
+call in flight at that moment has its final outcome) and the maximum latency (sending to final
+outcome, approval wait included). The table goes to test-artifacts/chaos.json and is printed.
+
+RATIFIER_CHAOS_ONLY=name[,name] selects experiments; RATIFIER_CHAOS_SECONDS sets the load per
+experiment (default 75; the minimums scale with it); RATIFIER_CHAOS_RATE the calls per second
+(default 12). One experiment, quickly (about 3 minutes; what `make mutants` runs per break):
+
+    RATIFIER_CHAOS_ONLY=executor_kill9 RATIFIER_CHAOS_SECONDS=30 make chaos
 """
 
 from __future__ import annotations
@@ -53,6 +64,7 @@ from ratifier.processes import FAKE_PROVIDER_MODULE, start_worker_args
 from ratifier.topics import ensure_topics
 from runtime.clients import kafka_consumer, kafka_producer
 from schemas.names import Topic
+from tests.chaos import expectations
 from tests.e2e.approvals_kit import decide, token
 from tests.e2e.conftest import ARTIFACTS, Pipeline, SigningKeys, free_port, wait_http
 from tests.e2e.executor_kit import PAYMENTS, provider_stats, seed_payments
@@ -78,9 +90,13 @@ LOAD_SECONDS = int(os.environ.get("RATIFIER_CHAOS_SECONDS", "75"))
 RATE = float(os.environ.get("RATIFIER_CHAOS_RATE", "12"))
 ONLY = {n for n in os.environ.get("RATIFIER_CHAOS_ONLY", "").split(",") if n}
 SETTLE_SECONDS = 240
+FOREIGN_PAYMENT = "pay_B2001"  # tenant-b's (commands/payments/migrations/0002_seed.sql)
 OUTAGE_SECONDS = 20
 APPROVAL_DELAY = 3.0  # approvals stay pending this long, so a crash always finds some
 # What the streams worker consumes in its group (its committed offsets are checked).
+# Experiments whose fault makes the provider refuse refunds before their effect: there a
+# refund may also end failed / retry_exhausted (tests/chaos/expectations.py).
+PROVIDER_FAILS = frozenset({"provider_faults"})
 RECONCILER = {
     "RATIFIER_RECONCILER__BACKOFF_SECONDS": "0.5",
     "RATIFIER_RECONCILER__BACKOFF_CAP_SECONDS": "5",
@@ -90,9 +106,8 @@ RECONCILER = {
 
 @dataclass
 class Call:
-    kind: str  # read, duplicate, invalid, refund, refund_retry
+    kind: str  # expectations.KINDS: read, duplicate, invalid, foreign, refund, refund_retry
     key: str
-    expect: str
     sent_at: float = 0.0
     sent: bool = False
 
@@ -187,6 +202,7 @@ class MixedLoad:
         self.decided: set[str] = set()
         self.calls: dict[str, Call] = {}
         self.pending_at_fault = 0  # approvals pending when the streams worker was killed
+        self.provider_fails = PROVIDER_FAILS
         self.poison_sent = self.poison_refused = 0
 
     # --- reading answers and deciding approvals -------------------------------------------
@@ -250,6 +266,7 @@ class MixedLoad:
     # --- load -------------------------------------------------------------------------------
 
     def next_call(self, exp: str, n: int, rng: random.Random) -> tuple[str, bytes]:
+        """The n-th call of experiment ``exp`` (the shares: expectations.SHARES)."""
         call_id = f"chaos-{exp}-{n}"
         roll = rng.random()
         mine = [c for c in self.calls.values() if c.key.startswith(f"chaos-{exp}-")]
@@ -257,26 +274,30 @@ class MixedLoad:
         refunds = [c for c in mine if c.kind == "refund"]
         if roll < 0.1 and reads:  # an agent's retry: same key, same arguments
             key = rng.choice(reads).key
-            self.calls[call_id] = Call(kind="duplicate", key=key, expect="succeeded")
+            self.calls[call_id] = Call(kind="duplicate", key=key)
             arguments = {"payment_id": "pay_A1001"}
             return call_id, keyed_call(call_id, "get_payment", arguments, key, self.reader_ctx)
-        if roll < 0.2:
+        if roll < 0.2:  # a prompt injection: the other tenant named in the arguments
             arguments = {"payment_id": "pay_A1001", "tenant_id": "tenant-b"}
-            self.calls[call_id] = Call(kind="invalid", key=call_id, expect="rejected")
+            self.calls[call_id] = Call(kind="invalid", key=call_id)
             return call_id, keyed_call(call_id, "get_payment", arguments, call_id, self.reader_ctx)
         if roll < 0.25 and refunds:  # a refund retried with its key and arguments
             key = rng.choice(refunds).key
-            self.calls[call_id] = Call(kind="refund_retry", key=key, expect="succeeded")
+            self.calls[call_id] = Call(kind="refund_retry", key=key)
             return call_id, keyed_call(
                 call_id, "propose_refund", self._refund_args(key), key, self.refund_ctx
             )
         if roll < 0.4:
             key = f"chaos-{exp}-refund-{n}"
-            self.calls[call_id] = Call(kind="refund", key=key, expect="succeeded")
+            self.calls[call_id] = Call(kind="refund", key=key)
             return call_id, keyed_call(
                 call_id, "propose_refund", self._refund_args(key), key, self.refund_ctx
             )
-        self.calls[call_id] = Call(kind="read", key=f"chaos-{exp}-{n}", expect="succeeded")
+        if roll < 0.45:  # tenant-b's payment, asked by tenant-a's agent
+            self.calls[call_id] = Call(kind="foreign", key=call_id)
+            arguments = {"payment_id": FOREIGN_PAYMENT}
+            return call_id, keyed_call(call_id, "get_payment", arguments, call_id, self.reader_ctx)
+        self.calls[call_id] = Call(kind="read", key=f"chaos-{exp}-{n}")
         arguments = {"payment_id": "pay_A1001"}
         return call_id, keyed_call(call_id, "get_payment", arguments, call_id, self.reader_ctx)
 
@@ -286,8 +307,9 @@ class MixedLoad:
         return {"payment_id": PAYMENTS[n % len(PAYMENTS)], "amount_minor": 1, "reason": "chaos"}
 
     async def load(self, exp: str, seconds: float) -> int:
-        """Send calls at RATE for ``seconds``; a call whose send fails (broker away) is an
-        agent's error, not a pipeline answer: it is left out of the checks."""
+        """Send calls at RATE for ``seconds``; how many were made. A call whose send fails
+        (broker away) is an agent's error, not a pipeline answer: its outcome is not checked,
+        but it is counted (`unsent`), and too few acknowledged calls fail the experiment."""
         rng = random.Random(exp)
         producer = kafka_producer(self.settings, request_timeout_ms=60_000)
         await producer.start()
@@ -346,7 +368,9 @@ class MixedLoad:
             while time.monotonic() < deadline and self._open(name):  # noqa: ASYNC110
                 await asyncio.sleep(0.5)
             await asyncio.sleep(2)  # late repeats of outcomes, if any, are read too
-            row = self.check(name, sent, fault_started, fault_ended, in_flight)
+            row = self.check(
+                name, sent, fault_started, fault_ended, in_flight, planned=int(seconds * RATE)
+            )
             row["streams_commit_lag"] = await self.streams_commit_lag()
             return row
         finally:
@@ -375,6 +399,8 @@ class MixedLoad:
         fault_started: float,
         fault_ended: float,
         in_flight: list[str],
+        *,
+        planned: int,
     ) -> dict[str, Any]:
         mine = self._mine(name)
         outcomes = self.answers.outcomes
@@ -384,11 +410,12 @@ class MixedLoad:
             c: {o["status"] for o in outcomes.get(c, []) if o["status"] in SETTLED} for c in mine
         }
         twice = {c: sorted(s) for c, s in finals.items() if len(s) > 1}
-        unexpected = Counter(
-            f"{call.kind}:{'/'.join(sorted(finals[c]))}"
-            for c, call in mine.items()
-            if finals[c] and finals[c] != {call.expect}
+        kinds = {c: call.kind for c, call in mine.items()}
+        answers = {c: expectations.final_answers(outcomes.get(c, [])) for c in mine}
+        unexpected = expectations.unexpected(
+            kinds, answers, provider_fails=name in self.provider_fails
         )
+        acknowledged = Counter(kinds.values())
         stats = provider_stats(self.pipeline.provider_url)
         effects = {k: v for k, v in stats["by_key"].items() if f":chaos-{name}-refund-" in k}
         history = History(effects=effects)
@@ -406,8 +433,11 @@ class MixedLoad:
         ]
         row: dict[str, Any] = {
             "experiment": name,
+            "planned": planned,
+            "attempted": sent,
             "calls": len(mine),
             "unsent": sent - len(mine),
+            "calls_by_kind": {kind: acknowledged[kind] for kind in expectations.KINDS},
             "lost": len(lost),
             "still_unknown": len(still_unknown),
             "two_final_outcomes": len(twice),
@@ -439,11 +469,17 @@ class MixedLoad:
                 if name == "poison"
                 else None
             ),
+            "answers_by_kind": expectations.answers_by_kind(kinds, answers),
             "unexpected_outcomes": dict(unexpected),
+            "minimums": expectations.minimums(planned),
+            "shortfalls": expectations.shortfalls(planned, acknowledged, len(effects)),
             "examples": {
                 "lost": lost[:5],
                 "two_final_outcomes": list(twice.items())[:5],
                 "history": problems[:5],
+                "unexpected": sorted(
+                    c for c, got in answers.items() if got - expectations.expected(kinds[c])
+                )[:5],
                 "effects_not_in_ledger": sorted(set(effects) - ledger)[:5],
                 "ledger_not_in_effects": sorted(ledger - set(effects))[:5],
             },
@@ -569,13 +605,15 @@ def _never(seconds: float | None) -> str:
 
 def _print_table(rows: list[dict[str, Any]]) -> None:
     header = (
-        "| experiment | calls | lost | duplicate effects | effects = ledger "
-        "| recovery (s) | max latency (s) | streams commit lag |"
+        "| experiment | calls (unsent) | effects | lost | duplicate effects | effects = ledger "
+        "| unexpected outcomes | recovery (s) | max latency (s) | streams commit lag |"
     )
-    lines = [header, "|---|---:|---:|---:|---|---:|---:|---:|"]
+    lines = [header, "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
     lines += [
-        f"| {r['experiment']} | {r['calls']} | {r['lost']} | {r['duplicate_effects']} "
-        f"| {'yes' if r['effects_equal_ledger'] else 'NO'} | {_never(r['recovery_seconds'])} "
+        f"| {r['experiment']} | {r['calls']} ({r['unsent']}) | {r['provider_effects']} "
+        f"| {r['lost']} | {r['duplicate_effects']} "
+        f"| {'yes' if r['effects_equal_ledger'] else 'NO'} "
+        f"| {sum(r['unexpected_outcomes'].values())} | {_never(r['recovery_seconds'])} "
         f"| {r['max_latency_seconds']} | {sum(r['streams_commit_lag'].values())} |"
         for r in rows
     ]
@@ -610,15 +648,6 @@ def test_chaos(signing_keys: SigningKeys) -> None:
             }
             (ARTIFACTS / "chaos.json").write_text(json.dumps(report, indent=2) + "\n")
             _print_table(rows)
-    failures = [
-        r["experiment"]
-        for r in rows
-        if r["lost"]
-        or r["duplicate_effects"]
-        or r["two_final_outcomes"]
-        or r["history_problems"]
-        or not r["effects_equal_ledger"]
-        or r["streams_commit_lag"]
-    ]
-    assert not failures, f"guarantees violated in {failures}: see test-artifacts/chaos.json"
+    failures = {r["experiment"]: v for r in rows if (v := expectations.violations(r))}
+    assert not failures, f"guarantees violated: {failures} (test-artifacts/chaos.json)"
     assert not [a for a in alive if a], f"processes exited: {[a for a in alive if a]}"
