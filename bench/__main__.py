@@ -20,6 +20,7 @@ from typing import Any
 
 from bench.admission import admission_costs
 from bench.common import RESULTS, BenchRun
+from bench.flood import noisy_neighbour
 from bench.measure import (
     FULL,
     QUICK,
@@ -48,7 +49,7 @@ async def measure(plan: Plan) -> Results:
     n = int(os.environ.get("BENCH_N", str(plan.n)))
     stage_n = int(os.environ.get("BENCH_STAGE_N", str(plan.stage_n)))
     print(
-        f"bench: {COMMAND}{' --quick' if plan.quick else ''}; budget "
+        f"bench: {COMMAND}{' --quick' if plan.quick else ''}; run {run.run_id}; budget "
         f"{plan.budget_seconds / 60:.0f} min; logs under test-artifacts/bench-logs",
         flush=True,
     )
@@ -86,6 +87,12 @@ async def measure(plan: Plan) -> Results:
         "admission: CPU per call admitted / refused (validator + Redis)",
         120,
         lambda: admission_costs(2_000 if plan.quick else 10_000),
+    )
+    await run.step(
+        f"noisy neighbour: tenant A's flood of {plan.flood:,} reads vs B "
+        "(tests/e2e/test_admission.py, its own pipeline)",
+        240,
+        lambda: noisy_neighbour(plan.flood, plan.flood_strict, run.run_id),
     )
     try:
         await asyncio.wait_for(whole_pipeline(run, plan), timeout=max(run.left() - 10, 30))

@@ -3,8 +3,9 @@ with every call admitted, and with every call refused (`rate_limited`), on the r
 catalog with real Redis (one Lua round trip per batch of 500); CPU per refused record of the
 validator's whole path but the fetch (handler, the loop's publication, the producers' sends
 to real Kafka, in partition batches of 2,400 as a flood brings them, with the collector set
-as `ratifier stages` sets it); and the noisy-neighbour figures of the last
-`make test-admission-flood` (test-artifacts/admission-flood.json).
+as `ratifier stages` sets it). The noisy neighbour is measured by `make bench` itself
+(bench/flood.py); test-artifacts/admission-flood.json, which `make test-admission-flood` writes,
+is read by nothing here: it may be any earlier run's.
 
 `python -m bench.admission [N]` runs it alone and prints the figures.
 """
@@ -40,7 +41,7 @@ from streams.stateless import PRODUCER_BATCH_BYTES, validator_handler
 BATCH = 500
 # A flood's partition batch: about what one fetch of `calls.proposed` brings.
 FLOOD_BATCH = 2_400
-# Written by tests/e2e/test_admission.py (`make test-admission-flood`).
+# Written by tests/e2e/test_admission.py (`make test-admission-flood`); not read by the bench.
 FLOOD_FIGURES = Path("test-artifacts") / "admission-flood.json"
 
 
@@ -115,8 +116,6 @@ async def admission_costs(n: int) -> dict[str, Any]:
     plain = figures["admission_plain_cpu_us"]
     figures["admission_cost_admitted_us"] = figures["admission_admitted_cpu_us"] - plain
     figures["admission_cost_refused_us"] = figures["admission_refused_cpu_us"] - plain
-    if FLOOD_FIGURES.is_file():
-        figures["noisy_neighbour"] = json.loads(FLOOD_FIGURES.read_text(encoding="utf-8"))
     return figures
 
 
@@ -185,6 +184,10 @@ async def refused_and_published(settings: Settings, n: int) -> float:
 def main() -> int:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 10_000
     print(json.dumps(asyncio.run(admission_costs(n)), indent=2))
+    print(
+        "noisy neighbour: not measured in this run (make bench measures it; "
+        "make test-admission-flood alone)"
+    )
     return 0
 
 

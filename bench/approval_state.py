@@ -25,6 +25,7 @@ from approvals.signing import (
     local_signing_key,
     verify_decision,
 )
+from bench.provenance import stamped
 from commands.reference import catalog
 from schemas.envelopes import Actor, AuthorizedCall
 from streams.approval import ApprovalState, Rules, due, on_authorized, on_decided, on_tick
@@ -135,7 +136,8 @@ def main() -> None:
         )
         finished = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
         RESULT_FILE.write_text(
-            json.dumps({**result, "command": command, "finished": finished}, indent=2) + "\n"
+            json.dumps(stamped({**result, "command": command, "finished": finished}), indent=2)
+            + "\n"
         )
 
 

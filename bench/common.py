@@ -25,6 +25,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import NewTopic
 from psycopg import sql
 
+from bench.duplicates import FINAL
 from config.settings import DEVELOPMENT_MODE_ENV, Settings
 from ratifier.migrate import migrate
 from ratifier.processes import WorkerProcess, start_worker_args
@@ -292,17 +293,27 @@ class BenchRun:
             print(f"  (could not delete topics {self.settings.topic_prefix}*: {exc})")
 
 
-def read_proposal(token: str, call_id: str, *, tool: str = "get_payment", **args: Any) -> bytes:
-    return json.dumps(
-        {
-            "v": 1,
-            "call_id": call_id,
-            "tool": tool,
-            "arguments": args or {"payment_id": "pay_A1001"},
-            "context": token,
-            "proposed_at": datetime.now(UTC).isoformat(),
-        }
-    ).encode()
+def read_proposal(
+    token: str,
+    call_id: str,
+    *,
+    tool: str = "get_payment",
+    idempotency_key: str | None = None,
+    **args: Any,
+) -> bytes:
+    """A proposal of ``tool`` with ``args`` (a read of pay_A1001 by default); without
+    ``idempotency_key`` the call's key is its call id."""
+    proposal: dict[str, Any] = {
+        "v": 1,
+        "call_id": call_id,
+        "tool": tool,
+        "arguments": args or {"payment_id": "pay_A1001"},
+        "context": token,
+        "proposed_at": datetime.now(UTC).isoformat(),
+    }
+    if idempotency_key is not None:
+        proposal["idempotency_key"] = idempotency_key
+    return json.dumps(proposal).encode()
 
 
 def agent_token(
@@ -331,6 +342,9 @@ class OutcomeWatcher:
         self.proposed: dict[str, float] = {}
         self.ended: dict[str, Outcome] = {}
         self.terminal_counts: dict[str, int] = {}
+        # Every distinct (status, error code) of each call's outcome records, `unknown`
+        # included (reconciliation follows it with the final one).
+        self.answers: dict[str, set[tuple[str, str | None]]] = {}
         self.awaiting: set[str] = set()
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -362,6 +376,9 @@ class OutcomeWatcher:
                         self.awaiting.add(call_id)
                         continue
                     self.terminal_counts[call_id] = self.terminal_counts.get(call_id, 0) + 1
+                    error = body.get("error")
+                    code = error.get("code") if isinstance(error, dict) else None
+                    self.answers.setdefault(call_id, set()).add((status, code))
                     if call_id in self.ended:
                         continue
                     at = datetime.fromisoformat(body["at"]).timestamp()
@@ -379,6 +396,24 @@ class OutcomeWatcher:
         deadline = time.perf_counter() + timeout
         while True:
             if all(c in self.ended for c in call_ids):
+                return True
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                return False
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), timeout=min(left, 0.5))
+
+    def settled(self, call_id: str) -> bool:
+        """Whether the call has a final outcome (not only `unknown`)."""
+        return any(status in FINAL for status, _code in self.answers.get(call_id, ()))
+
+    async def wait_settled(self, call_ids: Sequence[str], timeout: float) -> bool:
+        """Like :meth:`wait`, until every call has a final outcome (an `unknown` one waits
+        for reconciliation)."""
+        deadline = time.perf_counter() + timeout
+        while True:
+            if all(self.settled(c) for c in call_ids):
                 return True
             left = deadline - time.perf_counter()
             if left <= 0:
@@ -414,8 +449,17 @@ class Proposer:
     async def start(self) -> None:
         await self._producer.start()
 
-    async def propose(self, call_id: str, *, tool: str = "get_payment", **args: Any) -> Any:
-        value = read_proposal(self._token, call_id, tool=tool, **args)
+    async def propose(
+        self,
+        call_id: str,
+        *,
+        tool: str = "get_payment",
+        idempotency_key: str | None = None,
+        **args: Any,
+    ) -> Any:
+        value = read_proposal(
+            self._token, call_id, tool=tool, idempotency_key=idempotency_key, **args
+        )
         self._watcher.proposed[call_id] = time.time()
         self.sent += 1
         return await self._producer.send(

@@ -4,7 +4,9 @@ that forces the state a long idle leaves behind (every TCP connection of the wor
 closed by the far end, as the broker's ``connections.max.idle.ms``, the client's
 ``connections_max_idle_ms`` and NAT/firewall idle timers do) without waiting for it.
 
-Result of the true run: ``bench/idle-result.json`` (read by ``python -m bench``).
+Result of the true run: ``bench/idle-result.json``, stamped with the id of the `make bench`
+run in bench/results.json and its own commit, date and host; bench/RESULTS.md shows it, as a
+separate run, only beside that run (bench.provenance).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import BenchRun, OutcomeWatcher, Proposer, agent_token, machine_facts
+from bench.provenance import stamped
 
 RESULT_FILE = Path(__file__).parent / "idle-result.json"
 
@@ -151,6 +154,8 @@ def main() -> int:
             "machine": machine_facts(),
         }
     )
+    # With the id of the run in bench/results.json: RESULTS.md shows it with that run only.
+    result = stamped(result)
     RESULT_FILE.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(result, indent=2))
     return 0 if result.get("first") else 1

@@ -8,6 +8,7 @@ instead of stopping the run, the whole under ``BUDGET_SECONDS``) and hands the r
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import inspect
 import itertools
@@ -20,6 +21,7 @@ import statistics
 import subprocess
 import time
 import traceback
+import urllib.request
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -54,6 +56,8 @@ from bench.common import (
     start_spy,
     stop_spy,
 )
+from bench.duplicates import Call, count_duplicates
+from bench.provenance import new_run_id
 from bench.report import Results
 from commands.sql import named_query
 from runtime.clients import LINGER_MS, kafka_consumer, kafka_producer, pg_connect, redis_client
@@ -96,6 +100,12 @@ class Plan:
     idle_seconds: float = 30
     kill_seconds: float = 40
     kill_at: float = 12
+    # T6's auto-approved refunds per second beside its reads (a quarter of them retried).
+    kill_write_rate: float = 20
+    # The noisy neighbour (tests/e2e/test_admission.py): tenant A's flood, and whether the
+    # strict bounds of `make test-admission-flood` apply.
+    flood: int = 20_000
+    flood_strict: bool = True
 
 
 FULL = Plan()
@@ -122,6 +132,9 @@ QUICK = Plan(
     idle_seconds=3,
     kill_seconds=14,
     kill_at=5,
+    kill_write_rate=10,
+    flood=2_000,
+    flood_strict=False,
 )
 
 log = logging.getLogger("bench")
@@ -131,6 +144,9 @@ log = logging.getLogger("bench")
 class Measurements:
     budget_seconds: float = BUDGET_SECONDS
     started: float = field(default_factory=time.monotonic)
+    # This run's id (bench.provenance): in its results, and in every result file a separate
+    # command writes with it.
+    run_id: str = field(default_factory=new_run_id)
     values: dict[str, Any] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
@@ -164,7 +180,7 @@ class Measurements:
         """What was measured so far, with the machine as it is now (a later render must not
         describe another one)."""
         return Results(
-            values={**self.values, "machine": machine()},
+            values={**self.values, "run_id": self.run_id, "machine": machine()},
             errors=dict(self.errors),
             timings=dict(self.timings),
             total_seconds=time.monotonic() - self.started,
@@ -952,62 +968,132 @@ async def idle_short(pipe: Pipeline, idle_seconds: float) -> dict[str, Any]:
     }
 
 
-async def kill_one(pipe: Pipeline, rate: float, seconds: float, kill_at: float) -> dict[str, Any]:
-    """Constant load; SIGKILL one executor at ``kill_at``; recovery from outcome times."""
+# T6's reconciler settles a refund whose executor was killed after its effect_pending entry
+# was committed (answered `unknown` first), as a deployment's does; quickly, for the bench.
+T6_RECONCILER = {
+    "RATIFIER_RECONCILER__BACKOFF_SECONDS": "0.5",
+    "RATIFIER_RECONCILER__BACKOFF_CAP_SECONDS": "5",
+    "RATIFIER_OBSERVABILITY__RECONCILER_METRICS_PORT": "0",
+}
+
+
+def _provider_effects(provider_url: str) -> dict[str, int]:
+    """The provider's applied effects by the key it was given (`GET /_stats`)."""
+    with urllib.request.urlopen(f"{provider_url}/_stats", timeout=10) as response:
+        stats = json.loads(response.read())
+    return {str(k): int(v) for k, v in (stats.get("by_key") or {}).items()}
+
+
+def _ledger_entries(database_url: str, tag: str) -> list[tuple[str, str]]:
+    """(call id, idempotency key) of every ledger entry of calls or keys tagged ``tag``."""
+    with pg_connect(database_url) as conn:
+        rows = conn.execute(
+            "SELECT call_id, idempotency_key FROM command_ledger WHERE tenant = 'tenant-a'"
+            " AND (idempotency_key LIKE %(tag)s OR call_id LIKE %(tag)s)",
+            {"tag": f"{tag}-%"},
+        ).fetchall()
+    return [(str(call_id), str(key)) for call_id, key in rows]
+
+
+async def kill_one(
+    pipe: Pipeline,
+    rate: float,
+    seconds: float,
+    kill_at: float,
+    *,
+    write_rate: float = 20,
+    retry_every: int = 4,
+    retry_after: float = 1.0,
+) -> dict[str, Any]:
+    """Constant load of reads (``rate``) and auto-approved refunds (``write_rate``; every
+    ``retry_every``-th proposed again ``retry_after`` seconds later by another call with the
+    same idempotency key, as a retrying client does); SIGKILL one executor at ``kill_at``;
+    recovery from the outcome times; what was done or answered twice
+    (:mod:`bench.duplicates`) from the outcomes, the provider's effects and the ledger."""
+    settings = pipe.run.settings
     victim = pipe.workers["executor1"]
     killed_at: list[float] = []
-
-    def maybe_kill(elapsed: float) -> None:
-        if not killed_at and elapsed >= kill_at:
-            killed_at.append(time.time())
-            victim.kill()
-
     tag = f"k-{uuid.uuid4().hex[:6]}"
-    issued = await open_loop(pipe, rate, seconds, tag=tag, during=maybe_kill)
-    complete = await pipe.watcher.wait(issued, timeout=90)
+    calls: dict[str, Call] = {}
+    reconciler = pipe.run.start("reconciler", "t6-reconciler", **T6_RECONCILER)
+    writer = Proposer(
+        settings, pipe.watcher, agent_token(settings, roles=("refund_auto",), sub="bench-t6")
+    )
+    await writer.start()
+    try:
+
+        async def refund(call_id: str, n: int) -> None:
+            calls[call_id] = Call(kind="write", key=f"{tag}-key{n}")
+            await writer.propose(
+                call_id,
+                tool="propose_refund",
+                idempotency_key=f"{tag}-key{n}",
+                payment_id=f"pay_Z{n % BENCH_PAYMENTS:04d}",
+                amount_minor=1,
+                reason="bench t6",
+            )
+
+        retries: collections.deque[tuple[float, int]] = collections.deque()
+        started = time.perf_counter()
+        reads = writes = 0
+        while (elapsed := time.perf_counter() - started) < seconds:
+            while reads < int(elapsed * rate) + 1:
+                call_id = f"{tag}-r{reads}"
+                calls[call_id] = Call(kind="read", key=call_id)
+                await pipe.proposer.propose(
+                    call_id, payment_id=f"pay_Z{reads % BENCH_PAYMENTS:04d}"
+                )
+                reads += 1
+            while writes < int(elapsed * write_rate) + 1:
+                await refund(f"{tag}-w{writes}", writes)
+                if writes % retry_every == 0:
+                    retries.append((elapsed + retry_after, writes))
+                writes += 1
+            while retries and retries[0][0] <= elapsed:
+                _due, n = retries.popleft()
+                await refund(f"{tag}-w{n}-again", n)
+            if not killed_at and elapsed >= kill_at:
+                killed_at.append(time.time())
+                victim.kill()
+            await asyncio.sleep(0.002)
+        for _due, n in retries:  # the retries still due: sent now
+            await refund(f"{tag}-w{n}-again", n)
+        await pipe.proposer.flush()
+        await writer.flush()
+        # Every call final: a refund answered `unknown` waits for the reconciler.
+        complete = await pipe.watcher.wait_settled(list(calls), timeout=120)
+        effects = await asyncio.to_thread(_provider_effects, settings.provider_url)
+        ledger = await asyncio.to_thread(_ledger_entries, settings.storage.database_url, tag)
+    finally:
+        await writer.stop()
+        pipe.run.stop(reconciler)
     if not killed_at:
         raise RuntimeError("the executor was not killed")
+    counted = count_duplicates(calls, pipe.watcher.answers, effects, ledger)
     t_kill = killed_at[0]
-    ats = sorted(o.at for c in issued if (o := pipe.watcher.ended.get(c)) is not None)
+    ats = sorted(o.at for c in calls if (o := pipe.watcher.ended.get(c)) is not None)
     buckets: dict[int, int] = {}
     for at in ats:
         second = math.floor(at - t_kill)
         buckets[second] = buckets.get(second, 0) + 1
     pre = [buckets.get(s, 0) for s in range(-int(kill_at) + 3, 0)]
-    pre_rate = statistics.mean(pre) if pre else rate
+    pre_rate = statistics.mean(pre) if pre else rate + write_rate
     recovered = None
     for s in range(0, int(seconds)):
         window = [buckets.get(s + k, 0) for k in range(3)]
         if all(v >= 0.9 * pre_rate for v in window):
             recovered = s
             break
-    # Duplicate effects: ledger entries and executed-audit rows per call of this run.
-    with pg_connect(pipe.run.settings.storage.database_url) as conn:
-        ledger_dups = conn.execute(
-            "SELECT count(*) FROM (SELECT call_id FROM command_ledger WHERE tenant = 'tenant-a'"
-            " AND call_id LIKE %s GROUP BY tenant, idempotency_key HAVING count(*) > 1) d",
-            (f"{tag}-%",),
-        ).fetchone()
-        audit_dups = conn.execute(
-            "SELECT count(*) FROM (SELECT call_id FROM audit_log WHERE tenant = 'tenant-a'"
-            " AND call_id LIKE %s AND kind = 'executed' GROUP BY call_id HAVING count(*) > 1) d",
-            (f"{tag}-%",),
-        ).fetchone()
-        ledger_rows = conn.execute(
-            "SELECT count(*) FROM command_ledger WHERE tenant = 'tenant-a' AND call_id LIKE %s",
-            (f"{tag}-%",),
-        ).fetchone()
-    repeated_outcomes = sum(1 for c in issued if pipe.watcher.terminal_counts.get(c, 0) > 1)
+    repeated_outcomes = sum(1 for c in calls if pipe.watcher.terminal_counts.get(c, 0) > 1)
     return {
         "t6_rate": rate,
+        "t6_write_rate": write_rate,
         "t6_pre_rate": pre_rate,
         "t6_recovered_s": recovered,
         "t6_complete": complete,
-        "t6_calls": len(issued),
-        "t6_finished": sum(1 for c in issued if c in pipe.watcher.ended),
-        "t6_ledger_rows": ledger_rows[0] if ledger_rows else None,
-        "t6_dup_ledger": ledger_dups[0] if ledger_dups else None,
-        "t6_dup_audit": audit_dups[0] if audit_dups else None,
+        "t6_calls": len(calls),
+        "t6_finished": sum(1 for c in calls if pipe.watcher.settled(c)),
+        "t6_duplicates": counted.as_dict(),
         "t6_repeated_outcomes": repeated_outcomes,
         "t6_buckets": [buckets.get(s, 0) for s in range(-5, 25)],
     }
@@ -1195,9 +1281,11 @@ async def whole_pipeline(report: Measurements, plan: Plan) -> None:
             lambda: idle_short(p, plan.idle_seconds),
         )
         await report.step(
-            "T6 kill one executor under load",
-            180,
-            lambda: kill_one(p, top * 0.5, plan.kill_seconds, plan.kill_at),
+            "T6 kill one executor under reads and refunds (some retried)",
+            240,
+            lambda: kill_one(
+                p, top * 0.5, plan.kill_seconds, plan.kill_at, write_rate=plan.kill_write_rate
+            ),
         )
     finally:
         if pipe is not None:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import machine_facts, table
+from bench.provenance import current_run_id, not_this_run, origin, read_result, stamped
 from config.settings import DEVELOPMENT_MODE_ENV, Settings
 from ratifier.topics import delete_topics, ensure_topics
 from runtime.identity import context_keys, issue_context_token
@@ -104,12 +105,15 @@ def measure(runs: int) -> dict[str, Any]:
     }
 
 
-def section() -> list[str]:
-    """The "Operator commands" section of bench/RESULTS.md, when it was measured."""
-    try:
-        r = dict(json.loads(RESULT_FILE.read_text()))
-    except (OSError, ValueError):
-        return []
+def section(run_id: str | None) -> list[str]:
+    """The "Operator commands" section of bench/RESULTS.md, when it was measured with run
+    ``run_id`` (bench.provenance); otherwise a dash and why."""
+    r = read_result(RESULT_FILE)
+    why_not = not_this_run(
+        r, run_id, file="bench/operator-commands-result.json", command="make bench-operators"
+    )
+    if why_not is not None or r is None:
+        return ["## Operator commands", "", f"— {why_not}", ""]
     rows = []
     for row in r["rows"]:
         target = row["target_s"]
@@ -126,7 +130,8 @@ def section() -> list[str]:
     return [
         "## Operator commands",
         "",
-        f"`{r['command']}` = `make bench-operators` ({r['machine']}; {r['seconds']:.0f} s). "
+        f"`{r['command']}` = `make bench-operators` ({origin(r)}; {r['machine']}; "
+        f"{r['seconds']:.0f} s). "
         f"Each command {r['runs']} times, start to exit, as an operator runs it (the console "
         "script, a process of its own, on a topic prefix of its own), beside the bare "
         "interpreter of the same run. Under 150 calls/s, `ratifier freeze` is measured by "
@@ -144,8 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     result = measure(args.runs)
     if args.write:
-        RESULT_FILE.write_text(json.dumps(result, indent=2) + "\n")
-        print("\n".join(section()))
+        RESULT_FILE.write_text(json.dumps(stamped(result), indent=2) + "\n")
+        print("\n".join(section(current_run_id())))
     else:
         print(json.dumps(result, indent=2))
     missed = [

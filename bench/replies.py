@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import BenchRun, agent_token, machine_facts, percentile, table
+from bench.provenance import current_run_id, not_this_run, origin, read_result, stamped
 from config.settings import Settings
 from ratifier_client.client import ProposedToolCall, RatifierClient
 from schemas.envelopes import Outcome, Status
@@ -182,12 +183,15 @@ def _fmt(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
-def section() -> list[str]:
-    """The "Reply routing" section of bench/RESULTS.md, when it was measured."""
-    try:
-        r = dict(json.loads(RESULT_FILE.read_text()))
-    except (OSError, ValueError):
-        return []
+def section(run_id: str | None) -> list[str]:
+    """The "Reply routing" section of bench/RESULTS.md, when it was measured with run
+    ``run_id`` (bench.provenance); otherwise a dash and why."""
+    r = read_result(RESULT_FILE)
+    why_not = not_this_run(
+        r, run_id, file="bench/replies-result.json", command="make bench-replies"
+    )
+    if why_not is not None or r is None:
+        return ["## Reply routing", "", f"— {why_not}", ""]
     rows = [
         [
             p["mode"],
@@ -220,7 +224,7 @@ def section() -> list[str]:
     return [
         "## Reply routing",
         "",
-        f"`{r['command']}` = `make bench-replies` ({r['finished']}, {r['seconds']:,.0f} s; "
+        f"`{r['command']}` = `make bench-replies` ({origin(r)}; {r['seconds']:,.0f} s; "
         f"{r['machine']}). {r['clients']} client processes x {r['calls_per_client']} calls "
         f"in flight each (`get_payment`, a read: one streams worker and one executor, "
         f"{r['partitions']} partitions per topic), all publishing at once, in two modes on the "
@@ -280,8 +284,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     result = asyncio.run(bench(args.clients, args.calls, args.rounds))
     if args.write:
-        RESULT_FILE.write_text(json.dumps(result, indent=2) + "\n")
-    print("\n".join(section()) if args.write else json.dumps(result, indent=2))
+        RESULT_FILE.write_text(json.dumps(stamped(result), indent=2) + "\n")
+    print("\n".join(section(current_run_id())) if args.write else json.dumps(result, indent=2))
     return 0
 
 

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import approval_state
+from bench import approval_state, provenance
 from bench import idle as idle_bench
 from bench import operator_commands as operator_bench
 from bench import replies as replies_bench
@@ -23,9 +23,10 @@ from bench.common import (
     is_executor,
     table,
 )
+from bench.provenance import not_this_run, origin, read_result
 
 COMMAND = "make bench  (= .venv/bin/python -m bench)"
-VALUES = Path(__file__).parent / "results.json"
+VALUES = provenance.VALUES
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -468,7 +469,7 @@ def targets(v: dict[str, Any], found: dict[str, tuple[str, dict[str, Any]]]) -> 
 
 def render(results: Results) -> str:
     v = results.values
-    idle = _idle_result()
+    run_id = v.get("run_id")
     quick = bool((v.get("plan") or {}).get("quick"))
     lines: list[str] = ["# Benchmark results", ""]
     if quick:
@@ -488,7 +489,7 @@ def render(results: Results) -> str:
         "are in bench/results.json; `python -m bench --render` rewrites this file from them "
         "(`make bench-idle` does, to add its result).",
         "",
-        f"Command: `{COMMAND}{' --quick' if quick else ''}` — took "
+        f"Command: `{COMMAND}{' --quick' if quick else ''}` — run {run_id or '(no id)'}, took "
         f"{results.total_seconds / 60:.1f} min.",
         "",
         table(
@@ -518,12 +519,21 @@ def render(results: Results) -> str:
     lines += _settings_section(v)
     lines += _baselines_section(v)
     lines += _ratifier_section(v)
-    lines += _other_checks(v, idle)
-    lines += _admission_section(v)
+    lines += _other_checks(v)
+    lines += _admission_section(v, results.errors)
     lines += _cpu_budget(v, _cpu_of(v) or 0.0)
-    lines += _approval_state_section()
-    lines += replies_bench.section()
-    lines += operator_bench.section()
+    lines += [
+        "## Separate runs added to this one",
+        "",
+        "Each of these is a run of its own (its commit, date and host are given), shown only "
+        "when its result file carries this run's id (written after this run's `make bench`, "
+        f"run {run_id or '(no id)'}); otherwise a dash and the command to run.",
+        "",
+    ]
+    lines += _idle_section(run_id)
+    lines += _approval_state_section(run_id)
+    lines += replies_bench.section(run_id)
+    lines += operator_bench.section(run_id)
     lines += _capacity_section(v)
     if FLOORS:
         lines += ["## Tuning history (bench/FLOORS.md, written by hand)", "", FLOORS, ""]
@@ -838,17 +848,35 @@ def _ratifier_section(v: dict[str, Any]) -> list[str]:
     return ["## ratifier", "", table(rows, ["what", "measured", "CPU / note"]), ""]
 
 
-def _admission_section(v: dict[str, Any]) -> list[str]:
+FLOOD_COMMAND = "make test-admission-flood"
+
+
+def flood_of(v: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    """This run's noisy-neighbour figures (measured by its flood step, bench/flood.py), or
+    None and why there are none: figures of another run, or from before run ids (an older
+    run copied them from whatever test-artifacts/admission-flood.json was left), are not
+    this run's."""
+    flood = v.get("flood")
+    run_id = v.get("run_id")
+    if not isinstance(flood, dict) or not flood:
+        return None, f"not measured in this run ({FLOOD_COMMAND})"
+    if not run_id or flood.get("run_id") != run_id:
+        return None, (
+            f"not measured in this run ({FLOOD_COMMAND}): the figures in the results belong "
+            f"to run {flood.get('run_id') or '(no id)'}"
+        )
+    return flood, ""
+
+
+def _admission_section(v: dict[str, Any], errors: dict[str, str] | None = None) -> list[str]:
     """Issue 27: admission's CPU per call against a whole read call's, and the noisy
-    neighbour (B's median during A's flood over B's median alone)."""
+    neighbour (B's median during A's flood over B's median alone), measured in this run."""
     if "admission_plain_cpu_us" not in v:
         return []
     cpu = _cpu_of(v)
     admitted, refused = v.get("admission_cost_admitted_us"), v.get("admission_cost_refused_us")
     share = ratio(admitted, cpu) if cpu else None
-    flood = v.get("noisy_neighbour") or {}
-    alone, loaded = flood.get("b_alone_p50_ms"), flood.get("b_flood_p50_ms")
-    noisy = ratio(loaded, alone)
+    flood, why_not = flood_of(v)
     published = v.get("admission_refused_published_cpu_us")
     # Runs before this figure existed render as they did.
     through_kafka = (
@@ -859,6 +887,25 @@ def _admission_section(v: dict[str, Any]) -> list[str]:
         if published is not None
         else []
     )
+    if flood is None:
+        failed = next(
+            (e for step, e in (errors or {}).items() if step.startswith("noisy neighbour")), ""
+        )
+        noisy_row = (
+            f"| noisy neighbour: B's p50 during A's flood ÷ B's p50 alone | — {why_not}"
+            f"{'; the step failed: ' + failed if failed else ''} | ≤ 2 | — |"
+        )
+    else:
+        alone, loaded = flood.get("b_alone_p50_ms"), flood.get("b_flood_p50_ms")
+        noisy = ratio(loaded, alone)
+        noisy_row = (
+            f"| noisy neighbour: B's p50 during A's flood ÷ B's p50 alone ({fmt(flood.get('flood'))} "
+            f"reads of A in this run: `{flood.get('command', '—')}`; the test's own bounds: "
+            f"{flood.get('test', '—')}) | {fmt(noisy, '', 2)} ({fmt(loaded, ' ms')} / "
+            f"{fmt(alone, ' ms')}; A admitted {fmt(flood.get('a_admitted'))}, refused "
+            f"{fmt(flood.get('a_refused'))}, slowest refusal {fmt(flood.get('slowest_refusal_s'), ' s', 2)}) "
+            f"| ≤ 2 | {verdict(noisy <= 2 if noisy is not None else None)} |"
+        )
     return [
         "",
         "### Admission (issue 27)",
@@ -872,46 +919,59 @@ def _admission_section(v: dict[str, Any]) -> list[str]:
         f"{fmt(v.get('admission_refused_cpu_us'), ' µs', 1)} (+{fmt(refused, ' µs', 1)} over "
         f"validating) | — | — |",
         *through_kafka,
-        f"| noisy neighbour: B's p50 during A's flood ÷ B's p50 alone "
-        f"({flood.get('flood', '—')} reads, `make test-admission-flood`) | "
-        f"{fmt(noisy, '', 2)} ({fmt(loaded, ' ms')} / {fmt(alone, ' ms')}) | ≤ 2 | "
-        f"{verdict(noisy <= 2 if noisy is not None else None)} |",
+        noisy_row,
+        "",
     ]
 
 
-def _other_checks(v: dict[str, Any], idle: dict[str, Any]) -> list[str]:
-    """Guarantees and earlier targets the run still checks (not rows of the issue's table)."""
+def t6_verdict(v: dict[str, Any]) -> tuple[bool | None, str]:
+    """T6 (None: not measured in this run) and what it found: recovered within 30 s, every
+    call settled, nothing done or answered twice, every effect reported (bench.duplicates)."""
+    dup = v.get("t6_duplicates")
+    if "t6_recovered_s" not in v or not isinstance(dup, dict):
+        return None, "not measured in this run"
+    recovered = v.get("t6_recovered_s")
+    ok = (
+        recovered is not None
+        and recovered <= 30
+        and bool(v.get("t6_complete"))
+        and dup.get("unsettled") == 0
+        and dup.get("duplicates") == 0
+        and dup.get("applied_not_succeeded") == 0
+        and dup.get("succeeded_not_applied") == 0
+        and (dup.get("writes") or 0) > 0
+    )
+    measured = (
+        f"recovered after {fmt(recovered, ' s')} (≥ 90 % of {fmt(v.get('t6_pre_rate'), ' calls/s')}); "
+        f"{fmt(dup.get('calls'))} calls ({fmt(dup.get('writes'))} refunds of "
+        f"{fmt(dup.get('keys'))} keys, {fmt(dup.get('effects'))} effects), "
+        f"{fmt(dup.get('unsettled'))} unsettled; effects applied twice "
+        f"{fmt(dup.get('effects_applied_twice'))}, keys with two ledger entries "
+        f"{fmt(dup.get('ledger_entries_twice'))}, calls settled twice "
+        f"{fmt(dup.get('settled_twice'))}, keys settled differently "
+        f"{fmt(dup.get('keys_settled_differently'))}; effects not reported succeeded "
+        f"{fmt(dup.get('applied_not_succeeded'))}, succeeded without an effect "
+        f"{fmt(dup.get('succeeded_not_applied'))}"
+    )
+    return ok, measured
+
+
+def _other_checks(v: dict[str, Any]) -> list[str]:
+    """Guarantees and earlier targets the run still checks (not rows of the issue's table);
+    every figure of this run."""
     cpu = _cpu_of(v)
     pure_vc = sum(
         v.get(k) or 0 for k in ("pure_validate_us", "pure_verify_us", "pure_authorize_us")
     )
     t7 = ratio(pure_vc, cpu) if cpu else None
-    first_real = (idle.get("first") or {}).get("outcome_ms") if idle else None
-    t6_ok = None
-    if "t6_recovered_s" in v:
-        t6_ok = (
-            v["t6_recovered_s"] is not None
-            and v["t6_recovered_s"] <= 30
-            and v.get("t6_dup_ledger") == 0
-            and v.get("t6_dup_audit") == 0
-        )
+    t6_ok, t6_measured = t6_verdict(v)
     rows = [
         [
-            "T5 (30 min)",
-            "first call after 30 min idle ≤ 100 ms",
-            (
-                f"{fmt(first_real, ' ms')} (warm p50 {fmt(idle.get('warm_p50_ms'), ' ms')}); `{idle.get('command')}` finished {idle.get('finished')}"
-                if idle
-                else "no result yet: run `make bench-idle`"
-            ),
-            verdict(None if first_real is None else first_real <= 100),
-        ],
-        [
             "T6",
-            "kill one executor under load: recovered ≤ 30 s, 0 duplicate effects",
-            f"recovered after {fmt(v.get('t6_recovered_s'), ' s')} (≥ 90 % of {fmt(v.get('t6_pre_rate'), ' calls/s')}); "
-            f"duplicate ledger entries {fmt(v.get('t6_dup_ledger'))}, duplicate executed-audit rows {fmt(v.get('t6_dup_audit'))}; "
-            f"{fmt(v.get('t6_finished'))}/{fmt(v.get('t6_calls'))} calls ended",
+            "kill one executor under reads and refunds (a quarter of them retried with the "
+            "same key): recovered ≤ 30 s, every call settled, 0 effects applied twice, 0 keys "
+            "with two ledger entries, 0 calls settled twice, every effect reported",
+            t6_measured,
             verdict(t6_ok),
         ],
         [
@@ -926,31 +986,57 @@ def _other_checks(v: dict[str, Any], idle: dict[str, Any]) -> list[str]:
         "",
         table(rows, ["check", "wanted", "measured", "verdict"]),
         "",
-        "T5: *the target row* runs inside `make bench`: after a short idle every TCP "
+        "T5 in this run is the target row above: after a short idle every TCP "
         "connection of the workers (Kafka, PostgreSQL, Redis) is closed by the kernel "
         f"(`ss -K`; {v.get('t5_short_note', '—')}), which is the state a long idle leaves "
         "behind (broker `connections.max.idle.ms` 10 min, client `connections_max_idle_ms` "
-        "9 min, NAT/firewall idle timers). *30 min* is `make bench-idle` "
-        "(bench/idle-result.json), a real 30-minute idle without any forcing.",
+        "9 min, NAT/firewall idle timers). A real 30-minute idle is `make bench-idle`, a "
+        "separate run (below, when it was measured with this run).",
         "",
         "T6 detail: outcomes per second around the kill (second 0 = SIGKILL), from the outcome "
-        f"timestamps: {v.get('t6_buckets', '—')} (from −5 s). Repeated terminal outcome "
-        f"records (redelivery answered from the ledger, not a second effect): {fmt(v.get('t6_repeated_outcomes'))}.",
+        f"timestamps: {v.get('t6_buckets', '—')} (from −5 s). Repeated outcome records of "
+        "one call (a redelivered command answered again, from the ledger for a write): "
+        f"{fmt(v.get('t6_repeated_outcomes'))}; duplicates are counted per idempotency key "
+        "through every name an effect can be filed under (bench/duplicates.py).",
         "",
     ]
 
 
-def _approval_state_section() -> list[str]:
-    """The approval-join's bounded state (`make bench-approvals`), when it was measured."""
-    try:
-        r = dict(json.loads(approval_state.RESULT_FILE.read_text()))
-    except (OSError, ValueError):
-        return []
+def _idle_section(run_id: str | None) -> list[str]:
+    """T5 for real (`make bench-idle`), when it was measured with this run: its own commit,
+    date and host, never presented as this run's figures."""
+    result = read_result(idle_bench.RESULT_FILE)
+    why_not = not_this_run(result, run_id, file="bench/idle-result.json", command="make bench-idle")
+    lines = ["## T5 after a real 30-minute idle (`make bench-idle`, a separate run)", ""]
+    if why_not is not None or result is None:
+        return [*lines, f"— {why_not}", ""]
+    first = (result.get("first") or {}).get("outcome_ms")
+    ok = None if first is None else first <= 100
+    return [
+        *lines,
+        f"`{result.get('command')}`, measured after this run's bench ({origin(result)}; "
+        f"{result.get('idle_seconds', 0) / 60:g} min idle, then one read call): first call "
+        f"{fmt(first, ' ms')}, second {fmt((result.get('second') or {}).get('outcome_ms'), ' ms')}, "
+        f"warm p50 before the idle {fmt(result.get('warm_p50_ms'), ' ms')}. Wanted ≤ 100 ms: "
+        f"{verdict(ok)}.",
+        "",
+    ]
+
+
+def _approval_state_section(run_id: str | None) -> list[str]:
+    """The approval-join's bounded state (`make bench-approvals`), when it was measured with
+    this run."""
+    r = read_result(approval_state.RESULT_FILE)
+    why_not = not_this_run(
+        r, run_id, file="bench/approval-state-result.json", command="make bench-approvals"
+    )
+    if why_not is not None or r is None:
+        return ["## Approval-join state", "", f"— {why_not}", ""]
     mb = 1024 * 1024
     return [
         "## Approval-join state",
         "",
-        f"`{r['command']}` ({r['finished']}; the join's pure state machine with signed "
+        f"`{r['command']}` ({origin(r)}; the join's pure state machine with signed "
         "decisions on a simulated clock, no brokers): terminal states are deleted with a "
         f"tombstone {r['retention_s']:,.0f} s after their request (TTL + clock skew + "
         "retention margin), so the table and the compacted changelog's live records stay at "
@@ -980,13 +1066,6 @@ def _approval_state_section() -> list[str]:
         ),
         "",
     ]
-
-
-def _idle_result() -> dict[str, Any]:
-    try:
-        return dict(json.loads(idle_bench.RESULT_FILE.read_text()))
-    except (OSError, ValueError):
-        return {}
 
 
 FLOORS = (
