@@ -31,13 +31,15 @@ from bench.measure import (
     baselines_kafka,
     chain_latency,
     executor_with_and_without_dedup,
+    kill_one,
     latency_settings,
     pure_costs,
     seed_payments,
     stages_alone,
+    start_pipeline,
     whole_pipeline,
 )
-from bench.report import COMMAND, VALUES, Results, render
+from bench.report import COMMAND, VALUES, Results, render, t6_verdict, verdict
 from ratifier.migrate import migrate
 
 
@@ -121,6 +123,45 @@ def run_all(plan: Plan) -> int:
     return 0 if not results.errors else 1
 
 
+async def measure_t6(plan: Plan) -> Results:
+    """T6 alone on a fresh pipeline (the quick plan's sizes): what `make mutants` runs to
+    show that T6 fails when an effect can be applied twice."""
+    logging.basicConfig(level=logging.WARNING)
+    for noisy in ("aiokafka", "kafka"):
+        logging.getLogger(noisy).setLevel(logging.CRITICAL)
+    run = Measurements(budget_seconds=plan.budget_seconds)
+    url = BenchRun.create("setup").settings.storage.database_url
+    await asyncio.to_thread(migrate, url)
+    await asyncio.to_thread(seed_payments, url)
+    bench = BenchRun.create("t6")
+    try:
+
+        async def t6() -> dict[str, Any]:
+            pipe = await start_pipeline(bench, executors=2)
+            try:
+                return await kill_one(
+                    pipe, 200, plan.kill_seconds, plan.kill_at, write_rate=plan.kill_write_rate
+                )
+            finally:
+                await pipe.proposer.stop()
+                await pipe.watcher.stop()
+
+        await run.step("T6 alone (pipeline start, one executor killed)", 400, t6)
+    finally:
+        await bench.close()
+    return run.results()
+
+
+def t6_alone() -> int:
+    """`python -m bench --t6`: prints T6's row; exit 1 unless it is met."""
+    results = asyncio.run(measure_t6(QUICK))
+    ok, measured = t6_verdict(results.values)
+    print(f"T6: {verdict(ok)}: {measured}", flush=True)
+    for step, error in results.errors.items():
+        print(f"T6: {step} failed: {error}", flush=True)
+    return 0 if ok else 1
+
+
 def rerender() -> int:
     """Write RESULTS.md again from the last run's bench/results.json (e.g. after
     `make bench-idle` finished, to include its result)."""
@@ -142,7 +183,9 @@ USAGE = """usage: python -m bench [--quick | --render]
   --quick      every step with tiny sizes and durations (a few minutes; also BENCH_QUICK=1):
                checks that the whole run and its report work; writes
                test-artifacts/bench-quick/RESULTS.md and results.json, not the committed ones
-  --render     rewrite bench/RESULTS.md from bench/results.json (and bench/idle-result.json)
+  --render     rewrite bench/RESULTS.md from bench/results.json (and the separate runs'
+               result files stamped with its run id)
+  --t6         T6 alone on a fresh pipeline (~1 min): prints its row, exit 1 unless met
 """
 
 
@@ -150,6 +193,9 @@ def main() -> int:
     args = sys.argv[1:]
     if args == ["--render"]:
         return rerender()
+    if args == ["--t6"]:
+        signal.signal(signal.SIGTERM, _terminated)
+        return t6_alone()
     quick = args == ["--quick"] or (not args and os.environ.get("BENCH_QUICK") == "1")
     if args and not quick:
         print(USAGE, file=sys.stderr if args not in (["-h"], ["--help"]) else sys.stdout)
