@@ -1076,8 +1076,11 @@ async def kill_one(
     for at in ats:
         second = math.floor(at - t_kill)
         buckets[second] = buckets.get(second, 0) + 1
+    # The rate before the kill, at most the offered load (a burst of outcomes catching up
+    # before the kill is not the rate to recover to).
+    offered = rate + write_rate * (1 + 1 / retry_every)
     pre = [buckets.get(s, 0) for s in range(-int(kill_at) + 3, 0)]
-    pre_rate = statistics.mean(pre) if pre else rate + write_rate
+    pre_rate = min(statistics.mean(pre), offered) if pre else offered
     recovered = None
     for s in range(0, int(seconds)):
         window = [buckets.get(s + k, 0) for k in range(3)]
