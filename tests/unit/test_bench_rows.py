@@ -231,3 +231,26 @@ def test_the_report_shows_separate_runs_only_with_their_run_id(
     other = render(Results(values={"run_id": "r2"}, errors={}, timings={}, total_seconds=1.0))
     idle = other.split("## T5 after a real 30-minute idle", 1)[1].split("\n## ", 1)[0]
     assert "belongs to run r1" in idle and "first call" not in idle
+
+
+def test_the_flood_step_takes_its_figures_from_its_own_child_not_the_file_left_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+    import sys
+
+    from bench import flood
+    from bench.admission import FLOOD_FIGURES
+
+    monkeypatch.chdir(tmp_path)
+    FLOOD_FIGURES.parent.mkdir(parents=True)
+    FLOOD_FIGURES.write_text(json.dumps({"flood": 99, "b_alone_p50_ms": 1.0}))  # a decoy
+    printed = {"flood": 7, "b_alone_p50_ms": 20.0, "b_flood_p50_ms": 30.0}
+    child = f"import json; print('admission figures: ' + json.dumps({printed!r}))"
+    monkeypatch.setattr(flood, "COMMAND", (sys.executable, "-c", child))
+    found = asyncio.run(flood.noisy_neighbour(7, False, "r1"))["flood"]
+    assert found["flood"] == 7 and found["b_flood_p50_ms"] == 30.0
+    assert found["run_id"] == "r1" and found["test"] == "passed"
+    monkeypatch.setattr(flood, "COMMAND", (sys.executable, "-c", "print('1 failed')"))
+    with pytest.raises(RuntimeError, match="printed no figures"):
+        asyncio.run(flood.noisy_neighbour(7, False, "r2"))
