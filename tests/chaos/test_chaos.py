@@ -40,7 +40,6 @@ experiment (default 75; the minimums scale with it); RATIFIER_CHAOS_RATE the cal
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import random
@@ -90,6 +89,9 @@ LOAD_SECONDS = int(os.environ.get("RATIFIER_CHAOS_SECONDS", "75"))
 RATE = float(os.environ.get("RATIFIER_CHAOS_RATE", "12"))
 ONLY = {n for n in os.environ.get("RATIFIER_CHAOS_ONLY", "").split(",") if n}
 SETTLE_SECONDS = 240
+# After the load, how long its last sends may still wait for the broker's acknowledgement
+# (a send waits at most its 60 s request timeout for buffer room, then for its answer).
+SEND_WAIT_SECONDS = 150
 FOREIGN_PAYMENT = "pay_B2001"  # tenant-b's (commands/payments/migrations/0002_seed.sql)
 OUTAGE_SECONDS = 20
 APPROVAL_DELAY = 3.0  # approvals stay pending this long, so a crash always finds some
@@ -307,13 +309,16 @@ class MixedLoad:
         return {"payment_id": PAYMENTS[n % len(PAYMENTS)], "amount_minor": 1, "reason": "chaos"}
 
     async def load(self, exp: str, seconds: float) -> int:
-        """Send calls at RATE for ``seconds``; how many were made. A call whose send fails
-        (broker away) is an agent's error, not a pipeline answer: its outcome is not checked,
-        but it is counted (`unsent`), and too few acknowledged calls fail the experiment."""
+        """Send calls at RATE for ``seconds``; how many were made. Each call is sent on its own
+        task, so that a send waiting for the broker (away, or its buffer full) never holds the
+        next calls back: every call planned is made, at its time. A call whose send fails
+        (broker away longer than the 60 s request timeout) is an agent's error, not a
+        pipeline answer: its outcome is not checked, but it is counted (`unsent`), and too
+        few acknowledged calls fail the experiment."""
         rng = random.Random(exp)
         producer = kafka_producer(self.settings, request_timeout_ms=60_000)
         await producer.start()
-        pending: set[asyncio.Future[Any]] = set()
+        sending: set[asyncio.Task[None]] = set()
         try:
             started, n = time.monotonic(), 0
             while (now := time.monotonic()) - started < seconds:
@@ -322,23 +327,28 @@ class MixedLoad:
                     n += 1
                     call = self.calls[call_id]
                     call.sent_at = time.monotonic()
-                    try:
-                        delivery = await producer.send(
-                            self.settings.topic(Topic.PROPOSED), key=call_id.encode(), value=value
-                        )
-                    except KafkaError:
-                        continue
-                    delivery.add_done_callback(_mark_sent(call))
-                    pending.add(delivery)
-                    delivery.add_done_callback(pending.discard)
+                    task = asyncio.create_task(self._send(producer, call_id, call, value))
+                    sending.add(task)
+                    task.add_done_callback(sending.discard)
                 await asyncio.sleep(0.05)
-            with contextlib.suppress(KafkaError):
-                await producer.flush()
-            if pending:
-                await asyncio.wait(pending, timeout=90)
+            if sending:
+                await asyncio.wait(sending, timeout=SEND_WAIT_SECONDS)
             return n
         finally:
+            for task in sending:
+                task.cancel()
+            await asyncio.gather(*sending, return_exceptions=True)
             await producer.stop()
+
+    async def _send(self, producer: Any, call_id: str, call: Call, value: bytes) -> None:
+        try:
+            delivery = await producer.send(
+                self.settings.topic(Topic.PROPOSED), key=call_id.encode(), value=value
+            )
+            await delivery
+        except KafkaError:
+            return  # not acknowledged: counted as unsent
+        call.sent = True
 
     # --- one experiment ---------------------------------------------------------------------
 
@@ -403,6 +413,7 @@ class MixedLoad:
         planned: int,
     ) -> dict[str, Any]:
         mine = self._mine(name)
+        in_flight = [c for c in in_flight if c in mine]  # acknowledged in the end
         outcomes = self.answers.outcomes
         lost = [c for c in mine if c not in self.answers.final_at]
         still_unknown = [c for c in lost if outcomes.get(c)]
@@ -578,13 +589,6 @@ def _poison_records(topic: Topic) -> list[tuple[str | None, bytes]]:
         (f"{tag}-big", big),
         (f"{tag}-array", b"[1, 2, 3]"),
     ]
-
-
-def _mark_sent(call: Call) -> Callable[[asyncio.Future[Any]], None]:
-    def done(delivery: asyncio.Future[Any]) -> None:
-        call.sent = not delivery.cancelled() and delivery.exception() is None
-
-    return done
 
 
 EXPERIMENTS: list[tuple[str, Callable[[Suite], Callable[[], Awaitable[None]]]]] = [
