@@ -1,0 +1,5 @@
+from __future__ import annotations
+
+from tests.mutants.run import main
+
+raise SystemExit(main())
