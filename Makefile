@@ -143,5 +143,9 @@ bench-authorizer: up ## authorizer benchmark (single vs batched Cedar, stage thr
 bench-executor: up ## executor benchmark (with and without the Redis fast path, claim cost)
 	$(BIN)/python -m bench.executor 5000
 
+.PHONY: mutants
+mutants: up ## each one-line break of tests/mutants/catalogue.toml in a temp clone: its test must fail (~15 min; ONLY=a,b LONG=1 LIST=1) → docs/testing.md, test-artifacts/mutants.json
+	$(BIN)/python -m tests.mutants $(if $(LIST),--list) $(if $(ONLY),--only $(ONLY)) $(if $(LONG),--long)
+
 clean: ## remove the virtualenv and caches (not the services' data)
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis test-artifacts

@@ -5,7 +5,7 @@ main working tree; a mutant importing that code would survive, or fail, for noth
 
 At start-up, every package of ours must resolve inside the clone, and the mutated file must
 hold its replacement; at the end, every module of ours that was imported must come from the
-clone. The verdict is appended to ``RATIFIER_MUTANT_GUARD_FILE`` as one JSON line; a problem
+clone. The verdict is appended to ``RATIFIER_TEST_MUTANT_GUARD_FILE`` as one JSON line; a problem
 also stops the session (a usage error, exit 4), which the runner reports as an error.
 
 The runner copies this file next to the clone under another module name: it must not import
@@ -23,10 +23,10 @@ from typing import Any
 
 import pytest
 
-ROOT_ENV = "RATIFIER_MUTANT_ROOT"
-FILE_ENV = "RATIFIER_MUTANT_GUARD_FILE"
-MUTATED_ENV = "RATIFIER_MUTANT_FILE"  # relative path of the mutated file, if any
-REPLACEMENT_ENV = "RATIFIER_MUTANT_REPLACEMENT"
+ROOT_ENV = "RATIFIER_TEST_MUTANT_ROOT"
+FILE_ENV = "RATIFIER_TEST_MUTANT_GUARD_FILE"
+MUTATED_ENV = "RATIFIER_TEST_MUTANT_FILE"  # relative path of the mutated file, if any
+REPLACEMENT_ENV = "RATIFIER_TEST_MUTANT_REPLACEMENT"
 
 PACKAGES = (
     "approvals",
