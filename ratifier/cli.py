@@ -79,6 +79,16 @@ def cmd_migrate(settings: Settings, _args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_migrate_approvals(settings: Settings, _args: argparse.Namespace) -> int:
+    """Upgrade from the faust join: its changelog's approval states into PostgreSQL."""
+    from ratifier.approvals_upgrade import migrate_approvals
+    from ratifier.migrate import require_current_schema
+
+    require_current_schema(database_conninfo(settings), catalog=settings.catalog)
+    print(asyncio.run(migrate_approvals(settings)).render())
+    return 0
+
+
 def cmd_token(settings: Settings, args: argparse.Namespace) -> int:
     from runtime.identity import context_keys, issue_context_token
 
@@ -94,20 +104,22 @@ def cmd_token(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_approval_join(settings: Settings, _args: argparse.Namespace) -> int:
-    """The approval-join, the one process that hosts faust (streams/app.py)."""
+def cmd_approval_join(settings: Settings, args: argparse.Namespace) -> int:
+    """The approval-join on the runtime (streams/join_service.py), its state in PostgreSQL."""
     from commands.catalog import load_catalog
     from feeds.policies import PolicyFeed, local_policies
-    from ratifier.migrate import require_current_schema
-    from ratifier.topics import ensure_topics
-    from streams.app import create_app, run_worker
+    from streams.join_service import run_approval_join
 
-    require_current_schema(database_conninfo(settings), catalog=settings.catalog)
-    asyncio.run(ensure_topics(settings))
     feed = PolicyFeed(settings, local_policies(settings))
-    asyncio.run(feed.catch_up())  # start on the newest published policy set
-    run_worker(create_app(settings, catalog=load_catalog(settings.catalog), feed=feed), settings)
-    return 0
+    return asyncio.run(
+        run_approval_join(
+            settings,
+            load_catalog(settings.catalog),
+            feed,
+            prepare=schema_and_topics(settings),
+            crash_points=args.crash_points,
+        )
+    )
 
 
 def cmd_stages(settings: Settings, _args: argparse.Namespace) -> int:
@@ -547,14 +559,19 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("topics", help="create all topics (idempotent)").set_defaults(func=cmd_topics)
     sub.add_parser("migrate", help="apply database migrations").set_defaults(func=cmd_migrate)
     sub.add_parser(
+        "migrate-approvals",
+        help="upgrade from the faust approval-join: copy the approval states of its changelog "
+        "topic into PostgreSQL (once, with every approval-join stopped)",
+    ).set_defaults(func=cmd_migrate_approvals)
+    sub.add_parser(
         "streams", help="run `stages` and `approval-join` together (two processes, one host)"
     ).set_defaults(func=cmd_streams)
     sub.add_parser(
         "stages", help="run the validator and authorizer, and the approval HTTP API"
     ).set_defaults(func=cmd_stages)
-    sub.add_parser("approval-join", help="run the approval-join (the faust worker)").set_defaults(
-        func=cmd_approval_join
-    )
+    sub.add_parser(
+        "approval-join", help="run an approval-join worker (its state in PostgreSQL)"
+    ).set_defaults(func=cmd_approval_join)
     sub.add_parser("executor", help="run an executor process").set_defaults(func=cmd_executor)
     token = sub.add_parser("token", help="issue a local context token (HS256)")
     token.add_argument("--tenant", required=True)
@@ -758,7 +775,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # Commands that use no key, secret or salt (they start without key material).
-_KEYLESS = frozenset({"topics", "migrate", "schemas", "catalog", "keys", "check-call", "ops"})
+_KEYLESS = frozenset(
+    {"topics", "migrate", "migrate-approvals", "schemas", "catalog", "keys", "check-call", "ops"}
+)
 _KEYLESS_POLICY = frozenset({"check", "schema", "status", "publish"})
 
 
@@ -797,17 +816,13 @@ def main(argv: Sequence[str] | None = None, *, crash_points: CrashPoints | None 
     except RatifierError as exc:
         print(f"ratifier {args.command}: {exc.safe_message}", file=sys.stderr)
         return 2
-    if args.command != "approval-join":  # faust configures its own logging
-        _setup_logging(settings)
+    _setup_logging(settings)
     if settings.development_mode and _needs_keys(args):
         warning = (
             f"development mode is on ({DEVELOPMENT_MODE_ENV}): built-in, publicly known keys "
             "are accepted; never run a deployment like this"
         )
-        if args.command == "approval-join":  # its logging is not set up yet
-            print(f"WARNING ratifier: {warning}", file=sys.stderr, flush=True)
-        else:
-            log.warning(warning)
+        log.warning(warning)
     try:
         code: int = args.func(settings, args)
     except RatifierError as exc:

@@ -52,7 +52,7 @@ def _run_dir(settings: Settings) -> Path:
 # checked over HTTP). The order is the start order.
 DEMO_PROCESSES: tuple[tuple[str, tuple[str, ...], str | None], ...] = (
     ("provider", (), None),
-    ("streams", ("streams",), "Worker ready"),
+    ("streams", ("streams",), "approval-join ready"),
     ("executor", ("executor",), " started on "),
     ("reconciler", ("reconciler",), None),
     ("audit-sink", ("audit", "sink"), "audit sink started"),

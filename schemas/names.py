@@ -38,6 +38,9 @@ PIPELINE_TOPICS: tuple[Topic, ...] = tuple(Topic)
 COMPACTED_TOPICS: frozenset[Topic] = frozenset({Topic.POLICIES, Topic.CONTROLS})
 
 STREAMS_APP_ID = "ratifier-streams"  # the approval-join's faust app
+# The approval-join's consumer group: the faust app's id, kept when the join left faust, so
+# that an upgraded join resumes at the offsets the faust join committed.
+APPROVAL_JOIN_GROUP = STREAMS_APP_ID
 # The join's faust table; its changelog is `<app id>-approvals-changelog` (ratifier/topics.py).
 APPROVAL_TABLE = "approvals"
 VALIDATOR_GROUP = "ratifier-validator"

@@ -25,9 +25,9 @@ import contextlib
 import hashlib
 import json
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -76,6 +76,22 @@ def due_at(state: ApprovalState) -> datetime | None:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Source:
+    """Where a call's record with its real arguments is on Kafka: its `calls.authorized`
+    record (``kind="call"``), or the faust join's changelog record of its state
+    (``kind="state"``, a state migrated from it)."""
+
+    topic: str
+    partition: int
+    offset: int
+    kind: Literal["call", "state"] = "call"
+
+
+# Per call id of a state: where its secret arguments can be read back (streams/join_secrets.py).
+Sources = Mapping[str, Source]
+
+
+@dataclass(frozen=True, kw_only=True)
 class Publish:
     """One record a state change publishes, with the call it belongs to and the
     `traceparent` of the join's hop that produced it."""
@@ -100,6 +116,7 @@ class Changes:
     next offset of each source partition."""
 
     states: Mapping[str, ApprovalState | None]
+    sources: Mapping[str, Sources] = field(default_factory=dict)
     audits: Sequence[Audit] = ()
     ended: Sequence[EndedRequest] = ()
     publish: Sequence[Publish] = ()
@@ -120,6 +137,8 @@ class JoinTransaction:
     def __init__(self, conn: psycopg.AsyncConnection[Any], deployment: str) -> None:
         self._conn = conn
         self._deployment = deployment
+        # Of each state read: where its calls' secret arguments are (empty: none kept).
+        self.sources: dict[str, Sources] = {}
 
     async def lock_positions(
         self, partitions: Sequence[tuple[str, int]]
@@ -158,6 +177,7 @@ class JoinTransaction:
         found: dict[str, ApprovalState | None] = dict.fromkeys(unique)
         for row in rows:
             found[row["call_id"]] = stored_state(row["state"])
+            self.sources[row["call_id"]] = _sources(row["sources"])
         return found
 
     async def write(self, changes: Changes) -> list[int]:
@@ -170,7 +190,12 @@ class JoinTransaction:
             if saved:
                 await cur.execute(
                     named_query(_PKG, "join_save_states"),
-                    {"deployment": deployment, "rows": Jsonb([_state_row(s) for s in saved])},
+                    {
+                        "deployment": deployment,
+                        "rows": Jsonb(
+                            [_state_row(s, changes.sources.get(s.call_id, {})) for s in saved]
+                        ),
+                    },
                 )
             if gone:
                 await cur.execute(
@@ -220,7 +245,7 @@ class JoinTransaction:
         return ids
 
 
-def _state_row(state: ApprovalState) -> dict[str, Any]:
+def _state_row(state: ApprovalState, sources: Sources) -> dict[str, Any]:
     call = state.authorized
     due = due_at(state)
     return {
@@ -229,7 +254,20 @@ def _state_row(state: ApprovalState) -> dict[str, Any]:
         "phase": state.phase.value,
         "due_at": due.isoformat() if due is not None else None,
         "state": json.loads(state.model_dump_json()),
+        "sources": {c: asdict(where) for c, where in sources.items()},
     }
+
+
+def _sources(raw: Any) -> dict[str, Source]:
+    if not isinstance(raw, dict):
+        return {}
+    found = {}
+    for call_id, where in raw.items():
+        try:
+            found[call_id] = Source(**where)
+        except TypeError:
+            continue
+    return found
 
 
 def _audit_row(audit: Audit) -> dict[str, Any]:
@@ -372,6 +410,26 @@ class JoinStore:
         except (psycopg.OperationalError, PoolTimeout) as exc:
             raise StorageUnavailable() from exc
         return [r["call_id"] for r in rows]
+
+    async def adopt(self, states: Sequence[tuple[ApprovalState, Sources]]) -> int:
+        """Keep ``states`` (read from the former faust join's changelog, on an upgrade; with
+        where their secret arguments are), each unless the join already has a state for its
+        call; how many were kept."""
+        kept = 0
+        try:
+            async with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
+                for state, sources in states:
+                    row = _state_row(state, sources)
+                    row["state"] = Jsonb(row["state"])
+                    row["sources"] = Jsonb(row["sources"])
+                    await cur.execute(
+                        named_query(_PKG, "join_import_state"),
+                        {"deployment": self.deployment, **row},
+                    )
+                    kept += len(await cur.fetchall())
+        except (psycopg.OperationalError, PoolTimeout) as exc:
+            raise StorageUnavailable() from exc
+        return kept
 
     async def _getconn(self) -> psycopg.AsyncConnection[Any]:
         try:

@@ -197,14 +197,12 @@ def call_history(pipeline: Pipeline, call_id: str, *, since: float) -> str:
 
 
 _PARTITION_MARKS = (
-    "sought to",
-    "Worker ready",
-    "Restore complete",
-    "seeking back",
-    "fetching them again",
-    "no longer exist",
-    "Joined group",
-    "Stopping...",
+    "approval-join owns",
+    "approval-join ready",
+    "approval-join started",
+    "records a stopped worker left",
+    "approval-join stopped",
+    "offset commit failed",
     "ERROR",
     "Traceback",
 )

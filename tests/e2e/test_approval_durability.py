@@ -86,8 +86,8 @@ def test_decisions_published_while_the_join_restarts_are_all_handled(
     own_pipeline: Pipeline,
 ) -> None:
     """The reproduction of the lost decision (docs/reliability.md): decisions published from
-    the moment a new join process starts, through its group join, changelog recovery and the
-    seek to its committed offsets (faust's on_recovery_completed), are each handled once."""
+    the moment a new join process starts, through its group join and its first partitions,
+    to when it is ready, are each handled once."""
     pipeline = own_pipeline
     began = time.time()
     requests = propose(pipeline, n=12)
@@ -95,13 +95,13 @@ def test_decisions_published_while_the_join_restarts_are_all_handled(
     pipeline.stop_worker("streams")
     boss = token(pipeline.settings, "boss")
     worker = pipeline.start("streams", "streams-restarted", RATIFIER_STREAMS__HTTP_PORT="0")
-    # Four before the new join has its partitions, four once its table is restored (the seek
-    # to the committed offsets follows at once), four once it is ready.
+    # Four before the new join has its partitions, four once it owns them, four once it is
+    # ready.
     for n, request in enumerate(requests):
         if n == 4:
-            assert wait_for_log(worker, "Restore complete!", timeout=60), worker.log_tail()
+            assert wait_for_log(worker, "approval-join owns", timeout=60), worker.log_tail()
         if n == 8:
-            assert wait_for_log(worker, "Worker ready", timeout=60), worker.log_tail()
+            assert wait_for_log(worker, "approval-join ready", timeout=60), worker.log_tail()
         decide(pipeline, request, boss)
     outcomes = terminal_outcomes(pipeline, ids, timeout=90)
     unfinished = [
