@@ -18,12 +18,16 @@ import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 
 import psycopg
@@ -49,7 +53,8 @@ EXECUTOR_HEALTH_PORT, STREAMS_HEALTH_PORT, JOIN_HEALTH_PORT = 9102, 6066, 6067
 REDIS_PORT, PG_PORT, PROVIDER_PORT, PROXY_CONTROL_PORT = 6379, 5432, 8080, 7000
 # PostgreSQL refuses root; setpriv execs it as `postgres` (runuser would stay in between).
 SETPRIV = ["setpriv", "--reuid=postgres", "--regid=postgres", "--clear-groups"]
-FAKETIME_LIBRARY = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
+FAKETIME_PACKAGE, FAKETIME_FILE = "libfaketime", "libfaketime.so.1"
+FAKETIME_SHIM = Path(__file__).resolve().parent / "faketime"
 
 # Worker name (as the chaos suite names them) → the host it runs on.
 WORKER_HOSTS = {
@@ -65,13 +70,45 @@ WORKER_HOSTS = {
 }
 
 
+def faketime_library() -> Path | None:
+    """Where Debian's libfaketime put its preload library: the package's own file list
+    (`dpkg-query -L libfaketime`; the library lives in a private folder, not in ld.so's cache),
+    else the multiarch folder; None when it is not installed."""
+    if shutil.which("dpkg-query"):
+        listed = subprocess.run(
+            ["dpkg-query", "-L", FAKETIME_PACKAGE],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        ).stdout.splitlines()
+        found = [Path(line) for line in listed if line.endswith(f"/{FAKETIME_FILE}")]
+        if found and found[0].is_file():
+            return found[0]
+    arch = sysconfig.get_config_var("MULTIARCH") or ""
+    folders = [Path("/usr/lib") / arch / "faketime", Path("/usr/lib/faketime")]
+    return next((f / FAKETIME_FILE for f in folders if (f / FAKETIME_FILE).is_file()), None)
+
+
 def clock_ahead(seconds: int) -> dict[str, str]:
     """The environment that runs a process with its wall clock ``seconds`` ahead: libfaketime
     (Debian's libfaketime, preloaded) shifts what time(), clock_gettime(CLOCK_REALTIME) and so
     Python's time.time() and datetime.now() return; the monotonic clock stays true, as a
-    skewed host's would. No product code reads a test-only setting for this."""
+    skewed host's would. No product code reads a test-only setting for this. Without the
+    library this raises (the clock-skew row is an error, never an unskewed run); the row also
+    reads each skewed process's clock back (`clock_offset`)."""
+    library = faketime_library()
+    if library is None:
+        raise RuntimeError(
+            f"{FAKETIME_PACKAGE} is not installed (no {FAKETIME_FILE}): "
+            "deploy/partitions/cluster run installs it"
+        )
     return {
-        "LD_PRELOAD": str(FAKETIME_LIBRARY),
+        # A sleep that works under the library (tests/partitions/faketime/sitecustomize.py).
+        "PYTHONPATH": os.pathsep.join(
+            p for p in (str(FAKETIME_SHIM), os.environ.get("PYTHONPATH", "")) if p
+        ),
+        "LD_PRELOAD": str(library),
         "FAKETIME": f"{seconds:+d}s",
         "FAKETIME_DONT_FAKE_MONOTONIC": "1",
     }
@@ -113,6 +150,50 @@ def wait_port(host: str, port: int, what: str, process: WorkerProcess, timeout: 
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{what} did not listen on {host}:{port}") from None
             time.sleep(0.3)
+
+
+def clock_offset(url: str, timeout: float = 5.0) -> tuple[float, float]:
+    """The bounds of (the serving process's wall clock - ours), read from the `Date` header of
+    its answer (aiohttp stamps every answer, 200 or 503, with the process's `time.time()`,
+    whole seconds): the process read its clock at some moment between our send and our
+    receipt, and truncated it."""
+    sent = time.time()
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            stamp = response.headers["Date"]
+    except urllib.error.HTTPError as refused:  # not ready: its clock still answers
+        with refused:
+            stamp = refused.headers["Date"]
+    received = time.time()
+    if stamp is None:
+        raise RuntimeError(f"{url} answered without a Date header")
+    return offset_bounds(stamp, sent, received)
+
+
+def offset_bounds(stamp: str, sent: float, received: float) -> tuple[float, float]:
+    """A `Date` header ``stamp`` (whole seconds, truncated) read between ``sent`` and
+    ``received`` on our clock: the lowest and highest the other clock's offset can be."""
+    clock = parsedate_to_datetime(stamp).timestamp()
+    return clock - received, clock + 1 - sent
+
+
+def offset_agrees(bounds: tuple[float, float], offset: float, tolerance: float = 1.0) -> bool:
+    """Whether ``offset`` (seconds ahead of us) is what ``bounds`` measured, within
+    ``tolerance``."""
+    low, high = bounds
+    return low - tolerance <= offset <= high + tolerance
+
+
+def wait_clock_offset(url: str, timeout: float = 180) -> tuple[float, float]:
+    """``clock_offset`` once the process answers (it may be starting)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return clock_offset(url)
+        except (OSError, ValueError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)
 
 
 def readiness_urls(name: str) -> dict[str, str]:
@@ -355,8 +436,6 @@ def cluster(keys: SigningKeys, log_dir: Path) -> Iterator[Cluster]:
     jars, pg_bin = kafka_jars(), server_binaries()
     if jars is None or pg_bin is None or shutil.which("redis-server") is None:
         raise RuntimeError("Kafka jars, PostgreSQL or redis-server missing: run `make up`")
-    if not FAKETIME_LIBRARY.exists():
-        raise RuntimeError(f"{FAKETIME_LIBRARY} missing: apt-get install libfaketime")
     shutil.rmtree(log_dir, ignore_errors=True)  # this run's logs only
     folder = Path(tempfile.mkdtemp(prefix="ratifier-partitions-"))
     folder.chmod(0o755)  # PostgreSQL runs as `postgres` below it
@@ -401,6 +480,12 @@ def cluster(keys: SigningKeys, log_dir: Path) -> Iterator[Cluster]:
                 "",
                 "--appendonly",
                 "yes",
+                # Protected mode (no password) refuses every client not on loopback, bind or
+                # not (Redis 7): before this line every worker here was refused ("DENIED
+                # Redis is running in protected mode"), so the executors ran without Redis
+                # and executor_no_redis cut a link nobody could use. Its probes PING now.
+                "--protected-mode",
+                "no",
             ],
             name="redis",
             log_dir=log_dir,

@@ -130,6 +130,59 @@ def blackhole(host: str, destinations: Sequence[str], *, on: bool) -> None:
         ip("-n", namespace(host), "route", action, "blackhole", prefix, check=on)
 
 
+# Run inside a host's namespace by `connects`: exit 0 when the TCP connection is accepted
+# (and, given a request, its answer holds what is expected).
+_CONNECT = """\
+import socket, sys
+host, port, timeout, request, expect = sys.argv[1:]
+with socket.create_connection((host, int(port)), timeout=float(timeout)) as sock:
+    if request:
+        sock.sendall(bytes.fromhex(request))
+        answer = b""
+        while bytes.fromhex(expect) not in answer:
+            chunk = sock.recv(4096)
+            if not chunk:
+                sys.exit(f"closed after {answer!r}")
+            answer += chunk
+"""
+
+
+def connects(
+    host: str,
+    destination: str,
+    port: int,
+    timeout: float = 3.0,
+    *,
+    request: bytes = b"",
+    expect: bytes = b"",
+) -> bool:
+    """Whether a TCP connection from inside ``host``'s namespace to ``destination:port`` is
+    accepted within ``timeout`` s (and, given ``request``, answered with ``expect``): the
+    probe that shows a cut in force (towards a blackholed address a connection fails at once;
+    from the other side its answers are dropped, so it times out) and healed again."""
+    done = subprocess.run(
+        [
+            "ip",
+            "netns",
+            "exec",
+            namespace(host),
+            sys.executable,
+            "-S",
+            "-c",
+            _CONNECT,
+            destination,
+            str(port),
+            str(timeout),
+            request.hex(),
+            expect.hex(),
+        ],
+        capture_output=True,
+        timeout=timeout + 60,  # the interpreter's start on a loaded machine
+        check=False,
+    )
+    return done.returncode == 0
+
+
 def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     done = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30, check=False)
     if check and done.returncode != 0:

@@ -227,6 +227,23 @@ def control(address: tuple[str, int], faults: dict[str, float]) -> dict[str, obj
     return body
 
 
+def round_trip(
+    address: tuple[str, int], request: bytes, answer: bytes, timeout: float = 10
+) -> float:
+    """Seconds from sending ``request`` on a new connection to ``address`` until ``answer`` is
+    in: how slow a link is (through the proxy: both directions' delays)."""
+    with socket.create_connection(address, timeout=timeout) as sock:
+        started = time.monotonic()
+        sock.sendall(request)
+        received = b""
+        while answer not in received:
+            chunk = sock.recv(4096)
+            if not chunk:
+                raise ConnectionError(f"{address} closed before answering")
+            received += chunk
+        return time.monotonic() - started
+
+
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.partitions.proxy")
     parser.add_argument("--control", required=True, type=parse_address)

@@ -22,7 +22,21 @@ counted against the others):
   streams_no_kafka     streams worker s1 cut from every broker, longer than its session,
                        with approvals pending
 
-RATIFIER_PARTITIONS_ONLY=name[,name] selects faults; RATIFIER_CHAOS_RATE sets the load.
+Each fault is probed while in force, or its row is an error (`fault_error`): a TCP
+connection across a cut fails while it lasts (and one that the cut must not touch still
+connects), and connects again once healed; the slowed proxy is measured slow (a Redis PING
+through it, against the same PING before and after); each skewed process's own clock, read
+from the `Date` header it stamps on its answers, is SKEW_SECONDS ahead, and true again after
+its restart (a missing libfaketime is an error, not an unskewed run); each stopped broker no
+longer accepts connections; the scale-out's new workers become ready. Every row also holds the
+chaos suite's checks (tests/chaos/expectations.py): each acknowledged call's outcome by kind
+and a minimum of acknowledged calls and provider effects.
+
+RATIFIER_PARTITIONS_ONLY=name[,name] selects faults; RATIFIER_PARTITIONS_SECONDS sets the load
+per fault (default 60; the minimums scale with it); RATIFIER_CHAOS_RATE the rate. One fault,
+quickly (about 6 minutes, most of it the cluster's start; what `make mutants` runs per break):
+
+    RATIFIER_PARTITIONS_ONLY=executor_no_redis RATIFIER_PARTITIONS_SECONDS=30 make partitions
 """
 
 from __future__ import annotations
@@ -30,10 +44,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import statistics
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -48,19 +64,68 @@ from tests.e2e.executor_kit import seed_payments
 from tests.e2e.test_reconciliation import faults as provider_faults
 from tests.e2e.test_replicated_cluster import describe, wait_partitions
 from tests.partitions import network, proxy, report
-from tests.partitions.cluster import Cluster, clock_ahead, cluster, readiness_urls
+from tests.partitions.cluster import (
+    CLIENT_PORT,
+    DIRECT_PORT,
+    INTERNAL_PORT,
+    PG_PORT,
+    REDIS_PORT,
+    WORKER_HOSTS,
+    Cluster,
+    clock_ahead,
+    cluster,
+    offset_agrees,
+    readiness_urls,
+    wait_clock_offset,
+)
 from tests.partitions.network import BROKERS, address, proxy_address
 from tests.services import run
 
 pytestmark = pytest.mark.partitions
 
 ONLY = {n for n in os.environ.get("RATIFIER_PARTITIONS_ONLY", "").split(",") if n}
-LOAD_SECONDS = 60.0
+LOAD_SECONDS = float(os.environ.get("RATIFIER_PARTITIONS_SECONDS", "60"))
 HOLD_SECONDS = 25.0  # a partition lasts this long (several sessions and claim leases)
 SLOW_SECONDS = 60.0
 SCALE_PAUSE_BOUND = 20.0
 SKEW_SECONDS = 20
 EVERYONE = (f"{network.SUBNET}.0/25", f"{network.SUBNET}.128/25")  # more specific than /24
+HEAL_SECONDS = 30.0  # a healed route is gone at once; a probe gets this long to connect again
+SLOW = {"delay_ms": 300, "jitter_ms": 100, "reset_probability": 0.05}
+# Through the slowed proxy a round trip waits for two chunks, each at least delay - jitter.
+SLOW_ROUND_TRIP = 2 * (SLOW["delay_ms"] - SLOW["jitter_ms"]) / 1000
+READY_SECONDS = 120.0  # the scale-out's new workers: ready (partitions assigned) within this
+
+
+class FaultNotInForce(RuntimeError):
+    """A fault's probe saw it not take effect (or not heal): the row is an error."""
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A TCP connection from inside ``host`` to ``destination:port`` (to Redis: a PING that
+    must be answered, so that a server refusing its clients does not pass for reachable)."""
+
+    host: str
+    destination: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.host}->{self.destination}:{self.port}"
+
+    def connects(self) -> bool:
+        if self.port == REDIS_PORT:
+            return network.connects(
+                self.host, self.destination, self.port, request=b"PING\r\n", expect=b"+PONG"
+            )
+        return network.connects(self.host, self.destination, self.port)
+
+
+def _probe_kafka(host: str) -> list[Probe]:
+    """``host`` to every broker, through the proxy and directly."""
+    return [Probe(host, proxy_address(b), CLIENT_PORT) for b in BROKERS] + [
+        Probe(host, address(b), DIRECT_PORT) for b in BROKERS
+    ]
 
 
 class PartitionSuite(MixedLoad):
@@ -68,6 +133,9 @@ class PartitionSuite(MixedLoad):
         super().__init__(cluster.pipeline)
         self.cluster = cluster
         self.notes: dict[str, Any] = {}
+        self.evidence: dict[str, str] = {}  # per fault, what its probes saw (the table)
+        # No fault here makes the provider refuse refunds (expectations.PROVIDER_GAVE_UP).
+        self.provider_fails = frozenset()
 
     # --- helpers ----------------------------------------------------------------------------
 
@@ -87,12 +155,56 @@ class PartitionSuite(MixedLoad):
             "every partition with three in-sync replicas",
         )
 
-    async def cut(self, host: str, destinations: tuple[str, ...], seconds: float) -> None:
-        await asyncio.to_thread(network.blackhole, host, destinations, on=True)
+    async def connects(self, probes: Sequence[Probe]) -> list[bool]:
+        return list(await asyncio.gather(*(asyncio.to_thread(p.connects) for p in probes)))
+
+    async def partition(
+        self,
+        name: str,
+        blackholes: Sequence[tuple[str, tuple[str, ...]]],
+        *,
+        cut: Sequence[Probe],
+        kept: Sequence[Probe] = (),
+        seconds: float = HOLD_SECONDS,
+    ) -> None:
+        """Blackhole routes (host, destinations) for ``seconds``. Before: every probe
+        connects; while in force, at its start and just before healing: every ``cut`` probe
+        fails and every ``kept`` one still connects; healed: every probe connects again
+        (within HEAL_SECONDS). Anything else raises FaultNotInForce once healed."""
+        everything = [*cut, *kept]
+        wrong: list[str] = []
+        before = await self.connects(everything)
+        wrong += [f"before: {p} failed" for p, ok in zip(everything, before, strict=True) if not ok]
         try:
-            await asyncio.sleep(seconds)
+            for host, destinations in blackholes:
+                await asyncio.to_thread(network.blackhole, host, destinations, on=True)
+            for moment in ("at the cut", "before healing"):
+                if moment == "before healing":
+                    await asyncio.sleep(seconds)
+                during = await self.connects(everything)
+                wrong += [
+                    f"{moment}: {p} {'connected' if ok else 'failed'}"
+                    for p, ok, must in zip(
+                        everything, during, [False] * len(cut) + [True] * len(kept), strict=True
+                    )
+                    if ok != must
+                ]
         finally:
-            await asyncio.to_thread(network.blackhole, host, destinations, on=False)
+            for host, destinations in blackholes:
+                await asyncio.to_thread(network.blackhole, host, destinations, on=False)
+        deadline = time.monotonic() + HEAL_SECONDS
+        while not all(after := await self.connects(everything)):
+            if time.monotonic() > deadline:
+                break
+            await asyncio.sleep(1)
+        wrong += [f"healed: {p} failed" for p, ok in zip(everything, after, strict=True) if not ok]
+        self.note(name, probes={"cut": [str(p) for p in cut], "kept": [str(p) for p in kept]})
+        self.evidence[name] = f"{len(cut)} cut, {len(kept)} kept"
+        if wrong:
+            raise FaultNotInForce(f"{name}: {wrong}")
+
+    def note(self, name: str, **facts: Any) -> None:
+        self.notes.setdefault(name, {}).update(facts)
 
     def kafka_of(self, *brokers: str) -> tuple[str, ...]:
         return tuple(a for b in brokers for a in (address(b), proxy_address(b)))
@@ -108,14 +220,16 @@ class PartitionSuite(MixedLoad):
 
     async def broker_minority(self) -> None:
         lonely, others = "k3", ("k1", "k2")
-        for host in others:
-            await asyncio.to_thread(network.blackhole, host, (address(lonely),), on=True)
-        try:
-            await self.cut(lonely, tuple(address(b) for b in others), HOLD_SECONDS)
-        finally:
-            for host in others:
-                await asyncio.to_thread(network.blackhole, host, (address(lonely),), on=False)
-        self.notes["broker_minority"] = {"isolated": lonely}
+        self.note("broker_minority", isolated=lonely)
+        await self.partition(
+            "broker_minority",
+            [(lonely, tuple(address(b) for b in others))]
+            + [(host, (address(lonely),)) for host in others],
+            cut=[Probe(lonely, address(b), INTERNAL_PORT) for b in others]
+            + [Probe(b, address(lonely), INTERNAL_PORT) for b in others],
+            # Clients still reach it: the proxy's link to it is not cut.
+            kept=[Probe("proxy", address(lonely), CLIENT_PORT)],
+        )
 
     async def leader_isolated(self) -> None:
         topic = self.settings.topic(Topic.PROPOSED)
@@ -125,8 +239,23 @@ class PartitionSuite(MixedLoad):
             if p["partition"] == 0
         )
         host = BROKERS[int(leader) - 1]
-        self.notes["leader_isolated"] = {"isolated": host, "partition": f"{topic}[0]"}
-        await self.cut(host, EVERYONE, HOLD_SECONDS)
+        self.note("leader_isolated", isolated=host, partition=f"{topic}[0]")
+        await self.isolate("leader_isolated", host)
+
+    async def isolate(self, name: str, host: str) -> None:
+        """Broker ``host`` cut from every host: it reaches no other broker, and the driver's
+        connections to it time out (its answers are dropped) while the others' still work."""
+        others = [b for b in BROKERS if b != host]
+        await self.partition(
+            name,
+            [(host, EVERYONE)],
+            cut=[Probe(host, address(b), INTERNAL_PORT) for b in others]
+            + [
+                Probe("ctl", address(host), DIRECT_PORT),
+                Probe("proxy", address(host), CLIENT_PORT),
+            ],
+            kept=[Probe("ctl", address(b), DIRECT_PORT) for b in others],
+        )
 
     async def coordinator_isolated(self) -> None:
         group = self.settings.group(STREAMS_APP_ID)
@@ -137,66 +266,169 @@ class PartitionSuite(MixedLoad):
         finally:
             await admin.close()
         host = BROKERS[int(coordinator) - 1]
-        self.notes["coordinator_isolated"] = {"isolated": host, "group": group}
-        await self.cut(host, EVERYONE, HOLD_SECONDS)
+        self.note("coordinator_isolated", isolated=host, group=group)
+        await self.isolate("coordinator_isolated", host)
 
-    async def _executor_cut(self, destinations: tuple[str, ...]) -> None:
+    async def _executor_cut(
+        self, name: str, destinations: tuple[str, ...], probes: Sequence[Probe], kept: Probe
+    ) -> None:
         # A slow provider keeps e1 inside its effects (claims held) when the cut comes.
         await asyncio.to_thread(provider_faults, self.pipeline, latency_ms=1500)
         try:
-            await self.cut("e1", destinations, HOLD_SECONDS)
+            # e2 is not cut from the same service.
+            await self.partition(name, [("e1", destinations)], cut=probes, kept=[kept])
         finally:
             await asyncio.to_thread(provider_faults, self.pipeline)
 
     async def executor_no_redis(self) -> None:
-        await self._executor_cut((address("redis"), proxy_address("redis")))
+        await self._executor_cut(
+            "executor_no_redis",
+            (address("redis"), proxy_address("redis")),
+            [
+                Probe("e1", proxy_address("redis"), REDIS_PORT),
+                Probe("e1", address("redis"), REDIS_PORT),
+            ],
+            Probe("e2", proxy_address("redis"), REDIS_PORT),
+        )
 
     async def executor_no_postgres(self) -> None:
-        await self._executor_cut((address("pg"), proxy_address("pg")))
+        await self._executor_cut(
+            "executor_no_postgres",
+            (address("pg"), proxy_address("pg")),
+            [Probe("e1", proxy_address("pg"), PG_PORT), Probe("e1", address("pg"), PG_PORT)],
+            Probe("e2", proxy_address("pg"), PG_PORT),
+        )
 
     async def executor_no_kafka(self) -> None:
-        await self._executor_cut(self.kafka_of(*BROKERS))
+        await self._executor_cut(
+            "executor_no_kafka",
+            self.kafka_of(*BROKERS),
+            _probe_kafka("e1"),
+            Probe("e1", proxy_address("redis"), REDIS_PORT),  # only Kafka is cut
+        )
 
     async def streams_no_kafka(self) -> None:
-        self.notes["streams_no_kafka"] = {"approvals_pending_at_cut": len(self.pending_decisions)}
-        await self.cut("s1", self.kafka_of(*BROKERS), HOLD_SECONDS)
+        self.note("streams_no_kafka", approvals_pending_at_cut=len(self.pending_decisions))
+        await self.partition(
+            "streams_no_kafka",
+            [("s1", self.kafka_of(*BROKERS))],
+            cut=_probe_kafka("s1"),
+            kept=[Probe("s2", proxy_address("k1"), CLIENT_PORT)],
+        )
 
     async def slow_links(self) -> None:
-        bad = {"delay_ms": 300, "jitter_ms": 100, "reset_probability": 0.05}
+        """Every proxied link slowed and resetting for SLOW_SECONDS; a Redis PING through the
+        proxy is measured before (fast), while in force (at least SLOW_ROUND_TRIP) and after
+        healing (fast again)."""
         control = self.cluster.proxy_control
-        await asyncio.to_thread(proxy.control, control, bad)
+        before = await asyncio.to_thread(_ping_seconds)
+        await asyncio.to_thread(proxy.control, control, SLOW)
         try:
+            during = await asyncio.to_thread(_ping_seconds)
             await asyncio.sleep(SLOW_SECONDS)
         finally:
             counters = await asyncio.to_thread(proxy.control, control, {})
-        self.notes["slow_links"] = {"proxy": counters, **bad}
+        after = await asyncio.to_thread(_ping_seconds)
+        measured = {"before": before, "in_force": during, "healed": after}
+        self.note("slow_links", proxy=counters, round_trip_seconds=measured, **SLOW)
+        self.evidence["slow_links"] = (
+            f"PING {during:.2f} s (before {before:.3f}, after {after:.3f})"
+        )
+        wrong = [
+            f"{when} {seconds:.3f} s"
+            for when, seconds in measured.items()
+            if (seconds >= SLOW_ROUND_TRIP) != (when == "in_force")
+        ]
+        if wrong:
+            raise FaultNotInForce(
+                f"slow_links: PING round trips not as set (slow from {SLOW_ROUND_TRIP} s): {wrong}"
+            )
+
+    async def clocks(self, names: Sequence[str]) -> dict[str, tuple[float, float]]:
+        """Each process's clock offset (bounds), as its answers' `Date` header shows, once it
+        answers (a stages process and its approval-join on a streams host)."""
+        urls = {k: u for n in names for k, u in readiness_urls(n).items()}
+        found = await asyncio.gather(
+            *(asyncio.to_thread(wait_clock_offset, u) for u in urls.values())
+        )
+        return dict(zip(urls, found, strict=True))
 
     async def clock_skew(self) -> None:
-        ahead = clock_ahead(SKEW_SECONDS)
-        await self.restart("executor", "executor", **ahead)
-        await self.restart("streams", "streams", **ahead)
+        """e1 and s1 restarted SKEW_SECONDS ahead for HOLD_SECONDS, then restarted true; each
+        process's own clock is read back both times (it must be ahead, then true)."""
+        ahead = clock_ahead(SKEW_SECONDS)  # no libfaketime: this row is an error
+        skewed = ("executor", "streams")
+        for name in skewed:
+            await self.restart(name, name, **ahead)
+        ahead_seen = await self.clocks(skewed)
         await asyncio.sleep(HOLD_SECONDS)
-        await self.restart("executor", "executor")
-        await self.restart("streams", "streams")
-        self.notes["clock_skew"] = {"hosts": ["e1", "s1"], "ahead_seconds": SKEW_SECONDS}
+        for name in skewed:
+            await self.restart(name, name)
+        true_seen = await self.clocks(skewed)
+        self.note(
+            "clock_skew",
+            hosts=[WORKER_HOSTS[n] for n in skewed],
+            ahead_seconds=SKEW_SECONDS,
+            offsets_seen={"skewed": ahead_seen, "restored": true_seen},
+        )
+        self.evidence["clock_skew"] = "clocks " + ", ".join(
+            f"{n} +{low:.0f}..{high:.0f} s" for n, (low, high) in ahead_seen.items()
+        )
+        wrong = [
+            f"{n} skewed: {b}" for n, b in ahead_seen.items() if not offset_agrees(b, SKEW_SECONDS)
+        ]
+        wrong += [f"{n} restored: {b}" for n, b in true_seen.items() if not offset_agrees(b, 0)]
+        if wrong:
+            raise FaultNotInForce(f"clock_skew: offsets not {SKEW_SECONDS} s then 0: {wrong}")
 
     async def rolling_restart(self) -> None:
         took = {}
+        refused = []
         for host in BROKERS:
             started = time.monotonic()
             await asyncio.to_thread(self.cluster.brokers.stop, host)
+            # Stopped: its direct listener no longer accepts (the start below waits for it).
+            refused.append(
+                not await asyncio.to_thread(network.connects, "ctl", address(host), DIRECT_PORT)
+            )
             await asyncio.to_thread(self.cluster.brokers.start, host)
             await asyncio.to_thread(self.cluster.brokers.wait, host)
             await self.wait_isr_full()
             took[host] = round(time.monotonic() - started, 1)
-        self.notes["rolling_restart"] = {"seconds_per_broker": took}
+        self.note("rolling_restart", seconds_per_broker=took)
+        self.evidence["rolling_restart"] = f"{sum(refused)} of {len(BROKERS)} seen down"
+        if not all(refused):
+            seen = dict(zip(BROKERS, refused, strict=True))
+            raise FaultNotInForce(f"rolling_restart: a stopped broker still accepted: {seen}")
 
     async def scale_out(self) -> None:
+        """s3 and e4 started, s2 and e2 stopped 20 s later; the new workers must then be
+        ready (partitions assigned: they took the work over) within READY_SECONDS."""
         await asyncio.to_thread(self.pipeline.start, "streams", "streams-3")
         await asyncio.to_thread(self.pipeline.start, "executor", "executor-4")
         await asyncio.sleep(20)
         await asyncio.to_thread(self.pipeline.stop_worker, "streams-2")
         await asyncio.to_thread(self.pipeline.stop_worker, "executor-2")
+        started = time.monotonic()
+        urls = {**readiness_urls("streams-3"), **readiness_urls("executor-4")}
+        waiting = dict(urls)
+        while waiting and time.monotonic() - started < READY_SECONDS:
+            answers = await asyncio.gather(
+                *(asyncio.to_thread(_readiness, u) for u in waiting.values())
+            )
+            waiting = {
+                n: u
+                for (n, u), why in zip(waiting.items(), answers, strict=True)
+                if why is not None
+            }
+            if waiting:
+                await asyncio.sleep(1)
+        self.note("scale_out", ready_after_seconds=round(time.monotonic() - started, 1))
+        self.evidence["scale_out"] = f"{len(urls) - len(waiting)} of {len(urls)} new ready"
+        if waiting:
+            raise FaultNotInForce(
+                f"scale_out: not ready within {READY_SECONDS} s: {sorted(waiting)}"
+            )
 
     async def watch_readiness(self, stop: asyncio.Event) -> dict[str, Any]:
         """What an operator sees during the experiment: every second, each executor's, streams
@@ -246,8 +478,25 @@ class PartitionSuite(MixedLoad):
         row["max_answer_pause_seconds"] = report.max_pause(finals, started + 5, last_sent)
         row["answer_pause_bound_seconds"] = SCALE_PAUSE_BOUND if name == "scale_out" else None
         row["notes"] = self.notes.get(name)
+        row["evidence"] = self.evidence.get(name)
         row["fault_error"] = failed[0] if failed else None
         return row
+
+
+def _ping_seconds(samples: int = 5, attempts: int = 20) -> float:
+    """The median of ``samples`` Redis PING round trips through the proxy, each on a new
+    connection (one the slowed proxy resets is tried again)."""
+    seen: list[float] = []
+    for _ in range(attempts):
+        try:
+            seen.append(
+                proxy.round_trip((proxy_address("redis"), REDIS_PORT), b"PING\r\n", b"+PONG")
+            )
+        except OSError:
+            continue
+        if len(seen) == samples:
+            return statistics.median(seen)
+    raise FaultNotInForce(f"only {len(seen)} of {samples} PINGs through the proxy answered")
 
 
 def _readiness(url: str) -> str | None:
@@ -320,6 +569,7 @@ def test_partitions(signing_keys: SigningKeys) -> None:
             }
             (ARTIFACTS / "partitions.json").write_text(json.dumps(document, indent=2) + "\n")
             print("\n" + report.render(rows), flush=True)
+            print("\n" + report.render_evidence(rows), flush=True)
     failures = {r["fault"]: report.violations(r) for r in rows if report.violations(r)}
     assert not failures, f"guarantees violated: {failures} (test-artifacts/partitions.json)"
     assert not exited, f"processes exited: {exited}"
