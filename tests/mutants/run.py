@@ -159,6 +159,8 @@ def environment(
     env["PYTHONPATH"] = os.pathsep.join(paths)
     plugins = [p for p in env.get("PYTEST_PLUGINS", "").split(",") if p]
     env["PYTEST_PLUGINS"] = ",".join([GUARD_MODULE, *plugins])
+    # A command's `python`, `pytest`, `ratifier` are .venv's (the clone has no .venv).
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env.setdefault("RATIFIER_DEVELOPMENT_MODE", "true")
     env[guard.ROOT_ENV] = str(clone)
     env[guard.FILE_ENV] = str(guard_file)
@@ -498,13 +500,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--commit", default="HEAD", help="the commit to clone (default HEAD)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary clones")
     parser.add_argument("--no-docs", action="store_true", help="leave docs/testing.md alone")
+    parser.add_argument("--catalogue", type=Path, default=CATALOGUE, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        breaks = load_catalogue()
+        breaks = load_catalogue(args.catalogue)
         only = [n.strip() for n in args.only.split(",") if n.strip()]
         chosen = select(breaks, only, long=args.long)
     except CatalogueError as exc:
@@ -590,7 +593,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "commit": commit,
         "date": began.isoformat(timespec="seconds"),
         "command": command,
-        "catalogue": str(CATALOGUE.relative_to(REPO)),
+        "catalogue": str(args.catalogue),
         "seconds": round(duration, 1),
         "control_seconds": round(control_seconds, 1),
         "summary": summary,
@@ -600,7 +603,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ARTIFACTS.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {RESULTS.relative_to(REPO)}")
-    if not only and not args.no_docs:
+    if not only and not args.no_docs and args.catalogue == CATALOGUE:
         write_docs(REPO / "docs" / "testing.md", document)
         print("wrote the table in docs/testing.md")
     return 0 if counts[SURVIVED] == 0 and counts[ERROR] == 0 else 1
