@@ -46,9 +46,8 @@ CONNECT_TIMEOUT_SECONDS = 10.0
 log = logging.getLogger("ratifier.audit")
 
 _PKG = "audit"
-# Everything but the approval-join's internal expiry ticks (a clock nudge with no content;
-# the expiry itself is on `outcomes` and in `audit_log`).
-AUDITED_TOPICS: tuple[Topic, ...] = tuple(t for t in Topic if t is not Topic.APPROVAL_TIMERS)
+# Every pipeline topic (the approval-join's internal expiry ticks went with faust, issue 44).
+AUDITED_TOPICS: tuple[Topic, ...] = tuple(Topic)
 PROGRESS_EVERY_SECONDS = 10.0
 
 

@@ -62,7 +62,7 @@ async def measure(plan: Plan) -> Results:
     await asyncio.to_thread(seed_payments, url)
     await run.step("pure stage costs", 120, lambda: pure_costs(plan.pure_n))
     await run.step(
-        "B1 relay, B2 chain, T1 loop identity hop (+ its profile), B3 faust identity",
+        "B1 relay, B2 chain, T1 loop identity hop (+ its profile)",
         420,
         lambda: baselines_kafka(n),
     )

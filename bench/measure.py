@@ -78,7 +78,7 @@ class Plan:
 
     quick: bool = False
     budget_seconds: float = BUDGET_SECONDS
-    n: int = 20000  # records per baseline drain (B1, B2, B3, T1)
+    n: int = 20000  # records per baseline drain (B1, B2, T1)
     stage_n: int = 4000  # calls per stage-alone drain
     executor_n: int = 4000  # commands per T3 drain
     pure_n: int = 5000
@@ -195,17 +195,16 @@ def _short(v: Any) -> str:
 
 
 async def baselines_kafka(n: int) -> dict[str, Any]:
-    """B1 (raw relay), B2 (raw 4-hop chain), T1's stateless stage hop (the runtime loop with
-    a handler doing no work), and B3 (faust identity, the stages' former framework, kept as
-    a reference), each draining the same backlog of ``n`` envelopes."""
+    """B1 (raw relay), B2 (raw 4-hop chain) and T1's stateless stage hop (the runtime loop
+    with a handler doing no work), each draining the same backlog of ``n`` envelopes. (B3,
+    faust's identity agent, left with faust: issue 44.)"""
     run = BenchRun.create("baselines")
     try:
         await run.prepare()
         p = run.settings.topic_prefix
         t = run.settings.topic
         hops = [f"{p}hop{i}" for i in range(HOPS + 1)]
-        faust_src, faust_dst = f"{p}faust.in", f"{p}faust.out"
-        await create_topics(run, [*hops, faust_src, faust_dst])
+        await create_topics(run, hops)
         envelopes = read_envelopes(run.settings, n, uuid.uuid4().hex[:6])
         out: dict[str, Any] = {"envelope_bytes": statistics.mean(len(e) for e in envelopes)}
 
@@ -259,12 +258,6 @@ async def baselines_kafka(n: int) -> dict[str, Any]:
             profile_to=profile_path,
         )
         out["profile_t1_loop"] = top_frames(profile_path)
-
-        def identity() -> list[Any]:
-            return [run.start_module("bench.faust_identity", "b3-faust", faust_src, faust_dst)]
-
-        rate, cpu = await drain(run, identity, faust_src, faust_dst, n, envelopes, 300)
-        out |= {"B3": rate, "B3_cpu_us": cpu}
         return out
     finally:
         await run.close()
@@ -1300,13 +1293,12 @@ async def whole_pipeline(report: Measurements, plan: Plan) -> None:
 async def latency_settings() -> list[tuple[str, str, str, str]]:
     """The latency settings in force (producer linger, consumer fetch wait, poll), read from
     the code that builds the clients, for the baselines and the pipeline alike."""
-    from faust.transport.drivers import aiokafka as faust_aiokafka
-
     from bench.loop_identity import POLL_MS
     from bench.relay import BATCH as RELAY_BATCH
     from config.settings import Settings
     from runtime.loop import ConsumerLoop
-    from streams.app import faust_settings
+    from streams.join_service import MAX_RECORDS as JOIN_RECORDS
+    from streams.join_service import POLL_MS as JOIN_POLL_MS
     from streams.stateless import BATCH_MAX
 
     settings = Settings()
@@ -1319,9 +1311,6 @@ async def latency_settings() -> list[tuple[str, str, str, str]]:
     fetch_wait = getattr(probe, "_fetch_max_wait_ms", "?")
     fetch_min = getattr(probe, "_fetch_min_bytes", "?")
     await probe.stop()
-    faust_linger_ms = float(faust_settings(settings)["producer_linger"]) * 1000
-    faust_source = Path(str(faust_aiokafka.__file__)).read_text(encoding="utf-8")  # noqa: ASYNC240
-    faust_wait = "1500" if "fetch_max_wait_ms=1500" in faust_source else "?"
     runtime = f"fetch_max_wait_ms={fetch_wait}, fetch_min_bytes={fetch_min}"
     return [
         (
@@ -1345,10 +1334,10 @@ async def latency_settings() -> list[tuple[str, str, str, str]]:
             "(the loop's defaults, unless the service sets its own)",
         ),
         (
-            "approval-join, B3 faust identity (faust)",
-            f"producer_linger={faust_linger_ms:g} ms",
-            f"fetch_max_wait_ms={faust_wait} (faust's aiokafka driver, fixed)",
-            "take_events",
+            "approval-join (streams/join_service.py on runtime/loop.py)",
+            f"linger_ms={LINGER_MS}",
+            runtime,
+            f"getmany {JOIN_POLL_MS} ms, ≤ {JOIN_RECORDS} records (one transaction)",
         ),
         ("B2 latency probe's producer", f"linger_ms={LINGER_MS}", "—", "—"),
         ("bench load generator (bench/common.py Proposer)", "linger_ms=2", "—", "—"),

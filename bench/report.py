@@ -567,15 +567,13 @@ def _t1_section(v: dict[str, Any]) -> list[str]:
         "The validator and authorizer run on the runtime's consumer loop "
         "(streams/stateless.py on runtime/loop.py). T1 measures that loop with a handler "
         "doing no work (bench/loop_identity.py: same clients, batch size, poll, isolated "
-        "publishing, acknowledgements and commit), each draining the same backlog; faust's "
-        "identity agent stays as a reference, and the real stages alone show what their work "
-        "adds.",
+        "publishing, acknowledgements and commit), each draining the same backlog, and the "
+        "real stages alone show what their work adds.",
         "",
         table(
             [
                 row("B1 raw aiokafka relay (getmany → send_batch)", "B1", "B1_cpu_us"),
                 row("runtime loop identity hop (T1)", "T1_loop", "T1_loop_cpu_us"),
-                row("B3 faust identity agent (reference)", "B3", "B3_cpu_us"),
                 row("validator stage alone", "stage_validator", "stage_validator_cpu_us"),
                 row("authorizer stage alone", "stage_authorizer", "stage_authorizer_cpu_us"),
             ],
@@ -670,7 +668,7 @@ def _settings_section(v: dict[str, Any]) -> list[str]:
         lines += ["Not recorded by this run.", ""]
     return [
         *lines,
-        "- Producers: `acks=all` everywhere (faust `producer_acks=-1`; runtime clients and "
+        "- Producers: `acks=all` everywhere (runtime clients and "
         "relays with the idempotent producer).",
         "- Consumers of the runtime loop: offsets committed after outputs are acknowledged; "
         "`isolation_level=read_committed`, session timeout 6 s.",
@@ -698,12 +696,6 @@ def _baselines_section(v: dict[str, Any]) -> list[str]:
             f"raw aiokafka chain, {HOPS} hops (one process per hop)",
             fmt(v.get("B2"), " rec/s"),
             fmt(v.get("B2_cpu_us"), " µs CPU/rec", 1),
-        ],
-        [
-            "B3",
-            "faust identity agent, one hop (take_events 500; reference)",
-            fmt(v.get("B3"), " rec/s"),
-            fmt(v.get("B3_cpu_us"), " µs CPU/rec", 1),
         ],
         [
             "B2 lat",

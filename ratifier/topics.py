@@ -25,8 +25,8 @@ async def ensure_topics(
     try:
         existing = set(await admin.list_topics())
         wanted = []
-        compacted = {settings.topic(t) for t in COMPACTED_TOPICS} | {approvals_changelog(settings)}
-        for name in [*(settings.topic(t) for t in Topic), approvals_changelog(settings)]:
+        compacted = {settings.topic(t) for t in COMPACTED_TOPICS}
+        for name in [settings.topic(t) for t in Topic]:
             if name in existing:
                 continue
             # Every topic takes records up to the size every producer may send and every
@@ -55,11 +55,9 @@ async def ensure_topics(
 
 
 def approvals_changelog(settings: Settings) -> str:
-    """The approval-join's table changelog, named as faust names it. Created here with the
-    pipeline's topics (and their replication) rather than by faust at the join's start: a
-    changelog faust created a moment after its consumer read the cluster's metadata showed
-    0 partitions to that consumer until the next metadata refresh, and the join crashed on
-    every table write meanwhile ("PartitionsMismatch"), minutes at a time."""
+    """The faust approval-join's table changelog (before issue 44), named as faust named it:
+    no longer created; `ratifier migrate-approvals` reads it once on an upgrade, after which
+    it may be deleted (docs/upgrading.md)."""
     return f"{settings.group(STREAMS_APP_ID)}-{APPROVAL_TABLE}-changelog"
 
 

@@ -19,8 +19,6 @@ class Topic(StrEnum):
     UNKNOWN = "commands.unknown"
     OUTCOMES = "outcomes"
     POLICIES = "policies"
-    # Internal to the approval-join: expiry ticks, keyed and partitioned like the approvals.
-    APPROVAL_TIMERS = "approvals.timers"
     # v1.5: freezes (the kill switch), compacted, keyed by scope; every stage follows it.
     CONTROLS = "controls"
     # Approval notifications the notifier gave up on (docs/notifications.md), keyed by call id.
@@ -37,11 +35,12 @@ PIPELINE_TOPICS: tuple[Topic, ...] = tuple(Topic)
 # Compacted topics (latest value per key matters).
 COMPACTED_TOPICS: frozenset[Topic] = frozenset({Topic.POLICIES, Topic.CONTROLS})
 
-STREAMS_APP_ID = "ratifier-streams"  # the approval-join's faust app
+STREAMS_APP_ID = "ratifier-streams"  # the approval-join's faust app, before issue 44
 # The approval-join's consumer group: the faust app's id, kept when the join left faust, so
 # that an upgraded join resumes at the offsets the faust join committed.
 APPROVAL_JOIN_GROUP = STREAMS_APP_ID
-# The join's faust table; its changelog is `<app id>-approvals-changelog` (ratifier/topics.py).
+# The faust join's table; its changelog, `<app id>-approvals-changelog`, is read once by
+# `ratifier migrate-approvals` on an upgrade (ratifier/approvals_upgrade.py).
 APPROVAL_TABLE = "approvals"
 VALIDATOR_GROUP = "ratifier-validator"
 AUTHORIZER_GROUP = "ratifier-authorizer"

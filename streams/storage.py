@@ -1,5 +1,6 @@
 """PostgreSQL for the stream side: tenant-scoped resource loads for the authorizer and the
-approval-join, and the audit log. The pool opens on first use."""
+approval-join, the authorizer's view of budgets and repeats. The pool opens on first use.
+(The approval-join's own tables are streams/join_store.py's.)"""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from typing import Any, TypeVar
 
 import psycopg
 from psycopg import AsyncConnection
-from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from commands.catalog import Resource, Tool, ToolArguments, load_resources
@@ -17,7 +17,6 @@ from commands.sql import named_query
 from runtime.clients import pg_pool
 from schemas.envelopes import Actor, AuthorizedCall
 from schemas.errors import StorageUnavailable
-from streams.approval import AuditEntry, EndedRequest
 from streams.budget_view import WindowAsk
 from streams.repeats import OperationSeen
 
@@ -140,52 +139,6 @@ class StreamStorage:
             return found
 
         return await self._with_connection(seen)
-
-    async def end_requests(self, ended: Sequence[EndedRequest]) -> None:
-        """Keep the final outcome of operations whose approval request ended without the
-        command running (rejected, expired, a refused edit) with their row: a later call of
-        the operation is told the same. Idempotent: only a row naming that very call and
-        not ended yet is written."""
-        if not ended:
-            return
-
-        async def end(conn: AsyncConnection[Any]) -> None:
-            async with conn.cursor() as cur:
-                for request in ended:
-                    call = request.call
-                    await cur.execute(
-                        named_query(_PKG, "end_approval_request"),
-                        {
-                            "tenant": call.tenant,
-                            "idempotency_key": call.idempotency_key,
-                            "call_id": call.call_id,
-                            "outcome": Jsonb(request.outcome.model_dump(mode="json")),
-                        },
-                    )
-
-        await self._with_connection(end)
-
-    async def audit(self, entries: Sequence[AuditEntry], *, event_key: str) -> None:
-        """Append audit rows, once per source record (``event_key`` + position in it);
-        idempotent by that key, so a retried batch adds nothing twice."""
-        if not entries:
-            return
-
-        async def append(conn: AsyncConnection[Any]) -> None:
-            async with conn.cursor() as cur:
-                for n, entry in enumerate(entries):
-                    await cur.execute(
-                        named_query(_PKG, "insert_audit"),
-                        {
-                            "tenant": entry.tenant,
-                            "call_id": entry.call_id,
-                            "kind": entry.kind.value,
-                            "detail": Jsonb(entry.detail),
-                            "event_key": f"{event_key}#{n}:{entry.kind}",
-                        },
-                    )
-
-        await self._with_connection(append)
 
     async def close(self) -> None:
         if self._pool is not None:

@@ -16,8 +16,6 @@ Serving them:
       ...
       await close()
 
-- a faust worker mounts :func:`metrics_response` on a page (see ``streams/app.py``).
-
 Recording them (helpers below keep the per-record cost to a few dict lookups):
 
     observe_record("execute", status="succeeded", code=None, seconds=0.012)

@@ -465,7 +465,7 @@ def test_redelivered_request_does_not_reopen(catalog: Catalog) -> None:
 
 
 def test_states_written_before_signed_decisions_never_crash_the_join(catalog: Catalog) -> None:
-    from streams.approval_join import readable_state
+    from streams.join_decisions import readable_state
 
     state = pending(catalog)
     old = json.loads(state.model_dump_json())

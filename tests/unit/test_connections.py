@@ -13,7 +13,6 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-from faust.auth import OAuthCredentials, SASLCredentials, SSLCredentials
 from pydantic import ValidationError
 
 from config.settings import KafkaConnection, Settings
@@ -26,7 +25,6 @@ from runtime.clients import (
     token_provider,
 )
 from schemas.errors import ConfigurationError
-from streams.app import broker_credentials, faust_settings
 
 SASL_ENV = {
     "RATIFIER_KAFKA__BOOTSTRAP": "b1:9093,b2:9093",
@@ -79,7 +77,6 @@ def test_the_default_is_the_local_plaintext_broker(clean_env: pytest.MonkeyPatch
         "bootstrap_servers": "127.0.0.1:9092",
         "security_protocol": "PLAINTEXT",
     }
-    assert broker_credentials(settings.kafka) is None
 
 
 @pytest.mark.parametrize(
@@ -110,7 +107,7 @@ def test_inconsistent_kafka_connections_are_refused(fields: dict[str, str], comp
     assert complaint in str(refused.value) or complaint in repr(refused.value.errors())
 
 
-def test_sasl_ssl_options_for_aiokafka_and_faust(tmp_path: Path) -> None:
+def test_sasl_ssl_options_for_aiokafka(tmp_path: Path) -> None:
     ca = write_self_signed_ca(tmp_path)
     connection = KafkaConnection(
         bootstrap="b1:9093",
@@ -130,24 +127,12 @@ def test_sasl_ssl_options_for_aiokafka_and_faust(tmp_path: Path) -> None:
     assert context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname
     assert context.get_ca_certs(), "the CA file was not loaded"
 
-    credentials = broker_credentials(connection)
-    assert isinstance(credentials, SASLCredentials)
-    assert credentials.protocol.value == "SASL_SSL"
-    assert credentials.mechanism.value == "SCRAM-SHA-512"
-    assert credentials.password == "s3cret-password"
-    assert "s3cret-password" not in repr(credentials)
-
-    conf = faust_settings(Settings(kafka=connection))
-    assert conf["broker"] == "kafka://b1:9093"
-    assert isinstance(conf["broker_credentials"], SASLCredentials)
-
 
 def test_ssl_only_and_oauthbearer(tmp_path: Path) -> None:
     ssl_only = KafkaConnection(security_protocol="SSL", ssl_check_hostname=False)
     options = kafka_security(ssl_only)
     assert options["security_protocol"] == "SSL" and "sasl_mechanism" not in options
     assert options["ssl_context"].check_hostname is False
-    assert isinstance(broker_credentials(ssl_only), SSLCredentials)
 
     token = tmp_path / "token"
     token.write_text("eyJ.token.one\n")
@@ -163,9 +148,6 @@ def test_ssl_only_and_oauthbearer(tmp_path: Path) -> None:
     assert asyncio.run(provider.token()) == "eyJ.token.one"
     token.write_text("eyJ.token.two")  # rotated: the next authentication reads the new one
     assert asyncio.run(provider.token()) == "eyJ.token.two"
-    credentials = broker_credentials(oauth)
-    assert isinstance(credentials, OAuthCredentials)
-    assert credentials.protocol.value == "SASL_SSL"
 
 
 def test_a_token_provider_hook_is_loaded_by_its_path() -> None:
