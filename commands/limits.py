@@ -116,6 +116,9 @@ class CallScope:
     agent: str
     tool: str
     effect: Effect
+    # False: the context did not verify; ``tenant`` is the token's unverified claim ("" when
+    # it names none), for its forged-call bucket only (:class:`Unverified`).
+    verified: bool = True
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -163,6 +166,45 @@ def buckets_of(limits: LimitSet, call: CallScope) -> tuple[Bucket, ...]:
         )
         for limit in chosen.values()
     )
+
+
+# Bucket keys of the calls whose context does not verify (issue 45): one per claimed tenant
+# and one for the whole fleet, apart from every verified tenant's buckets (those keys start
+# with a scope name: ``tenant:``, ``agent:``, ``tool:``, ``tenant_tool:``).
+UNVERIFIED_KEY = "unverified:"
+UNVERIFIED_FLEET_KEY = f"{UNVERIFIED_KEY}*fleet*"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Unverified:
+    """The buckets of calls whose context token does not verify (forged, expired, of another
+    deployment): they are refused ``rate_limited`` once these are empty, so that a flood of
+    them is refused at admission, cheaply, instead of one by one by the authorizer, and never
+    spends a verified tenant's tokens. ``rate``/``burst``: per claimed tenant (the token's
+    unverified ``tenant`` claim); ``fleet_rate``/``fleet_burst``: all of them together (a
+    forger changing the claimed tenant with each call gets no more than this)."""
+
+    rate: float
+    burst: float
+    fleet_rate: float
+    fleet_burst: float
+
+    def buckets(self, claimed: str) -> tuple[Bucket, ...]:
+        """Pure: the buckets an unverified call claiming tenant ``claimed`` draws from."""
+        return (
+            Bucket(
+                key=f"{UNVERIFIED_KEY}tenant:{claimed}",
+                rate=self.rate,
+                capacity=self.burst,
+                concurrency=None,
+            ),
+            Bucket(
+                key=UNVERIFIED_FLEET_KEY,
+                rate=self.fleet_rate,
+                capacity=self.fleet_burst,
+                concurrency=None,
+            ),
+        )
 
 
 def priority_of(limits: LimitSet, call: CallScope) -> Priority:

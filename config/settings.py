@@ -253,6 +253,14 @@ class Admission(BaseModel):
     # A call admitted under a concurrency limit holds its slot until its final outcome is
     # seen, or this long at most (a lost outcome cannot keep the slot forever).
     concurrency_lease_seconds: int = Field(default=300, ge=1)
+    # Calls whose context token does not verify (issue 45, "Forged floods count"): per claimed
+    # tenant ``unverified_rate`` calls/s with bursts of ``unverified_burst``, and all of them
+    # together ``unverified_fleet_rate``/``unverified_fleet_burst``; beyond, refused
+    # ``rate_limited`` at admission. Never a verified tenant's tokens.
+    unverified_rate: float = Field(default=20.0, gt=0)
+    unverified_burst: float = Field(default=50.0, ge=1)
+    unverified_fleet_rate: float = Field(default=200.0, gt=0)
+    unverified_fleet_burst: float = Field(default=400.0, ge=1)
 
 
 class Replies(BaseModel):

@@ -6,9 +6,11 @@ Agents publish to Kafka directly, so admission cannot live in the client. The va
 decides a whole batch at once: its valid calls' verified context (the token cache makes
 that a dictionary lookup for an agent's reused token), their buckets (commands/limits.py),
 one Redis round trip per 100 calls (streams/limiter.py); a refusal is a small outcome
-record. A call whose context does not verify is passed on untouched: the authorizer refuses
-it ``unauthenticated`` as before, and an unverified claim never spends another tenant's
-budget. Load shedding (the lag of the next stages' groups) refuses the lowest class first.
+record. A call whose context does not verify draws from buckets of its own (per claimed
+tenant and fleet-wide, settings ``admission.unverified_*``; commands/limits.py, Unverified):
+refused ``rate_limited`` once they are empty, else passed on for the authorizer to refuse
+``unauthenticated`` as before; an unverified claim never spends a verified tenant's budget.
+Load shedding (the lag of the next stages' groups) refuses the lowest class first.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from commands.limits import (
     LimitSet,
     Priority,
     Shedding,
+    Unverified,
     buckets_of,
     priority_of,
 )
@@ -46,6 +49,7 @@ from runtime.identity import ContextKeys, verify_context_token
 from runtime.turns import turn
 from schemas.envelopes import ErrorInfo, Outcome, ReplyAddress, Stage, Status, ValidatedCall
 from schemas.errors import ErrorCode, Unauthenticated
+from schemas.lanes import tenant_claim
 from schemas.names import (
     ADMISSION_RELEASE_GROUP,
     AUTHORIZER_GROUP,
@@ -130,6 +134,29 @@ def scope_of(call: Refusable, catalog: Catalog, keys: ContextKeys) -> CallScope 
     )
 
 
+def unverified_scope_of(call: Refusable, catalog: Catalog) -> CallScope | None:
+    """Pure: the scope of a call whose context does not verify: its tenant is the token's
+    unverified claim ("" when none is readable), for its forged-call buckets only; None when
+    its tool is not in the catalog (validation refuses it)."""
+    tool = catalog.get(call.tool)
+    if tool is None:
+        return None
+    return CallScope(
+        call_id=call.call_id,
+        tenant=tenant_claim(call.context) or "",
+        agent="",
+        tool=tool.name,
+        effect=tool.effect,
+        verified=False,
+    )
+
+
+def owner_of(scope: CallScope) -> str | None:
+    """The tenant an outcome names: none for a call whose context does not verify (as the
+    authorizer's ``unauthenticated`` names none)."""
+    return scope.tenant if scope.verified else None
+
+
 def refused(
     call: Refusable,
     scope: CallScope,
@@ -147,7 +174,7 @@ def refused(
     return outcome(
         call_id=call.call_id,
         tool=call.tool,
-        tenant=scope.tenant,
+        tenant=owner_of(scope),
         status=Status.REJECTED,
         stage=Stage.VALIDATE,
         code=ErrorCode.RATE_LIMITED,
@@ -270,7 +297,7 @@ class _Stamp:
 
 # Kinds of refusal (tenant, tool, reason, policy version) whose template is kept.
 TEMPLATES_KEPT = 1_000
-Kind = tuple[str, str, str | None, str | None]
+Kind = tuple[str | None, str, str | None, str | None]
 Templates = dict[Kind, tuple[Refusal, "_Stamp | None"]]
 
 
@@ -302,7 +329,7 @@ class Refusals:
         after = verdict.retry_after
         if call.reply_to is not None or (after is not None and after < 0):
             return None
-        built = self._built.get((scope.tenant, call.tool, verdict.reason, self._policy_version))
+        built = self._built.get((owner_of(scope), call.tool, verdict.reason, self._policy_version))
         if built is None or built[1] is None or built[0].error is None:
             return None
         wait = float(after) if after is not None else None
@@ -310,7 +337,7 @@ class Refusals:
 
     def of(self, call: Refusable, scope: CallScope, verdict: Verdict) -> Emit:
         after = verdict.retry_after
-        kind = (scope.tenant, call.tool, verdict.reason, self._policy_version)
+        kind = (owner_of(scope), call.tool, verdict.reason, self._policy_version)
         built = self._built.get(kind)
         if built is None or built[0].error is None or (after is not None and after < 0):
             first = refused(
@@ -385,27 +412,48 @@ class Admission:
         catalog: Catalog,
         keys: ContextKeys,
         limits: Callable[[], LimitSet],
+        unverified: Unverified | None = None,
     ) -> None:
+        """``unverified``: the buckets of calls whose context does not verify (None: such
+        calls are passed on unjudged, for the authorizer to refuse)."""
         self.limiter = limiter
+        self._unverified = unverified
         self._catalog = catalog
         self._keys = keys
         self._limits = limits
         self.shedding: Shedding | None = None
         self.refusals = 0
-        self._buckets: dict[tuple[str, str, str], tuple[Bucket, ...]] = {}
+        self._buckets: dict[tuple[str, str, str, bool], tuple[Bucket, ...]] = {}
         self._buckets_of: LimitSet | None = None  # the limits ``_buckets`` were found in
         self._templates: Templates = {}  # refusals' templates (Refusals), across batches
 
     def buckets(self, limits: LimitSet, scope: CallScope) -> tuple[Bucket, ...]:
-        """:func:`buckets_of`, remembered per tenant, agent and tool (all it depends on but
-        the limits, which replace the remembered ones when they change)."""
+        """:func:`buckets_of` (a verified call) or the unverified buckets of its claimed
+        tenant, remembered per tenant, agent and tool (all it depends on but the limits, which
+        replace the remembered ones when they change)."""
         if limits is not self._buckets_of or len(self._buckets) >= BUCKETS_CACHED:
             self._buckets, self._buckets_of = {}, limits
-        who = (scope.tenant, scope.agent, scope.tool)
+        who = (scope.tenant, scope.agent, scope.tool, scope.verified)
         found = self._buckets.get(who)
         if found is None:
-            found = self._buckets[who] = buckets_of(limits, scope)
+            if scope.verified:
+                found = buckets_of(limits, scope)
+            else:
+                assert self._unverified is not None
+                found = self._unverified.buckets(scope.tenant)
+            self._buckets[who] = found
         return found
+
+    def _idle(self) -> bool:
+        """Nothing to judge: no limits, no shedding, no unverified buckets."""
+        return self._limits().empty and self.shedding is None and self._unverified is None
+
+    def _scope(self, call: Refusable) -> CallScope | None:
+        """The call's scope, verified, else its unverified one when those are counted."""
+        scope = scope_of(call, self._catalog, self._keys)
+        if scope is None and self._unverified is not None:
+            return unverified_scope_of(call, self._catalog)
+        return scope
 
     def counts_slots(self) -> bool:
         """Whether a concurrency limit is in force (slots to release when calls end)."""
@@ -426,7 +474,7 @@ class Admission:
         record each (docs/operations.md, "Fair admission"); the others are left to
         :meth:`admit` after validation. With ``stamping``, a refusal whose JSON can be
         stamped from its template is given as such (``Screening.stamped``)."""
-        if self._limits().empty and self.shedding is None:
+        if self._idle():
             return Screening()
         candidates: list[tuple[int, Refusable, CallScope]] = []
         for index, (raw, headers) in enumerate(proposals):
@@ -436,7 +484,7 @@ class Admission:
             if seen is None:
                 continue
             proposal = Proposal.of(seen, trace_id=trace_id_of(headers))
-            scope = scope_of(proposal, self._catalog, self._keys)
+            scope = self._scope(proposal)
             if scope is not None:
                 candidates.append((index, proposal, scope))
         stamped: dict[int, Stamped] | None = {} if stamping else None
@@ -458,13 +506,13 @@ class Admission:
     ) -> list[tuple[Emit, ...]]:
         """``results`` (what the validator decided per record) with each valid call that is
         refused replaced by its ``rate_limited`` outcome."""
-        if self._limits().empty and self.shedding is None:
+        if self._idle():
             return list(results)
         candidates: list[tuple[int, Refusable, CallScope]] = []
         for index, emits in enumerate(results):
             if len(emits) == 1 and isinstance(emits[0].value, ValidatedCall):
                 call = emits[0].value
-                scope = scope_of(call, self._catalog, self._keys)
+                scope = self._scope(call)
                 if scope is not None:
                     candidates.append((index, call, scope))
         out = list(results)
@@ -652,5 +700,6 @@ __all__ = [
     "release_slots",
     "scope_of",
     "shedding_for",
+    "unverified_scope_of",
     "watch_lag",
 ]

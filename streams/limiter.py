@@ -46,6 +46,11 @@ class Verdict:
 
 ADMITTED = Verdict(admitted=True)
 
+# Before the call id in the decision mark of a call whose context does not verify: not a
+# character of a call id (CALL_ID_PATTERN), so a forged call's answer is never the one a
+# verified call of the same id gets (its mark is its own).
+UNVERIFIED_MARK = "~"
+
 
 @dataclass(frozen=True, kw_only=True)
 class Ask:
@@ -96,7 +101,10 @@ def script_arguments(
         f"{REDIS_SLOTS_PREFIX}{prefix}",
         *bucket_args,
         " ".join(plan),
-        " ".join(ask.call.call_id for ask in asks),
+        " ".join(
+            ask.call.call_id if ask.call.verified else UNVERIFIED_MARK + ask.call.call_id
+            for ask in asks
+        ),
     ]
     return keys, argv
 

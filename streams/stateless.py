@@ -30,6 +30,7 @@ from pydantic import ValidationError
 
 from commands.catalog import Catalog
 from commands.freezes import FixedFreezes, FreezeSource
+from commands.limits import Unverified
 from commands.validate import Limits
 from config.settings import Settings
 from feeds.policies import PolicyFeed
@@ -336,6 +337,12 @@ class StatelessStages:
             catalog=catalog,
             keys=keys,
             limits=lambda: feed.current.limits,
+            unverified=Unverified(
+                rate=settings.admission.unverified_rate,
+                burst=settings.admission.unverified_burst,
+                fleet_rate=settings.admission.unverified_fleet_rate,
+                fleet_burst=settings.admission.unverified_fleet_burst,
+            ),
         )
         self._handlers = {
             StreamStage.VALIDATOR: validator_handler(
