@@ -543,11 +543,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             continue
         runnable.append(brk)
     known = previous_seconds()
-    estimate = sum(known.get(b.name, b.estimate) for b in runnable)
+    estimate = sum(known.get(b.name, b.estimate) for b in runnable) + 3 * len(runnable)
     print(
         f"mutants: {len(runnable)} breaks of {len(breaks)} on {short} (a clone of the commit; "
-        f"uncommitted changes are not part of it), estimate ~{minutes(estimate * 1.6)} "
-        "with the control",
+        f"uncommitted changes are not part of it), estimate ~{minutes(estimate)}"
+        " with the control and the clones",
         flush=True,
     )
     if os.environ.get("RATIFIER_DEVELOPMENT_MODE") is None:
@@ -593,7 +593,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "commit": commit,
         "date": began.isoformat(timespec="seconds"),
         "command": command,
-        "catalogue": str(args.catalogue),
+        "catalogue": str(args.catalogue.resolve().relative_to(REPO))
+        if args.catalogue.resolve().is_relative_to(REPO)
+        else str(args.catalogue),
         "seconds": round(duration, 1),
         "control_seconds": round(control_seconds, 1),
         "summary": summary,
