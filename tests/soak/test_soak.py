@@ -6,11 +6,12 @@ Checked at the end: every call has exactly one final outcome (repeats of the sam
 allowed, two different ones are not), every read and duplicate succeeded, every invalid call
 was rejected, every approved refund succeeded; the provider's effects equal the ledger's
 succeeded operations, none applied twice; the resident memory of every process that was not
-restarted does not keep growing after the warm-up (tests/soak/memory.py: sampled every 2 s,
-the warm-up a share of the run, a slope under 10 % per 5 minutes of load, and too few
-samples to judge is a failure). The figures go to test-artifacts/soak.json and are printed
-for docs/reliability.md. RATIFIER_SOAK_SECONDS shortens the run (default 600; the memory
-check needs at least ``shortest_soak()``, 82 s).
+restarted, and of the children they run their work in, does not keep growing after the
+warm-up (tests/soak/memory.py: sampled every 2 s, the warm-up a share of the run, one slope
+fitted between the kills under 10 % per 5 minutes of load, and too few samples to judge is a
+failure). The figures go to test-artifacts/soak.json (with every memory sample) and are
+printed for docs/reliability.md. RATIFIER_SOAK_SECONDS shortens the run (default 600; the
+memory check needs at least ``shortest_soak()``, 100 s).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from tests.soak.memory import (
     SAMPLE_EVERY,
     judge_memory,
     restart_every,
+    settle_seconds,
     shortest_soak,
     warmup_seconds,
 )
@@ -131,6 +133,7 @@ class Soak:
         # VmRSS (KiB) of each process, by the monotonic time of the sample.
         self.rss: dict[str, list[tuple[float, int]]] = {}
         self.load_started: float | None = None
+        self.kills: list[float] = []  # when each restart's kill began (monotonic)
         self.restarts: Counter[str] = Counter()
         self.stop_reading = asyncio.Event()
 
@@ -213,8 +216,14 @@ class Soak:
         zero = self.load_started if self.load_started is not None else 0.0
         return {n: [(t - zero, kib) for t, kib in s] for n, s in self.rss.items()}
 
+    def kills_of_load(self) -> list[float]:
+        """When each kill began, in seconds since the load started."""
+        zero = self.load_started if self.load_started is not None else 0.0
+        return [t - zero for t in self.kills]
+
     async def restart(self, name: str, command: str, **env: str) -> None:
         worker = self.pipeline.worker(name)
+        self.kills.append(time.monotonic())
         await asyncio.to_thread(worker.kill)
         self.pipeline.workers.remove(worker)
         for label in [n for n in self.rss if n.split("/")[0] == name]:
@@ -369,8 +378,14 @@ def test_soak(signing_keys: SigningKeys) -> None:
             if name.split("-")[0] == command
             for child in children
         }
+        kills = soak.kills_of_load()
         growths, memory_problems = judge_memory(
-            rss, steady, start=WARMUP_SECONDS, end=float(SOAK_SECONDS)
+            rss,
+            steady,
+            start=WARMUP_SECONDS,
+            end=float(SOAK_SECONDS),
+            kills=kills,
+            settle=settle_seconds(SOAK_SECONDS),
         )
         figures.update(
             kinds=dict(Counter(c.kind for c in ledger.calls.values())),
@@ -384,18 +399,21 @@ def test_soak(signing_keys: SigningKeys) -> None:
             rss_growth_percent={n: round(g.growth_percent, 1) for n, g in growths.items()},
             rss_projected_percent={n: round(g.projected_percent, 1) for n, g in growths.items()},
             rss_samples_judged={n: g.samples for n, g in growths.items()},
+            rss_slope_kib_per_s={n: round(g.slope_kib_per_s, 1) for n, g in growths.items()},
+            kills_at=[round(k, 1) for k in kills],
             rss_last_mib={n: round(s[-1][1] / 1024) for n, s in soak.rss.items() if s},
             memory_problems=memory_problems,
             warmup_seconds=WARMUP_SECONDS,
+            settle_seconds=settle_seconds(SOAK_SECONDS),
             examples=examples,
-            # Every 15th sample (every 30 s: seconds of load, MiB), to tell a plateau from
-            # a leak.
-            rss_series_mib={
-                n: [(round(t), round(kib / 1024, 1)) for t, kib in s[::15]] for n, s in rss.items()
-            },
         )
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        (ARTIFACTS / "soak.json").write_text(json.dumps(figures, indent=2) + "\n")
+        # soak.json also keeps every sample (seconds of load, MiB), to tell a plateau, a
+        # step at a kill and a leak apart; the printed figures do without them.
+        series = {n: [(round(t, 1), round(kib / 1024, 1)) for t, kib in s] for n, s in rss.items()}
+        (ARTIFACTS / "soak.json").write_text(
+            json.dumps({**figures, "rss_series_mib": series}, indent=2) + "\n"
+        )
         print("soak:", json.dumps(figures))
         assert not lost, f"{len(lost)} calls without a final outcome, e.g. {lost[:5]}"
         assert not twice, f"two different final outcomes: {list(twice.items())[:5]}"
