@@ -32,7 +32,7 @@ outcome, approval wait included). The table goes to test-artifacts/chaos.json an
 
 RATIFIER_CHAOS_ONLY=name[,name] selects experiments; RATIFIER_CHAOS_SECONDS sets the load per
 experiment (default 75; the minimums scale with it); RATIFIER_CHAOS_RATE the calls per second
-(default 12). One experiment, quickly (about 3 minutes; what `make mutants` runs per break):
+(default 12). One experiment, quickly (1-2 minutes; what `make mutants` runs per break):
 
     RATIFIER_CHAOS_ONLY=executor_kill9 RATIFIER_CHAOS_SECONDS=30 make chaos
 """

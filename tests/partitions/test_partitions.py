@@ -33,8 +33,9 @@ chaos suite's checks (tests/chaos/expectations.py): each acknowledged call's out
 and a minimum of acknowledged calls and provider effects.
 
 RATIFIER_PARTITIONS_ONLY=name[,name] selects faults; RATIFIER_PARTITIONS_SECONDS sets the load
-per fault (default 60; the minimums scale with it); RATIFIER_CHAOS_RATE the rate. One fault,
-quickly (about 6 minutes, most of it the cluster's start; what `make mutants` runs per break):
+per fault (default 60; the minimums scale with it; slow_links keeps its 100 s, rolling_restart
+1.5 times the setting); RATIFIER_CHAOS_RATE the rate. One fault, quickly (about 2 minutes, most
+of it the cluster's start; what `make mutants` runs per break):
 
     RATIFIER_PARTITIONS_ONLY=executor_no_redis RATIFIER_PARTITIONS_SECONDS=30 make partitions
 """
