@@ -7,8 +7,10 @@ left) steps its memory up at the kill and stays there (docs/reliability.md, "Soa
 water mark, not a leak, and the soak kills a worker every restart period, during the
 measurement too. So the slope is fitted *between* kills: the samples after the warm-up are
 cut into segments at each kill, the first seconds after a kill (the rebalance and its
-backlog, :func:`settle_seconds`) are left out, and one slope is fitted over every segment
-with an intercept of its own (a step at a kill moves the intercept, not the slope). The
+backlog, :func:`settle_seconds`) are left out, and the slope is the median of the slopes
+between every two samples of a segment (Theil-Sen): a step at a kill falls between two
+segments, and a step later in a segment (the restarted worker rejoining) is crossed by at
+most about half of its pairs, so it moves the median little; a leak raises every pair. The
 judgement is the growth that slope gives over :data:`REFERENCE_SECONDS` of load, against the
 memory at the start of the window, so a short run and `make soak` share one bound; the
 warm-up and the settling scale with the run (:func:`warmup_seconds`). A process with too few
@@ -95,7 +97,7 @@ class Growth:
     window: tuple[float, float]  # seconds of load, first and last sample judged
     start_mib: float  # median of the window's first five samples
     end_mib: float  # median of its last five
-    slope_kib_per_s: float  # least squares within each segment, pooled
+    slope_kib_per_s: float  # median of the slopes within each segment, pooled
     projected_percent: float  # the slope over REFERENCE_SECONDS, in % of start_mib
 
     @property
@@ -106,22 +108,22 @@ class Growth:
 
 
 def slope(points: Sequence[tuple[float, float]]) -> float:
-    """Least-squares slope of y over t."""
+    """Theil-Sen slope of y over t: the median of the slopes between every two points."""
     return pooled_slope({0: points})
 
 
 def pooled_slope(segments: Mapping[int, Sequence[tuple[float, float]]]) -> float:
-    """One least-squares slope of y over t for every segment, each with an intercept of its
-    own (a step between two segments is not growth)."""
-    num = den = 0.0
-    for points in segments.values():
-        if len(points) < 2:
-            continue
-        t_mean = statistics.fmean(t for t, _ in points)
-        y_mean = statistics.fmean(y for _, y in points)
-        num += sum((t - t_mean) * (y - y_mean) for t, y in points)
-        den += sum((t - t_mean) ** 2 for t, _ in points)
-    return num / den if den else 0.0
+    """The median of the slopes between every two points of the same segment (Theil-Sen,
+    pooled): a leak makes nearly every pair rise; a step (a buffer grown once, an arena
+    taken) makes only the pairs across it rise, about half of a segment's at most."""
+    slopes = [
+        (y2 - y1) / (t2 - t1)
+        for points in segments.values()
+        for i, (t1, y1) in enumerate(points)
+        for t2, y2 in points[i + 1 :]
+        if t2 > t1
+    ]
+    return statistics.median(slopes) if slopes else 0.0
 
 
 def growth_of(process: str, points: Sequence[tuple[int, float, int]]) -> Growth:
