@@ -3,6 +3,8 @@ acknowledged call's final outcome by kind, the minimums of a load, and what make
 
 from __future__ import annotations
 
+import random
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -134,3 +136,22 @@ def test_violations_include_unexpected_outcomes_and_shortfalls() -> None:
     assert expectations.violations(short) == ["too little: 0 provider effects < 67"]
     lagging = {**clean_row(), "streams_commit_lag": {"g/t[0]": 4}, "effects_equal_ledger": False}
     assert len(expectations.violations(lagging)) == 2
+
+
+def test_the_load_mix_has_the_shares_the_minimums_assume() -> None:
+    """MixedLoad.next_call's thresholds and expectations.SHARES describe the same mix: over a
+    full experiment's plan every kind comes within 0.6-1.4 of its share (seeded draws: the
+    same counts in every run), so the per-kind minimums (half the share) hold with room."""
+    from tests.chaos.test_chaos import EXPERIMENTS, MixedLoad
+
+    for name in [n for n, _ in EXPERIMENTS][:3]:
+        load = object.__new__(MixedLoad)
+        load.calls = {}
+        load.reader_ctx = load.refund_ctx = "token"
+        rng = random.Random(name)
+        for n in range(899):
+            load.next_call(name, n, rng)
+        made = Counter(call.kind for call in load.calls.values())
+        assert set(made) == set(expectations.KINDS)
+        for kind, share in expectations.SHARES.items():
+            assert 0.6 <= made[kind] / (share * 900) <= 1.4, (name, kind, made[kind])
