@@ -14,6 +14,7 @@ no reuse could arrive any more. Everything here is pure: state in, state and rec
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -33,6 +34,7 @@ from schemas.envelopes import (
     ApprovalRequest,
     ApprovalVerdict,
     AuthorizedCall,
+    CommittedCommand,
     DecisionKind,
     DecisionStatement,
     ErrorInfo,
@@ -365,6 +367,55 @@ def _receipt(
     )
 
 
+def auto_commit(call: AuthorizedCall, *, now: datetime, rules: Rules) -> Step:
+    """`@approval("auto")` on an effect that needs an approval: the policy is the approver.
+    The call's command with a receipt signed for that policy (the executor verifies it as
+    any receipt), and its audit row. The authorizer commits such calls so (one hop fewer
+    than through the join: docs/measurements.md, "Where an auto-approved write is signed")."""
+    approver = f"policy:{call.auto_approved_by}"
+    receipt = _receipt(
+        call,
+        approvers=(approver,),
+        decision_ids=(f"auto-{call.call_id}",),
+        decided_at=now,
+        expires_at=now + rules.ttl,
+        basis="auto",
+        keys=rules.keys,
+        auto_policy=call.auto_approved_by,
+    )
+    return Step(
+        state=None,
+        emits=(commit(call, now=now, receipt=receipt),),
+        audits=(_audit(AuditKind.APPROVAL_AUTO, call, call.call_id, policy=call.auto_approved_by),),
+    )
+
+
+def auto_audits(emits: Sequence[Emit]) -> tuple[AuditEntry, ...]:
+    """The audit rows of the auto-approved commands among ``emits`` (what ``auto_commit``
+    audits, read back from its command: the authorizer writes them beside its output)."""
+    entries = []
+    for emit in emits:
+        command = emit.value
+        if not isinstance(command, CommittedCommand) or command.approval is None:
+            continue
+        if command.approval.basis != "auto":
+            continue
+        entries.append(
+            AuditEntry(
+                kind=AuditKind.APPROVAL_AUTO,
+                tenant=command.tenant,
+                call_id=command.call_id,
+                detail={
+                    "policy": command.approval.auto_policy,
+                    "fingerprint": command.fingerprint,
+                    "policy_version": command.policy_version,
+                    "tool": command.tool,
+                },
+            )
+        )
+    return tuple(entries)
+
+
 def on_authorized(
     state: ApprovalState | None,
     call: AuthorizedCall,
@@ -383,25 +434,10 @@ def on_authorized(
             return Step(state=state)
         if not auto_receipt_needed(call):  # an older authorizer's record: committed here
             return Step(state=state, emits=(commit(call, now=now),))
-        # `@approval("auto")` on an effect that needs an approval: the policy is the approver.
-        approver = f"policy:{call.auto_approved_by}"
-        receipt = _receipt(
-            call,
-            approvers=(approver,),
-            decision_ids=(f"auto-{call.call_id}",),
-            decided_at=now,
-            expires_at=now + rules.ttl,
-            basis="auto",
-            keys=rules.keys,
-            auto_policy=call.auto_approved_by,
-        )
-        return Step(
-            state=state,
-            emits=(commit(call, now=now, receipt=receipt),),
-            audits=(
-                _audit(AuditKind.APPROVAL_AUTO, call, call.call_id, policy=call.auto_approved_by),
-            ),
-        )
+        # An older authorizer's `@approval("auto")` call (since issue 44 the authorizer
+        # commits them itself, with the same receipt: ``auto_commit``).
+        auto = auto_commit(call, now=now, rules=rules)
+        return Step(state=state, emits=auto.emits, audits=auto.audits)
     if state is not None and state.phase is not Phase.HELD:
         return Step(state=state)  # redelivery: this call already has its request
     pending_call = PendingCall(call=call, tool=tool, owner=call.resource_owner)

@@ -32,7 +32,8 @@ from schemas.envelopes import (
 from schemas.errors import ErrorCode, Unauthenticated
 from schemas.fingerprint import fingerprint, operation_id
 from schemas.names import Topic
-from streams.commit import commit, committed_at_authorization
+from streams.approval import Rules, auto_commit
+from streams.commit import auto_receipt_needed, commit, committed_at_authorization
 from streams.emit import Emit, outcome
 from streams.repeats import (
     OperationSeen,
@@ -169,6 +170,8 @@ def _routed(
     now: datetime,
     policies: PolicySet,
     freezes: Freezes = NO_FREEZES,
+    *,
+    receipts: Rules | None = None,
 ) -> tuple[Emit, ...]:
     """A denied outcome; the call's committed command when it needs no approval of any kind
     (and, since v1.8, no `calls.authorized` record: streams/commit.py); or else its
@@ -227,9 +230,12 @@ def _routed(
         resource_owner=resource_owner(request.resource, tool),
         reply_to=call.reply_to,
     )
-    if not committed_at_authorization(authorized):
-        return (Emit(topic=Topic.AUTHORIZED, key=call.call_id, value=authorized),)
-    return (commit(authorized, now=now),)
+    if committed_at_authorization(authorized):
+        return (commit(authorized, now=now),)
+    if receipts is not None and authorized.route is Route.AUTO and auto_receipt_needed(authorized):
+        # `@approval("auto")`: committed here with the policy's signed receipt, no join hop.
+        return auto_commit(authorized, now=now, rules=receipts).emits
+    return (Emit(topic=Topic.AUTHORIZED, key=call.call_id, value=authorized),)
 
 
 def needs_a_human(emits: tuple[Emit, ...]) -> AuthorizedCall | None:
@@ -275,10 +281,13 @@ async def on_validated_batch(
     freezes: Freezes = NO_FREEZES,
     operations: OperationsSeen | None = None,
     budgets: BudgetsFetch | None = None,
+    receipts: Rules | None = None,
 ) -> list[tuple[Emit, ...]]:
     """What the authorizer publishes for each call of a batch, in order; the resources of
     all its calls are loaded at once, and so are the operations of its calls that need a
-    human (``operations``; None: every such call opens its own request)."""
+    human (``operations``; None: every such call opens its own request). With ``receipts``
+    (the approval service's keys), an `@approval("auto")` call is committed here with its
+    signed receipt; without, it goes to the approval-join, which signs it."""
     checked = [_check(c, catalog=catalog, keys=keys, policies=policies, now=now) for c in calls]
     loading = [c for c in checked if isinstance(c, _Checked) and c.tool.load is not None]
     found = await fetch_many([(c.tool, c.actor, c.arguments) for c in loading]) if loading else ()
@@ -295,7 +304,9 @@ async def on_validated_batch(
         requests = await budgets(requests, policies, now)
     decisions = iter(authorize_batch(requests, policies))
     routed = [
-        _routed(p, next(decisions), now, policies, freezes) if isinstance(p, _Pending) else (p,)
+        _routed(p, next(decisions), now, policies, freezes, receipts=receipts)
+        if isinstance(p, _Pending)
+        else (p,)
         for p in prepared
     ]
     if operations is None:

@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
+import orjson
 import psycopg
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
@@ -181,18 +181,23 @@ class JoinTransaction:
         return found
 
     async def write(self, changes: Changes) -> list[int]:
-        """Write ``changes``; the ids of the outbox rows, in the order of ``changes.publish``."""
+        """Write ``changes`` (pipelined: one round trip); the ids of the outbox rows, in the
+        order of ``changes.publish``."""
         deployment = self._deployment
         saved = [s for s in changes.states.values() if s is not None]
         gone = [c for c, s in changes.states.items() if s is None]
         ids: list[int] = []
-        async with self._conn.cursor() as cur:
+        async with (
+            self._conn.pipeline(),
+            self._conn.cursor() as cur,
+            self._conn.cursor() as outbox,
+        ):
             if saved:
                 await cur.execute(
                     named_query(_PKG, "join_save_states"),
                     {
                         "deployment": deployment,
-                        "rows": Jsonb(
+                        "rows": _json(
                             [_state_row(s, changes.sources.get(s.call_id, {})) for s in saved]
                         ),
                     },
@@ -204,8 +209,7 @@ class JoinTransaction:
                 )
             if changes.audits:
                 await cur.execute(
-                    named_query(_PKG, "join_insert_audit"),
-                    {"rows": Jsonb([_audit_row(a) for a in changes.audits])},
+                    named_query(_PKG, "insert_audit_rows"), audit_rows(changes.audits)
                 )
             for request in changes.ended:
                 call = request.call
@@ -218,19 +222,6 @@ class JoinTransaction:
                         "outcome": Jsonb(request.outcome.model_dump(mode="json")),
                     },
                 )
-            if changes.publish:
-                await cur.execute(
-                    named_query(_PKG, "join_outbox_insert"),
-                    {
-                        "deployment": deployment,
-                        "call_ids": [p.call_id for p in changes.publish],
-                        "topics": [p.emit.topic.value for p in changes.publish],
-                        "keys": [p.emit.key for p in changes.publish],
-                        "values": [p.emit.value.to_bytes() for p in changes.publish],
-                        "traceparents": [p.traceparent for p in changes.publish],
-                    },
-                )
-                ids = [int(r["id"]) for r in await cur.fetchall()]
             if changes.positions:
                 ordered = sorted(changes.positions.items())
                 await cur.execute(
@@ -242,7 +233,25 @@ class JoinTransaction:
                         "next_offsets": [n for _, n in ordered],
                     },
                 )
+            if changes.publish:
+                await outbox.execute(
+                    named_query(_PKG, "join_outbox_insert"),
+                    {
+                        "deployment": deployment,
+                        "call_ids": [p.call_id for p in changes.publish],
+                        "topics": [p.emit.topic.value for p in changes.publish],
+                        "keys": [p.emit.key for p in changes.publish],
+                        "values": [p.emit.value.to_bytes() for p in changes.publish],
+                        "traceparents": [p.traceparent for p in changes.publish],
+                    },
+                )
+                ids = [int(r["id"]) for r in await outbox.fetchall()]
         return ids
+
+
+def _json(value: Any) -> Jsonb:
+    """A jsonb parameter dumped by orjson (with pre-serialized fragments kept as they are)."""
+    return Jsonb(value, dumps=orjson.dumps)
 
 
 def _state_row(state: ApprovalState, sources: Sources) -> dict[str, Any]:
@@ -253,7 +262,7 @@ def _state_row(state: ApprovalState, sources: Sources) -> dict[str, Any]:
         "tenant": call.tenant if call is not None else None,
         "phase": state.phase.value,
         "due_at": due.isoformat() if due is not None else None,
-        "state": json.loads(state.model_dump_json()),
+        "state": orjson.Fragment(state.model_dump_json()),
         "sources": {c: asdict(where) for c, where in sources.items()},
     }
 
@@ -268,6 +277,11 @@ def _sources(raw: Any) -> dict[str, Source]:
         except TypeError:
             continue
     return found
+
+
+def audit_rows(audits: Sequence[Audit]) -> dict[str, Any]:
+    """The parameters of streams/sql/insert_audit_rows.sql for ``audits``."""
+    return {"rows": _json([_audit_row(a) for a in audits])}
 
 
 def _audit_row(audit: Audit) -> dict[str, Any]:
@@ -420,8 +434,8 @@ class JoinStore:
             async with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
                 for state, sources in states:
                     row = _state_row(state, sources)
-                    row["state"] = Jsonb(row["state"])
-                    row["sources"] = Jsonb(row["sources"])
+                    row["state"] = _json(row["state"])
+                    row["sources"] = _json(row["sources"])
                     await cur.execute(
                         named_query(_PKG, "join_import_state"),
                         {"deployment": self.deployment, **row},

@@ -7,12 +7,14 @@ on the runtime's one HTTP server (runtime/shell.py). The approval-join runs in
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 from functools import partial
 
 from aiokafka.errors import KafkaError
 
 from approvals.http import approval_routes
 from approvals.inbox import ApprovalInbox
+from approvals.signing import approval_keys
 from commands.catalog import Catalog
 from commands.validate import Limits
 from config.settings import Settings
@@ -26,6 +28,7 @@ from runtime.shell import ServiceShell, StartupHook
 from runtime.supervision import SideTask
 from schemas.errors import ConfigurationError
 from schemas.vocabulary import StreamStage
+from streams.approval import Rules
 from streams.budget_view import BudgetView
 from streams.observe import StageObserver
 from streams.stateless import StatelessStages
@@ -84,6 +87,12 @@ def stages_shell(
         operations=storage.operations_seen,
         budgets=BudgetView(storage.budget_windows).with_budgets,
         health=health,
+        # `@approval("auto")` calls are committed by the authorizer with the approval
+        # service's signed receipt (this process signs decisions already: approvals/http.py).
+        receipts=Rules(
+            keys=approval_keys(settings), ttl=timedelta(seconds=settings.approvals.ttl_seconds)
+        ),
+        audit=storage.audit,
     )
     inbox = ApprovalInbox(settings)
     shell = ServiceShell(

@@ -56,7 +56,9 @@ from schemas.errors import ErrorCode, StorageUnavailable
 from schemas.names import AUTHORIZER_GROUP, STREAMS_APP_ID, VALIDATOR_GROUP, Topic
 from schemas.vocabulary import StreamStage
 from streams.admission import Admission, Screening, release_slots, watch_lag
+from streams.approval import Rules, auto_audits
 from streams.authorizer import BudgetsFetch, ResourcesFetch, on_validated_batch
+from streams.join_store import Audit
 from streams.limiter import FleetLimiter
 from streams.repeats import OperationsSeen
 from streams.validator import on_proposed
@@ -245,7 +247,11 @@ def authorizer_handler(
     freezes: FreezeSource | None = None,
     operations: OperationsSeen | None = None,
     budgets: BudgetsFetch | None = None,
+    receipts: Rules | None = None,
+    audit: Callable[[Sequence[Audit]], Awaitable[None]] | None = None,
 ) -> Callable[[Sequence[Consumed]], Awaitable[list[Handled]]]:
+    """``receipts``: the approval service's keys, to commit `@approval("auto")` calls here
+    with a signed receipt; their audit rows go to ``audit`` before the batch is published."""
     frozen = freezes or FixedFreezes()
 
     async def handle(records: Sequence[Consumed]) -> list[Handled]:
@@ -255,21 +261,34 @@ def authorizer_handler(
                 parsed.append(ValidatedCall.model_validate_json(record.value or b""))
             except ValidationError:
                 parsed.append(None)
-        decided = iter(
-            await on_validated_batch(
-                [c for c in parsed if c is not None],
-                catalog=catalog,
-                keys=keys,
-                policies=feed.current,
-                fetch_many=fetch_many,
-                now=datetime.now(UTC),
-                freezes=frozen.current,
-                operations=operations,
-                budgets=budgets,
-            )
+        decided = await on_validated_batch(
+            [c for c in parsed if c is not None],
+            catalog=catalog,
+            keys=keys,
+            policies=feed.current,
+            fetch_many=fetch_many,
+            now=datetime.now(UTC),
+            freezes=frozen.current,
+            operations=operations,
+            budgets=budgets,
+            receipts=receipts,
         )
+        if receipts is not None and audit is not None:
+            # Recorded before the commands are published (at least once, once per key).
+            readable = [r for r, call in zip(records, parsed, strict=True) if call is not None]
+            await audit(
+                [
+                    Audit(
+                        entry=entry,
+                        event_key=f"{r.topic}:{r.partition}:{r.offset}#{n}:{entry.kind}",
+                    )
+                    for r, emits in zip(readable, decided, strict=True)
+                    for n, entry in enumerate(auto_audits(emits))
+                ]
+            )
+        outputs = iter(decided)
         return [
-            _handled(next(decided)) if call is not None else Handled(failure="unreadable")
+            _handled(next(outputs)) if call is not None else Handled(failure="unreadable")
             for call in parsed
         ]
 
@@ -324,6 +343,8 @@ class StatelessStages:
         operations: OperationsSeen | None = None,
         budgets: BudgetsFetch | None = None,
         health: Health | None = None,
+        receipts: Rules | None = None,
+        audit: Callable[[Sequence[Audit]], Awaitable[None]] | None = None,
     ) -> None:
         self._settings = settings
         self._health = health
@@ -360,6 +381,8 @@ class StatelessStages:
                 operations=operations,
                 freezes=freezes,
                 budgets=budgets,
+                receipts=receipts,
+                audit=audit,
             ),
         }
         # The validator publishes its stamped refusals itself (runtime/bulk.py), through the

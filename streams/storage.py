@@ -18,6 +18,7 @@ from runtime.clients import pg_pool
 from schemas.envelopes import Actor, AuthorizedCall
 from schemas.errors import StorageUnavailable
 from streams.budget_view import WindowAsk
+from streams.join_store import Audit, audit_rows
 from streams.repeats import OperationSeen
 
 _PKG = "streams"
@@ -139,6 +140,17 @@ class StreamStorage:
             return found
 
         return await self._with_connection(seen)
+
+    async def audit(self, audits: Sequence[Audit]) -> None:
+        """Append audit rows, once per event key (a redelivered batch adds nothing)."""
+        if not audits:
+            return
+
+        async def append(conn: AsyncConnection[Any]) -> None:
+            async with conn.cursor() as cur:
+                await cur.execute(named_query(_PKG, "insert_audit_rows"), audit_rows(audits))
+
+        await self._with_connection(append)
 
     async def close(self) -> None:
         if self._pool is not None:
