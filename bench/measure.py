@@ -23,7 +23,7 @@ import time
 import traceback
 import urllib.request
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -60,6 +60,7 @@ from bench.duplicates import Call, count_duplicates
 from bench.provenance import new_run_id
 from bench.report import Results
 from commands.sql import named_query
+from config.settings import Settings
 from runtime.clients import LINGER_MS, kafka_consumer, kafka_producer, pg_connect, redis_client
 from schemas.envelopes import Actor, ApprovalVerdict
 from schemas.names import Topic
@@ -920,6 +921,131 @@ async def _writes(
         await producer.stop()
 
 
+async def join_hop(pipe: Pipeline, rate: float, seconds: float) -> dict[str, Any]:
+    """The approval-join's own hops (issue 44) at ``rate`` (half the auto-approved capacity,
+    whose writes the authorizer commits without the join): refunds that need a human,
+    proposed in an open loop and each approved by a bot as soon as its request appears. Per
+    call, from the broker's append times: `calls.authorized` → `approvals.requested` (the
+    request's hop) and `approvals.decided` → `commands.committed` (the decision's hop)."""
+    settings = pipe.run.settings
+    signing = approval_keys(settings)
+    approver = Actor(sub="bench-approver", tenant="tenant-a", roles=("approver",))
+    tag = f"jh-{uuid.uuid4().hex[:6]}"
+    consumer = kafka_consumer(
+        settings,
+        settings.topic(Topic.APPROVALS_REQUESTED),
+        group=None,
+        auto_offset_reset="latest",
+    )
+    producer = kafka_producer(settings, enable_idempotence=False)
+    await consumer.start()
+    await producer.start()
+    if consumer.assignment():
+        await consumer.seek_to_end()
+
+    async def approve() -> None:
+        while True:
+            batches = await consumer.getmany(timeout_ms=100, max_records=1000)
+            for records in batches.values():
+                for r in records:
+                    request = json.loads(r.value or b"")
+                    if not str(request["call_id"]).startswith(tag):
+                        continue
+                    decision = sign_decision(
+                        statement_for(
+                            call_id=request["call_id"],
+                            tenant=request["tenant"],
+                            fingerprint=request["fingerprint"],
+                            approver=approver,
+                            verdict=ApprovalVerdict.APPROVE,
+                            now=datetime.now(UTC),
+                            validity=signing.decision_validity,
+                        ),
+                        signing,
+                    )
+                    await producer.send(
+                        settings.topic(Topic.APPROVALS_DECIDED),
+                        key=decision.call_id.encode(),
+                        value=decision.to_bytes(),
+                    )
+
+    bot = asyncio.create_task(approve())
+    writer = Proposer(settings, pipe.watcher, agent_token(settings, roles=("refund",), sub=tag))
+    await writer.start()
+    issued: list[str] = []
+    try:
+        started = time.perf_counter()
+        while (elapsed := time.perf_counter() - started) < seconds:
+            while len(issued) < int(elapsed * rate) + 1:
+                n = len(issued)
+                call_id = f"{tag}-{n}"
+                await writer.propose(
+                    call_id,
+                    tool="propose_refund",
+                    payment_id=f"pay_Z{n % BENCH_PAYMENTS:04d}",
+                    amount_minor=1,
+                    reason="bench",
+                )
+                issued.append(call_id)
+            await asyncio.sleep(0.005)
+        await writer.flush()
+        finished = await pipe.watcher.wait(issued, timeout=60)
+    finally:
+        bot.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await bot
+        await writer.stop()
+        await consumer.stop()
+        await producer.stop()
+    topics = (Topic.AUTHORIZED, Topic.APPROVALS_REQUESTED, Topic.APPROVALS_DECIDED, Topic.COMMITTED)
+    stamps = await _append_times(settings, topics, set(issued))
+    request = _gaps(stamps[Topic.AUTHORIZED], stamps[Topic.APPROVALS_REQUESTED])
+    decision = _gaps(stamps[Topic.APPROVALS_DECIDED], stamps[Topic.COMMITTED])
+    return {
+        "join_hop_rate": rate,
+        "join_hop_calls": len(issued),
+        "join_hop_complete": finished,
+        "join_request_p50_ms": percentile(request, 50),
+        "join_request_p99_ms": percentile(request, 99),
+        "join_decision_p50_ms": percentile(decision, 50),
+        "join_decision_p99_ms": percentile(decision, 99),
+    }
+
+
+def _gaps(first: dict[str, int], then: dict[str, int]) -> list[float]:
+    return [float(then[c] - first[c]) for c in then if c in first]
+
+
+async def _append_times(
+    settings: Settings, topics: Sequence[Topic], call_ids: set[str]
+) -> dict[Topic, dict[str, int]]:
+    """Per topic, the broker's append time (ms) of each call's first record there."""
+    stamps: dict[Topic, dict[str, int]] = {t: {} for t in topics}
+    by_name = {settings.topic(t): t for t in topics}
+    consumer = kafka_consumer(settings, *by_name, group=None, max_poll_records=5000)
+    await consumer.start()
+    try:
+        ends = await consumer.end_offsets(list(consumer.assignment()))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            batches = await consumer.getmany(timeout_ms=300, max_records=5000)
+            for tp, records in batches.items():
+                topic = by_name[tp.topic]
+                for r in records:
+                    try:
+                        call_id = json.loads(r.value or b"").get("call_id")
+                    except (ValueError, AttributeError):
+                        continue
+                    if call_id in call_ids and call_id not in stamps[topic]:
+                        stamps[topic][call_id] = r.timestamp
+            positions = [await consumer.position(tp) for tp in ends]
+            if all(p >= ends[tp] for p, tp in zip(positions, ends, strict=True)):
+                break
+    finally:
+        await consumer.stop()
+    return stamps
+
+
 async def idle_latency(pipe: Pipeline, calls: int, gap: float) -> dict[str, Any]:
     """One read call at a time on an otherwise idle pipeline, ``gap`` seconds apart (each
     call finds every stage waiting in its poll): the client's time from send to the
@@ -1260,6 +1386,12 @@ async def whole_pipeline(report: Measurements, plan: Plan) -> None:
             "approved writes with a bot approver",
             120,
             lambda: approved_writes(p, plan.writes_seconds, 200),
+        )
+        auto = float(report.values.get("auto_writes") or 20.0)
+        await report.step(
+            "approval-join hop at half the auto-approved capacity (bot-approved, open loop)",
+            120,
+            lambda: join_hop(p, auto / 2, plan.writes_seconds),
         )
         await report.step(
             "profiles (py-spy on every worker) under read and approved-write load",

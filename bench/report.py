@@ -321,6 +321,36 @@ def _writes_target(
     )
 
 
+def _join_hop_target(v: dict[str, Any]) -> Target:
+    """The approval-join's own hops (issue 44): a request (→ approvals.requested) and a
+    decision (approvals.decided → commands.committed), p50 ≤ 50 ms and p99 ≤ 200 ms, at half
+    the auto-approved writes' rate (which the authorizer commits without the join)."""
+    hops = [
+        v.get(f"join_{which}_{q}_ms") for which in ("request", "decision") for q in ("p50", "p99")
+    ]
+    known = [h for h in hops if isinstance(h, int | float) and h == h]
+    ok = None
+    if len(known) == len(hops):
+        request_p50, request_p99, decision_p50, decision_p99 = known
+        ok = max(request_p50, decision_p50) <= 50 and max(request_p99, decision_p99) <= 200
+    return Target(
+        name="approval-join hop at half the auto-approved capacity (bot-approved writes, open "
+        "loop), p50 / p99",
+        today="936 / 1,605 ms (→ committed of an auto-approved write, faust)",
+        wanted="≤ 50 / ≤ 200 ms",
+        baseline=f"half of {fmt(v.get('auto_writes'), ' calls/s', 1)}",
+        measured=f"request {fmt(hops[0], '')} / {fmt(hops[1], ' ms')}, decision "
+        f"{fmt(hops[2], '')} / {fmt(hops[3], ' ms')} at {fmt(v.get('join_hop_rate'), ' calls/s', 1)}",
+        ok=ok,
+        floor="An auto-approved write has no join hop any more: the authorizer signs its "
+        "receipt (→ committed p50 / p99 of the auto-approved writes: "
+        f"{fmt(v.get('auto_writes_hop_commands.committed_p50_ms'), '')} / "
+        f"{fmt(v.get('auto_writes_hop_commands.committed_p99_ms'), ' ms')}). The join's hop "
+        "is one PostgreSQL transaction per poll batch (with its commit's flush), the "
+        "broker's acknowledgement of what it published, and its offset commit.",
+    )
+
+
 def targets(v: dict[str, Any], found: dict[str, tuple[str, dict[str, Any]]]) -> list[Target]:
     cores = os.cpu_count() or 1
     t1 = ratio(v.get("T1_loop"), v.get("B1"))
@@ -441,6 +471,7 @@ def targets(v: dict[str, Any], found: dict[str, tuple[str, dict[str, Any]]]) -> 
             share=0.2,
             what="approved write",
         ),
+        _join_hop_target(v),
         Target(
             name="T5 first call after every connection was reset",
             today="172 ms vs 22 ms = 7.8×",

@@ -59,6 +59,11 @@ def all_met() -> dict[str, Any]:
         "B5_grouped": 1500.0,
         "writes": 400.0,
         "auto_writes": 700.0,
+        "join_hop_rate": 350.0,
+        "join_request_p50_ms": 12.0,
+        "join_request_p99_ms": 40.0,
+        "join_decision_p50_ms": 20.0,
+        "join_decision_p99_ms": 90.0,
         "B2_lat_p50": 10.0,
         "B2_lat_p99": 25.0,
         "idle_p50": 14.0,
@@ -85,7 +90,7 @@ def target_rows(markdown: str) -> list[str]:
     ]
 
 
-def test_the_issue_table_has_its_ten_targets_with_baselines_and_verdicts() -> None:
+def test_the_issue_table_has_its_eleven_targets_with_baselines_and_verdicts() -> None:
     md = render(results(all_met()))
     rows = target_rows(md)
     assert [r.split(" | ")[0].removeprefix("| ") for r in rows] == [
@@ -97,6 +102,8 @@ def test_the_issue_table_has_its_ten_targets_with_baselines_and_verdicts() -> No
         "latency of one call on an idle pipeline (p50, send → outcome in the client)",
         "auto-approved writes (no human, provider), closed loop",
         "approved writes (bot approver, provider), closed loop",
+        "approval-join hop at half the auto-approved capacity (bot-approved writes, open "
+        "loop), p50 / p99",
         "T5 first call after every connection was reset",
         "RSS per worker process under load (issue 16)",
     ]
@@ -109,7 +116,8 @@ def test_the_issue_table_has_its_ten_targets_with_baselines_and_verdicts() -> No
     assert f"14.0 ms = 1.4{x}" in rows[5]
     assert "B5g 1,500 cmd/s" in rows[6] and "= 47 %" in rows[6]
     assert "= 27 %" in rows[7]
-    assert f"60 ms = 3.0{x}" in rows[8]
+    assert "request 12 / 40 ms, decision 20 / 90 ms at 350.0 calls/s" in rows[8]
+    assert f"60 ms = 3.0{x}" in rows[9]
     assert "Every target is met." in md
     assert "| B1 relay | linger_ms=2 | fetch_max_wait_ms=500 | 100 ms |" in md
 
@@ -175,7 +183,7 @@ def test_rss_over_the_limit_or_growing_is_not_met() -> None:
 def test_a_run_that_measured_nothing_renders_dashes() -> None:
     md = render(results({}))
     rows = target_rows(md)
-    assert len(rows) == 10
+    assert len(rows) == 11
     assert all(r.endswith("| — |") for r in rows)
     assert "No profile was recorded" in md
 
