@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
@@ -53,6 +53,7 @@ from runtime.retry import retrying
 from runtime.turns import turn
 from schemas.envelopes import Status, ValidatedCall
 from schemas.errors import ErrorCode, StorageUnavailable
+from schemas.lanes import LANE_SEPARATOR
 from schemas.names import AUTHORIZER_GROUP, STREAMS_APP_ID, VALIDATOR_GROUP, Topic
 from schemas.vocabulary import StreamStage
 from streams.admission import Admission, Screening, release_slots, watch_lag
@@ -68,9 +69,10 @@ from telemetry.tracing import Tracer, trace_id_of
 log = logging.getLogger("ratifier.streams")
 
 BATCH_MAX = 500  # records per poll: a backlog drains in large batches
-# Each partition is processed on its own, with one batch of at most this many records in
-# flight, so one tenant's backlog on its lanes (schemas/lanes.py) never delays another
-# partition's records (docs/operations.md, "Fair admission"). The validator's batches take all
+# Each lane (a partition and the tenant of the key: ``tenant_lane``) is processed on its own,
+# with one batch of at most this many records in flight, so one tenant's backlog on its lanes
+# (schemas/lanes.py) never delays another tenant's records, in its partition or another
+# (docs/operations.md, "Fair admission"; issue 45). The validator's batches take all
 # that a fetch brought (≈ 2,400 proposals; aiokafka fetches a partition's next records only
 # once those are taken), while the handlers and the publisher give the event loop to the
 # other partitions every few records. The authorizer keeps batches of 500: batches of 100 did
@@ -95,6 +97,23 @@ SPECS = (
     StageSpec(name=StreamStage.VALIDATOR, source=Topic.PROPOSED, group=VALIDATOR_GROUP),
     StageSpec(name=StreamStage.AUTHORIZER, source=Topic.VALIDATED, group=AUTHORIZER_GROUP),
 )
+
+
+# Records a stage reads ahead of what it handled, at most (runtime/loop.py, lanes: polls of
+# this many, two polls' worth in the process): past a backlogged tenant, to the other
+# tenants' records behind it in the same partition.
+LANE_POLL_RECORDS = 5000
+
+
+def tenant_lane(record: Consumed) -> Hashable:
+    """A record's lane in a stateless stage (issue 45, isolation inside a partition): its
+    partition and the tenant of its key (``<tenant>#<lane>``, schemas/lanes.py, unverified:
+    it only schedules), so that one tenant's backlog never holds another tenant's records
+    behind it in the same partition, and each tenant's records stay in order. A record keyed
+    otherwise (by call id: older agents, load generators) is in its partition's lane, as
+    before."""
+    tenant, separator, _ = (record.key or b"").rpartition(LANE_SEPARATOR.encode())
+    return (record.partition, tenant if separator else None)
 
 
 def _handled(emits: tuple[Emit, ...]) -> Handled:
@@ -455,10 +474,11 @@ class StatelessStages:
                     tracer=self._tracer,
                     answers=spec.name.stage,
                     retry_on=(StorageUnavailable,),
-                    max_records=BATCH_MAX,
+                    max_records=LANE_POLL_RECORDS,
                     poll_ms=100,
                     health=self._health,
-                    partition_records=PARTITION_BATCH[spec.name],
+                    lane=tenant_lane,
+                    lane_records=PARTITION_BATCH[spec.name],
                     batched_sends=True,
                     bulk_producer=refusals if spec.name is StreamStage.VALIDATOR else None,
                 )

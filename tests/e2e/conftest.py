@@ -168,17 +168,20 @@ def start_pipeline(
     approval_ttl: int = 25,
     audit_sink: bool = False,
     kafka_bootstrap: str = "",
+    partitions: int | None = None,
     **env: str,
 ) -> Pipeline:
     """A payment provider, a streams worker and executors on their own topic prefix,
     accepting local HS256 tokens and EdDSA tokens of the published JWKS, with a short approval
     TTL; with ``audit_sink``, also `ratifier audit sink` for that prefix; on the broker at
-    ``kafka_bootstrap`` when given."""
+    ``kafka_bootstrap`` when given; its topics of ``partitions`` partitions when given."""
     settings = session_settings().changed(
         context={"jwks_file": str(keys.jwks_path)}, approvals={"ttl_seconds": approval_ttl}
     )
     if kafka_bootstrap:
         settings = settings.with_kafka(bootstrap=kafka_bootstrap)
+    if partitions is not None:  # its topics' partitions (the session's: 4)
+        settings = settings.model_copy(update={"topic_partitions": partitions})
     migrate(settings.storage.database_url)
     reset_refundable(settings)
     run(ensure_topics(settings))

@@ -89,16 +89,27 @@ burst = 1
 """
 
 
-@pytest.fixture(scope="module")
-def admitting(
-    signing_keys: SigningKeys, tmp_path_factory: pytest.TempPathFactory
+def _started(
+    signing_keys: SigningKeys,
+    tmp_path_factory: pytest.TempPathFactory,
+    name: str,
+    *,
+    limited: bool,
+    partitions: int | None = None,
 ) -> Iterator[Pipeline]:
-    policies = tmp_path_factory.mktemp("admission-policies")
+    """A pipeline with the reference policies, and :data:`LIMITS` when ``limited``; its
+    topics of ``partitions`` partitions (None: the session's 4, tenant-a and tenant-b apart)."""
+    policies = tmp_path_factory.mktemp(f"{name}-policies")
     for f in DEFAULT_POLICY_DIR.iterdir():
         if f.is_file():
             shutil.copy(f, policies / f.name)
-    (policies / "limits.toml").write_text(LIMITS, encoding="utf-8")
-    started = start_pipeline(signing_keys, "admission", RATIFIER_POLICIES__DIRECTORY=str(policies))
+    if limited:
+        (policies / "limits.toml").write_text(LIMITS, encoding="utf-8")
+    else:
+        (policies / "limits.toml").unlink(missing_ok=True)
+    started = start_pipeline(
+        signing_keys, name, partitions=partitions, RATIFIER_POLICIES__DIRECTORY=str(policies)
+    )
     try:
         settings = started.settings
         run(
@@ -112,6 +123,42 @@ def admitting(
     finally:
         started.stop()
         run(delete_topics(started.settings))
+
+
+@pytest.fixture(scope="module")
+def admitting(
+    signing_keys: SigningKeys, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Pipeline]:
+    """Limits declared, tenant-a and tenant-b on partitions of their own."""
+    yield from _started(signing_keys, tmp_path_factory, "admission", limited=True)
+
+
+@pytest.fixture
+def shared_limited(
+    signing_keys: SigningKeys, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Pipeline]:
+    """Limits declared, one partition per topic: tenant-a and tenant-b share it."""
+    yield from _started(
+        signing_keys, tmp_path_factory, "admission-shared", limited=True, partitions=1
+    )
+
+
+@pytest.fixture
+def unlimited(
+    signing_keys: SigningKeys, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Pipeline]:
+    """No limits declared (the reference policy set), tenants apart."""
+    yield from _started(signing_keys, tmp_path_factory, "admission-unlimited", limited=False)
+
+
+@pytest.fixture
+def shared_unlimited(
+    signing_keys: SigningKeys, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Pipeline]:
+    """No limits declared, one partition per topic."""
+    yield from _started(
+        signing_keys, tmp_path_factory, "admission-shared-unlimited", limited=False, partitions=1
+    )
 
 
 @dataclass
@@ -299,7 +346,7 @@ async def _handshake(
 
 
 async def _scenario(
-    pipeline: Pipeline, *, flood: int, b_calls: int
+    pipeline: Pipeline, *, flood: int, b_calls: int, forged: bool = False
 ) -> tuple[Watch, list[str], list[str]]:
     """Publish ``flood`` reads of tenant A at once (from a process of their own) and,
     meanwhile, ``b_calls`` reads of tenant B one every 250 ms; wait for every outcome."""
@@ -310,6 +357,8 @@ async def _scenario(
     follower = asyncio.create_task(_follow(settings, watch, stop, ready))
     await ready.wait()
     token_a = context_token(settings, tenant="tenant-a")
+    if forged:
+        token_a = _forged(token_a)
     run_id = uuid.uuid4().hex[:8]
     a_ids = [f"flood-{run_id}-a-{i}" for i in range(flood)]
     b_ids: list[str] = []
@@ -504,26 +553,104 @@ def _collections_timed() -> Iterator[list[float]]:
         gc.collect()
 
 
+# Issue 45's "fair by default" (shedding the heaviest tenant by queueing delay when no limit
+# is declared) is not built: without limits B waits behind A's admitted flood (measured: B's
+# median 52 -> 193 ms, slowest 75 -> 414 ms, 2,000 reads, tenants apart). Measured under
+# `make test-admission-flood` (expected to fail there: strict, so that building it shows),
+# not run in `make test`.
+UNBUILT = [
+    pytest.mark.skipif(not STRICT, reason="issue 45: fair by default not built yet"),
+    pytest.mark.xfail(strict=True, reason="issue 45: fair by default not built yet"),
+]
+
+
+@dataclass(frozen=True)
+class FloodCase:
+    """Tenants A and B on one partition (``shared``) or apart; tenant-a limited to
+    :data:`RATE` (``limited``) or no limit declared; A's tokens forged or not."""
+
+    shared: bool
+    limited: bool
+    forged: bool = False
+
+
 @pytest.mark.timeout(300)
 def test_a_flood_of_one_tenant_leaves_another_at_its_unloaded_latency(
     admitting: Pipeline, record_property: Any
 ) -> None:
-    settings = admitting.settings
-    # The case this test measures: A's lanes and B's on partitions of their own.
+    """Separate partitions, limits declared (issue 27's case; `make bench` runs it alone and
+    reads its printed figures)."""
+    figures = _flood_case(admitting, FloodCase(shared=False, limited=True))
+    record_property("admission", figures)
+    # `make bench` reports the last run's noisy-neighbour row (bench/admission.py).
+    FLOOD_FIGURES.parent.mkdir(parents=True, exist_ok=True)
+    FLOOD_FIGURES.write_text(json.dumps(figures), encoding="utf-8")
+    print("admission figures:", json.dumps(figures))
+    _assert_bounds(figures)
+
+
+@pytest.mark.timeout(300)
+def test_a_forged_flood_leaves_another_at_its_unloaded_latency(
+    admitting: Pipeline, record_property: Any
+) -> None:
+    """Issue 45, "Forged floods count": A's flood carries tokens that do not verify; they draw
+    from the unverified buckets of the claimed tenant (settings admission.unverified_*), the
+    excess ends ``rate_limited`` at the validator, the rest ``unauthenticated``."""
+    figures = _flood_case(admitting, FloodCase(shared=False, limited=True, forged=True))
+    record_property("admission", figures)
+    print("admission figures (forged):", json.dumps(figures))
+    _assert_bounds(figures)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    ("fixture", "case"),
+    [
+        ("shared_limited", FloodCase(shared=True, limited=True)),
+        pytest.param("unlimited", FloodCase(shared=False, limited=False), marks=UNBUILT),
+        pytest.param("shared_unlimited", FloodCase(shared=True, limited=False), marks=UNBUILT),
+    ],
+    ids=["shared-limited", "apart-unlimited", "shared-unlimited"],
+)
+def test_a_flood_leaves_another_at_its_unloaded_latency_in_every_case(
+    fixture: str, case: FloodCase, request: pytest.FixtureRequest, record_property: Any
+) -> None:
+    """Issue 45: the other cases of the flood, tenants sharing a partition and/or no limits
+    declared."""
+    pipeline: Pipeline = request.getfixturevalue(fixture)
+    figures = _flood_case(pipeline, case)
+    record_property("admission", figures)
+    print(f"admission figures ({fixture}):", json.dumps(figures))
+    _assert_bounds(figures)
+
+
+def _forged(token: str) -> str:
+    """``token`` with a signature that does not verify (its claims, tenant-a's, kept)."""
+    head, payload, signature = token.split(".")
+    return f"{head}.{payload}.{signature[::-1]}"
+
+
+def _flood_case(pipeline: Pipeline, case: FloodCase) -> dict[str, Any]:
+    """Warm the pipeline, time B alone, then B during A's flood; check that every call has
+    one final outcome and how each of A's ended; the figures (with ``expected_admitted``: the
+    range A's admitted calls must fall in, ``[]`` when no bound applies)."""
+    settings = pipeline.settings
     lanes = {t: _partitions_of(settings, t) for t in ("tenant-a", "tenant-b")}
-    assert not lanes["tenant-a"] & lanes["tenant-b"], lanes
+    # The case this test measures: A's lanes and B's on partitions of their own, or shared.
+    assert bool(lanes["tenant-a"] & lanes["tenant-b"]) is case.shared, lanes
     # A fresh pipeline's first calls meet cold caches and connections, and its first few
     # dozen in quick succession are slow (WARM_A_CALLS): neither is B's unloaded latency, nor
     # a flood as a running fleet meets it. So both tenants call first.
-    run(_scenario(admitting, flood=WARM_A_CALLS, b_calls=4))
+    run(_scenario(pipeline, flood=WARM_A_CALLS, b_calls=4))
     with _collections_timed() as pauses:
-        alone, _, b_alone = run(_scenario(admitting, flood=0, b_calls=12))
+        alone, _, b_alone = run(_scenario(pipeline, flood=0, b_calls=12))
         base = [alone.latency(c) for c in b_alone]
-        cpu_before, load_before = _process_cpu(admitting), os.getloadavg()[0]
-        flooded, a_ids, b_ids = run(_scenario(admitting, flood=FLOOD, b_calls=12))
-    cpu_after, load_after = _process_cpu(admitting), os.getloadavg()[0]
+        cpu_before, load_before = _process_cpu(pipeline), os.getloadavg()[0]
+        flooded, a_ids, b_ids = run(
+            _scenario(pipeline, flood=FLOOD, b_calls=12, forged=case.forged)
+        )
+    cpu_after, load_after = _process_cpu(pipeline), os.getloadavg()[0]
     loaded = [flooded.latency(c) for c in b_ids]
-
     # Every call has exactly one final outcome (repeats of the same outcome aside).
     missing = [c for c in a_ids + b_ids if c not in flooded.outcomes]
     assert not missing, f"{len(missing)} calls without a final outcome, e.g. {missing[:3]}"
@@ -535,19 +662,48 @@ def test_a_flood_of_one_tenant_leaves_another_at_its_unloaded_latency(
 
     codes = _codes(flooded, a_ids)
     refused = [c for c in a_ids if _code(flooded.outcomes[c][0]) is ErrorCode.RATE_LIMITED]
-    admitted = [c for c in a_ids if flooded.outcomes[c][0].status is Status.SUCCEEDED]
+    # Admitted: succeeded, or (forged) passed on for the authorizer to refuse.
+    passed = ErrorCode.UNAUTHENTICATED if case.forged else None
+    admitted = [
+        c
+        for c in a_ids
+        if (flooded.outcomes[c][0].status is Status.SUCCEEDED and passed is None)
+        or (passed is not None and _code(flooded.outcomes[c][0]) is passed)
+    ]
     assert len(refused) + len(admitted) == FLOOD, codes
     flood_seconds = max(flooded.sent[c] for c in a_ids) - min(flooded.sent[c] for c in a_ids)
     # The span over which admission decided A's calls (tokens refill meanwhile).
-    decided_seconds = max(flooded.ended[c] for c in refused) - min(flooded.sent[c] for c in a_ids)
-    slowest_refusal = max(flooded.latency(c) for c in refused)
-    figures = {
+    decided_seconds = max(
+        (flooded.ended[c] for c in refused), default=min(flooded.sent[c] for c in a_ids)
+    ) - min(flooded.sent[c] for c in a_ids)
+    slowest_refusal = max((flooded.latency(c) for c in refused), default=0.0)
+    for call_id in refused:
+        error = flooded.outcomes[call_id][0].error
+        assert error is not None and error.retryable and (error.retry_after or 0) > 0
+    assert all(flooded.outcomes[c][0].status is Status.SUCCEEDED for c in b_ids)
+    # A's admitted calls: the burst plus the rate over the flood, within 10 %: at most over
+    # the span admission decided in (from A's first call to its last refusal), at least over
+    # the span A published in (a limiter refusing nearly everything fails).
+    if case.forged:
+        a = settings.admission
+        rate, burst = a.unverified_rate, a.unverified_burst
+    else:
+        rate, burst = (RATE, BURST) if case.limited else (0.0, 0.0)
+    expected = (
+        [0.9 * (burst + rate * flood_seconds), 1.1 * (burst + rate * decided_seconds)]
+        if rate
+        else []
+    )
+    figures: dict[str, Any] = {
+        "case": {"shared": case.shared, "limited": case.limited, "forged": case.forged},
         "flood": FLOOD,
         "burst": BURST,
         "flood_paced_over_s": FLOOD_SECONDS,
         "flood_seconds": round(flood_seconds, 3),
         "decided_seconds": round(decided_seconds, 3),
         "a_admitted": len(admitted),
+        "expected_admitted": [round(x, 1) for x in expected],
+        "a_codes": codes,
         "a_refused": len(refused),
         "slowest_refusal_s": round(slowest_refusal, 3),
         "b_alone_p50_ms": round(statistics.median(base) * 1000, 1),
@@ -568,24 +724,18 @@ def test_a_flood_of_one_tenant_leaves_another_at_its_unloaded_latency(
         # The test process's longest garbage collection meanwhile (it times A's refusals).
         "watcher_gc_max_ms": round(max(pauses, default=0.0) * 1000, 1),
     }
-    record_property("admission", figures)
-    # `make bench` reports the last run's noisy-neighbour row (bench/admission.py).
-    FLOOD_FIGURES.parent.mkdir(parents=True, exist_ok=True)
-    FLOOD_FIGURES.write_text(json.dumps(figures), encoding="utf-8")
-    print("admission figures:", json.dumps(figures))
-    # Admitted: the burst plus the rate over the flood, within 10 %: at most over the span
-    # admission decided in (from A's first call to its last refusal), at least over the span
-    # A published in (a limiter refusing nearly everything fails here).
-    assert len(admitted) <= 1.1 * (BURST + RATE * decided_seconds), figures
-    assert len(admitted) >= 0.9 * (BURST + RATE * flood_seconds), figures
-    for call_id in refused:
-        error = flooded.outcomes[call_id][0].error
-        assert error is not None and error.retryable and (error.retry_after or 0) > 0
-    assert all(flooded.outcomes[c][0].status is Status.SUCCEEDED for c in b_ids)
-    # The issue's latency bounds, tenants on separate partitions.
-    assert slowest_refusal <= 1.0, figures
-    assert statistics.median(loaded) <= 2 * statistics.median(base), figures
-    assert max(loaded) <= SLOWEST_FACTOR * max(base), figures
+    return figures
+
+
+def _assert_bounds(figures: dict[str, Any]) -> None:
+    """Issue 45's bounds: A's admitted calls in range, A's refusals within a second, B's
+    median within 2x and its slowest within :data:`SLOWEST_FACTOR` of B alone."""
+    low_high = figures["expected_admitted"]
+    if low_high:
+        assert low_high[0] <= figures["a_admitted"] <= low_high[1], figures
+    assert figures["slowest_refusal_s"] <= 1.0, figures
+    assert figures["b_flood_p50_ms"] <= 2 * figures["b_alone_p50_ms"], figures
+    assert figures["b_flood_max_ms"] <= SLOWEST_FACTOR * figures["b_alone_max_ms"], figures
 
 
 @pytest.mark.timeout(120)

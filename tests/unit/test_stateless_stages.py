@@ -81,3 +81,20 @@ async def test_authorizer_fails_only_the_unreadable_record(
         (committed,) = handled.emits  # a read: committed by the authorizer itself (v1.8)
         assert committed.topic is Topic.COMMITTED
     assert batches == [2]  # the readable calls' resources, loaded together
+
+
+def test_a_stage_s_lane_is_the_partition_and_the_tenant_of_the_key() -> None:
+    """Issue 45: inside one partition, each tenant's records are a lane of their own (order
+    kept per tenant); records keyed by call id are their partition's lane, as before."""
+    from aiokafka import ConsumerRecord
+
+    from streams.stateless import tenant_lane
+
+    def record(partition: int, key: bytes | None) -> ConsumerRecord[bytes, bytes]:
+        return ConsumerRecord("calls.proposed", partition, 0, 0, 0, key, b"", None, 1, 0, [])
+
+    assert tenant_lane(record(0, b"tenant-a#0")) == tenant_lane(record(0, b"tenant-a#1"))
+    assert tenant_lane(record(0, b"tenant-a#0")) != tenant_lane(record(0, b"tenant-b#0"))
+    assert tenant_lane(record(0, b"tenant-a#0")) != tenant_lane(record(1, b"tenant-a#0"))
+    assert tenant_lane(record(0, b"c-1")) == tenant_lane(record(0, b"c-2"))
+    assert tenant_lane(record(0, None)) == tenant_lane(record(0, b"c-2"))
