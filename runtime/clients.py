@@ -251,13 +251,14 @@ def pg_pool(
     max_size: int,
     min_size: int = 1,
     connect_timeout: float | None = None,
+    check: bool = True,
     **options: bool,
 ) -> AsyncConnectionPool[Any]:
     """A PostgreSQL pool on ``conninfo`` (:func:`database_conninfo`), not opened yet
     (``await pool.open(wait=True, timeout=...)``); ``options`` as :func:`pg_options`. With
     ``connect_timeout``, a connection is waited for (and attempted) that long at most, and
-    checked before it is handed out: a caller that must notice a database restart at once
-    (not one dead connection at a time)."""
+    checked before it is handed out (``check``): a caller that must notice a database restart
+    at once (not one dead connection at a time)."""
     from psycopg_pool import AsyncConnectionPool
 
     kwargs = pg_options(**options)
@@ -271,6 +272,6 @@ def pg_pool(
         max_size=max_size,
         open=False,
         timeout=connect_timeout,
-        check=AsyncConnectionPool.check_connection,
+        check=AsyncConnectionPool.check_connection if check else None,
         kwargs=kwargs | {"connect_timeout": max(int(connect_timeout), 1)},
     )

@@ -185,11 +185,14 @@ class JoinService(ShellWorker):
     async def _connect(self) -> JoinStore:
         if self._store is None:
             pool = await open_pool(
+                # Not checked at every checkout (a round trip per transaction): a connection
+                # that died fails its transaction, and the pool is dropped and made anew.
                 pg_pool(
                     database_conninfo(self._settings),
                     max_size=4,
                     dict_rows=True,
                     connect_timeout=CONNECT_TIMEOUT_SECONDS,
+                    check=False,
                 ),
                 wait_seconds=CONNECT_TIMEOUT_SECONDS,
             )
@@ -233,16 +236,18 @@ class JoinService(ShellWorker):
         kinds = [self._kinds[r.topic] for r in records]
         owned: list[tuple[int, int, int]] = []  # (record, first, end) in ``writes.publish``
         async with store.transaction() as tx:
-            applied = await tx.lock_positions(
-                [(k.value, r.partition) for k, r in zip(kinds, records, strict=True)]
+            # The batch's partitions and calls locked, and read, in one round trip (a
+            # redelivered record's call is locked too: harmless).
+            applied, stored = await tx.lock(
+                [(k.value, r.partition) for k, r in zip(kinds, records, strict=True)],
+                [r.key.decode(errors="replace") for r in records if r.key],
             )
             fresh = [
                 n
                 for n, (kind, r) in enumerate(zip(kinds, records, strict=True))
                 if r.offset >= applied.get((kind.value, r.partition), 0)
             ]
-            keys = [records[n].key.decode(errors="replace") for n in fresh if records[n].key]
-            states = await self._restored(await tx.lock_calls(keys), tx.sources)
+            states = await self._restored(stored, tx.sources)
             before = dict(states)
             known = self._known(tx.sources, records, fresh)
             positions: dict[tuple[str, int], int] = {}

@@ -160,6 +160,41 @@ class JoinTransaction:
             rows = await cur.fetchall()
         return {(r["topic"], int(r["partition"])): int(r["next_offset"]) for r in rows}
 
+    async def lock(
+        self, partitions: Sequence[tuple[str, int]], call_ids: Sequence[str]
+    ) -> tuple[dict[tuple[str, int], int], dict[str, ApprovalState | None]]:
+        """``lock_positions`` and ``lock_calls`` in one round trip (pipelined)."""
+        ordered = sorted(set(partitions))
+        unique = sorted(set(call_ids))
+        keys = sorted({lock_key(self._deployment, c) for c in unique})
+        async with (
+            self._conn.pipeline(),
+            self._conn.cursor() as positions,
+            self._conn.cursor() as states,
+        ):
+            if ordered:
+                await positions.execute(
+                    named_query(_PKG, "join_lock_positions"),
+                    {
+                        "deployment": self._deployment,
+                        "topics": [t for t, _ in ordered],
+                        "partitions": [p for _, p in ordered],
+                    },
+                )
+            if unique:
+                await states.execute(named_query(_PKG, "join_lock_calls"), {"keys": keys})
+                await states.execute(
+                    named_query(_PKG, "join_states"),
+                    {"deployment": self._deployment, "call_ids": unique},
+                )
+            applied = await positions.fetchall() if ordered else []
+            rows = await states.fetchall() if unique else []
+        found: dict[str, ApprovalState | None] = dict.fromkeys(unique)
+        for row in rows:
+            found[row["call_id"]] = stored_state(row["state"])
+            self.sources[row["call_id"]] = _sources(row["sources"])
+        return {(r["topic"], int(r["partition"])): int(r["next_offset"]) for r in applied}, found
+
     async def lock_calls(self, call_ids: Sequence[str]) -> dict[str, ApprovalState | None]:
         """Lock ``call_ids`` for this transaction and read their states (None: none, or one
         this version cannot read)."""
