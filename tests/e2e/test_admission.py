@@ -581,12 +581,11 @@ class FloodCase:
 
 @pytest.mark.timeout(300)
 def test_a_flood_of_one_tenant_leaves_another_at_its_unloaded_latency(
-    admitting: Pipeline, record_property: Any
+    admitting: Pipeline,
 ) -> None:
     """Separate partitions, limits declared (issue 27's case; `make bench` runs it alone and
     reads its printed figures)."""
     figures = _flood_case(admitting, FloodCase(shared=False, limited=True))
-    record_property("admission", figures)
     # `make bench` reports the last run's noisy-neighbour row (bench/admission.py).
     FLOOD_FIGURES.parent.mkdir(parents=True, exist_ok=True)
     FLOOD_FIGURES.write_text(json.dumps(figures), encoding="utf-8")
@@ -596,13 +595,12 @@ def test_a_flood_of_one_tenant_leaves_another_at_its_unloaded_latency(
 
 @pytest.mark.timeout(300)
 def test_a_forged_flood_leaves_another_at_its_unloaded_latency(
-    admitting: Pipeline, record_property: Any
+    admitting: Pipeline,
 ) -> None:
     """Issue 45, "Forged floods count": A's flood carries tokens that do not verify; they draw
     from the unverified buckets of the claimed tenant (settings admission.unverified_*), the
     excess ends ``rate_limited`` at the validator, the rest ``unauthenticated``."""
     figures = _flood_case(admitting, FloodCase(shared=False, limited=True, forged=True))
-    record_property("admission", figures)
     print("admission figures (forged):", json.dumps(figures))
     _assert_bounds(figures)
 
@@ -618,13 +616,12 @@ def test_a_forged_flood_leaves_another_at_its_unloaded_latency(
     ids=["shared-limited", "apart-unlimited", "shared-unlimited"],
 )
 def test_a_flood_leaves_another_at_its_unloaded_latency_in_every_case(
-    fixture: str, case: FloodCase, request: pytest.FixtureRequest, record_property: Any
+    fixture: str, case: FloodCase, request: pytest.FixtureRequest
 ) -> None:
     """Issue 45: the other cases of the flood, tenants sharing a partition and/or no limits
     declared."""
     pipeline: Pipeline = request.getfixturevalue(fixture)
     figures = _flood_case(pipeline, case)
-    record_property("admission", figures)
     print(f"admission figures ({fixture}):", json.dumps(figures))
     _assert_bounds(figures)
 

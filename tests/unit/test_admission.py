@@ -309,19 +309,29 @@ def test_the_model_reads_when_to_retry() -> None:
 def test_the_bench_report_judges_admission_cost_and_the_noisy_neighbour() -> None:
     from bench.report import _admission_section
 
-    values = {
+    values: dict[str, Any] = {
         "admission_plain_cpu_us": 43.0,
         "admission_admitted_cpu_us": 51.0,
         "admission_refused_cpu_us": 73.0,
         "admission_cost_admitted_us": 8.0,
         "admission_cost_refused_us": 30.0,
         "e2e_cpu_us": 1167.0,
-        "noisy_neighbour": {"flood": 2000, "b_alone_p50_ms": 74.0, "b_flood_p50_ms": 740.0},
+        "run_id": "run-1",
+        "flood": {
+            "run_id": "run-1",
+            "flood": 2000,
+            "b_alone_p50_ms": 74.0,
+            "b_flood_p50_ms": 740.0,
+        },
     }
     lines = _admission_section(values)
     cost = next(line for line in lines if "per admitted call" in line)
     noisy = next(line for line in lines if "noisy neighbour" in line)
     assert "**met**" in cost and "**not met**" in noisy and "10.00" in noisy
+    # Figures another run left behind are not this run's: no verdict on them.
+    stale = {**values, "flood": {**values["flood"], "run_id": "run-0"}}
+    noisy = next(line for line in _admission_section(stale) if "noisy neighbour" in line)
+    assert "not measured in this run" in noisy and "met**" not in noisy
     assert _admission_section({}) == []  # a run without the step has no section
 
 
