@@ -947,6 +947,22 @@ def _admission_section(v: dict[str, Any], errors: dict[str, str] | None = None) 
     ]
 
 
+def t6_correct(v: dict[str, Any]) -> bool | None:
+    """T6 without its recovery time (None: not measured in this run): refunds were sent,
+    every call settled, nothing done or answered twice, every effect reported."""
+    dup = v.get("t6_duplicates")
+    if not isinstance(dup, dict):
+        return None
+    return (
+        bool(v.get("t6_complete"))
+        and dup.get("unsettled") == 0
+        and dup.get("duplicates") == 0
+        and dup.get("applied_not_succeeded") == 0
+        and dup.get("succeeded_not_applied") == 0
+        and (dup.get("writes") or 0) > 0
+    )
+
+
 def t6_verdict(v: dict[str, Any]) -> tuple[bool | None, str]:
     """T6 (None: not measured in this run) and what it found: recovered within 30 s, every
     call settled, nothing done or answered twice, every effect reported (bench.duplicates)."""
@@ -954,16 +970,7 @@ def t6_verdict(v: dict[str, Any]) -> tuple[bool | None, str]:
     if "t6_recovered_s" not in v or not isinstance(dup, dict):
         return None, "not measured in this run"
     recovered = v.get("t6_recovered_s")
-    ok = (
-        recovered is not None
-        and recovered <= 30
-        and bool(v.get("t6_complete"))
-        and dup.get("unsettled") == 0
-        and dup.get("duplicates") == 0
-        and dup.get("applied_not_succeeded") == 0
-        and dup.get("succeeded_not_applied") == 0
-        and (dup.get("writes") or 0) > 0
-    )
+    ok = recovered is not None and recovered <= 30 and t6_correct(v) is True
     measured = (
         f"recovered after {fmt(recovered, ' s')} (≥ 90 % of {fmt(v.get('t6_pre_rate'), ' calls/s')}); "
         f"{fmt(dup.get('calls'))} calls ({fmt(dup.get('writes'))} refunds of "

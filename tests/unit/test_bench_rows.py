@@ -254,3 +254,12 @@ def test_the_flood_step_takes_its_figures_from_its_own_child_not_the_file_left_b
     monkeypatch.setattr(flood, "COMMAND", (sys.executable, "-c", "print('1 failed')"))
     with pytest.raises(RuntimeError, match="printed no figures"):
         asyncio.run(flood.noisy_neighbour(7, False, "r2"))
+
+
+def test_t6_without_its_recovery_time_judges_only_what_was_done_twice() -> None:
+    from bench.report import t6_correct
+
+    assert t6_correct(t6() | {"t6_recovered_s": None}) is True  # slow to recover: still correct
+    assert t6_correct(t6(effects_applied_twice=1, duplicates=1)) is False
+    assert t6_correct(t6(succeeded_not_applied=1)) is False
+    assert t6_correct({"t6_recovered_s": 7}) is None
