@@ -16,17 +16,18 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
+import psycopg
 import pytest
 
 from approvals.signing import approval_keys, sign_decision, statement_for
 from ratifier.topics import delete_topics
 from runtime.clients import kafka_consumer, kafka_producer
 from schemas.envelopes import Actor, ApprovalVerdict
-from schemas.names import Topic
+from schemas.names import APPROVAL_JOIN_GROUP, Topic
 from tests.e2e.approvals_kit import audit, decide, propose, propose_only, token
 from tests.e2e.conftest import Pipeline, SigningKeys, start_pipeline
 from tests.e2e.executor_kit import provider_stats
-from tests.services import outcomes_by_call, read_to_end, read_until, run
+from tests.services import commit_lag, outcomes_by_call, read_to_end, read_until, run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -63,6 +64,27 @@ def crash_join(pipeline: Pipeline, name: str, point: str) -> None:
     assert crashing.process.poll() == -9, f"no crash at {point}:\n{crashing.log_tail()}"
     pipeline.workers.remove(crashing)
     crashing.stop()
+
+
+def caught_up(pipeline: Pipeline, timeout: float = 60) -> None:
+    """The join's group committed both its inputs to their ends, and the deployment's outbox
+    is empty (the records a killed worker left are published)."""
+    inputs = [
+        (APPROVAL_JOIN_GROUP, Topic.AUTHORIZED),
+        (APPROVAL_JOIN_GROUP, Topic.APPROVALS_DECIDED),
+    ]
+    assert run(commit_lag(pipeline.settings, inputs, timeout=timeout)) == {}
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(pipeline.settings.storage.database_url) as conn:
+        while True:
+            (left,) = conn.execute(
+                "SELECT count(*) FROM approval_outbox WHERE deployment = %s",
+                (pipeline.settings.topic_prefix,),
+            ).fetchone() or (0,)
+            if left == 0:
+                return
+            assert time.monotonic() < deadline, f"{left} records left in the outbox"
+            time.sleep(0.2)
 
 
 def by_call(records: list[Any], topic: Topic) -> dict[str, list[bytes]]:
@@ -121,6 +143,9 @@ def test_kill_minus_nine_at_each_step_of_the_join(signing_keys: SigningKeys, poi
         start_join(pipeline, "join-after")
 
         statuses = ended(pipeline, ids)
+        # The new worker has applied (or skipped) everything redelivered to it, and published
+        # what the dead ones left: only then is "once" what it will stay.
+        caught_up(pipeline)
         assert statuses == {c: statuses[c][:1] * len(statuses[c]) for c in ids}
         assert {c: statuses[c][0] for c in ids} == dict.fromkeys(ids, "succeeded")
         stats = provider_stats(pipeline.provider_url)
@@ -221,6 +246,7 @@ def test_two_join_workers_hand_over_under_approval_load(signing_keys: SigningKey
                 if wave == 1:
                     pipeline.stop_worker("join-a")  # and the survivor takes them all
             statuses = ended(pipeline, ids, timeout=150)
+            caught_up(pipeline)
         finally:
             bot.halt.set()
             bot.join(timeout=10)
