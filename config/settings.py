@@ -462,7 +462,7 @@ class Settings(BaseSettings):
         return reply_namespace(self.topic_prefix)
 
     def group(self, group_id: str) -> str:
-        """Consumer-group (and faust app) ids live under the topic prefix, so that two
+        """Consumer-group ids live under the topic prefix, so that two
         deployments sharing a broker under different prefixes never share a group."""
         return f"{self.topic_prefix}{group_id}"
 

@@ -88,7 +88,7 @@ class Health:
         self.beat()
 
     async def observe(self, consumer: Any) -> None:
-        """Assignment and lag of an aiokafka (or faust) consumer: high watermark as of its
+        """Assignment and lag of an aiokafka consumer: high watermark as of its
         last fetch minus its position, summed over its partitions."""
         try:
             assigned = consumer.assignment()

@@ -143,8 +143,8 @@ class ReplySender:
             except Exception as exc:  # noqa: BLE001 - a reply copy never fails its record
                 self._failed(reply, exc)
                 continue
-            # A publisher that does not settle its copies (the approval-join's, acknowledged
-            # with faust's commit) must not leave a refused one's error unread.
+            # A publisher that does not settle its copies must not leave a refused one's
+            # error unread.
             ack = asyncio.ensure_future(ack)
             ack.add_done_callback(_read_outcome)
             acks.append((reply, ack))

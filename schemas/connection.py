@@ -13,7 +13,7 @@ SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"
 
 
 class KafkaConnection(BaseModel):
-    """How every Kafka client of ratifier connects (aiokafka and faust alike; runtime/clients.py
+    """How every Kafka client of ratifier connects (every aiokafka client; runtime/clients.py
     applies it): the bootstrap list, the security protocol, TLS files and SASL credentials.
     Read from ``RATIFIER_KAFKA__<FIELD>`` (docs/operations.md, "Secured connections")."""
 

@@ -58,7 +58,7 @@ class LedgerStatus(StrEnum):
 
 class StreamStage(StrEnum):
     """The stream stages a streams worker runs (`settings.streams.stages`), deployable and
-    scalable apart; each names the faust agent that runs it."""
+    scalable apart (the approval-join runs as `ratifier approval-join`)."""
 
     VALIDATOR = "validator"
     AUTHORIZER = "authorizer"

@@ -1,3 +1,4 @@
-"""Stream processors (faust): validator, authorizer, approval-join. Never imports executors."""
+"""Stream processors: validator, authorizer (`ratifier stages`) and the approval-join
+(`ratifier approval-join`). Never imports executors."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """`ratifier stages`: the stateless stages (validator, authorizer) on the runtime's consumer
-loop, in a process of their own (no faust), with the approval HTTP API and the health pages
+loop, in a process of their own, with the approval HTTP API and the health pages
 on the runtime's one HTTP server (runtime/shell.py). The approval-join runs in
-`ratifier approval-join` (streams/app.py), the only process that hosts faust.
+`ratifier approval-join` (streams/join_service.py).
 """
 
 from __future__ import annotations

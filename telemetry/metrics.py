@@ -228,7 +228,7 @@ def set_lag(group: str, topic: str, partition: int, lag: int) -> None:
 
 
 async def refresh_consumer_lag(consumer: Any, group: str) -> None:
-    """Lag of a consumer's assigned partitions (aiokafka's or faust's consumer): the high
+    """Lag of a consumer's assigned partitions (an aiokafka consumer): the high
     watermark as of its last fetch minus its position. A consumer that is not started or
     loses a partition mid-refresh is skipped: lag is refreshed again shortly."""
     try:

@@ -87,7 +87,7 @@ def format_traceparent(trace_id: str, span_id: str, *, sampled: bool = True) -> 
 
 def traceparent_of(headers: Any) -> TraceParent | None:
     """The parent named by the ``traceparent`` header among Kafka ``headers`` (a sequence
-    of ``(name, value)`` pairs as aiokafka and faust give them, or a mapping)."""
+    of ``(name, value)`` pairs as aiokafka gives them, or a mapping)."""
     if not headers:
         return None
     items: Iterable[tuple[Any, Any]] = headers.items() if isinstance(headers, Mapping) else headers
