@@ -175,6 +175,7 @@ class JoinService(ShellWorker):
         self._taken: list[tuple[Taken, bool]] = []
         self._due_next = 0.0
         self._orphans_next = 0.0
+        self._failures = 0
         self._owned: frozenset[tuple[str, int]] | None = None
         # Set once this worker owns partitions (the log says "approval-join ready").
         self.owning = asyncio.Event()
@@ -212,14 +213,21 @@ class JoinService(ShellWorker):
             await rows.abandon()
 
     async def _guarded(self, step: Callable[[], Awaitable[Any]]) -> Any:
-        """Run ``step``; the database away drops the pool (the loop retries the step)."""
+        """Run ``step``; the database away drops the pool (the loop retries the step) and
+        makes the service not ready until a step passes again."""
         try:
-            return await step()
+            result = await step()
         except (psycopg.Error, PoolTimeout, StorageUnavailable) as exc:
+            self._failures += 1
             self.health.waiting_for(f"database: {type(exc).__name__}")
             log.warning("approval-join: database unavailable (%s)", exc)
             await self._drop_pool()
             raise StorageUnavailable() from exc
+        if self._failures:
+            log.info("approval-join: database back after %d failed tries", self._failures)
+            self._failures = 0
+            self.health.running()
+        return result
 
     # -- a batch -----------------------------------------------------------------------------
 
