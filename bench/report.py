@@ -345,9 +345,13 @@ def _join_hop_target(v: dict[str, Any]) -> Target:
         floor="An auto-approved write has no join hop any more: the authorizer signs its "
         "receipt (→ committed p50 / p99 of the auto-approved writes: "
         f"{fmt(v.get('auto_writes_hop_commands.committed_p50_ms'), '')} / "
-        f"{fmt(v.get('auto_writes_hop_commands.committed_p99_ms'), ' ms')}). The join's hop "
-        "is one PostgreSQL transaction per poll batch (with its commit's flush), the "
-        "broker's acknowledgement of what it published, and its offset commit.",
+        f"{fmt(v.get('auto_writes_hop_commands.committed_p99_ms'), ' ms')}). The join's own "
+        "hop is one PostgreSQL transaction per poll batch (with its commit's flush), the "
+        "broker's acknowledgement of what it published, and its offset commit. The rate "
+        f"asked is {_pct(ratio(v.get('join_hop_rate'), v.get('writes')))} of the pipeline's "
+        f"bot-approved capacity ({fmt(v.get('writes'), ' calls/s', 1)}, above): every process "
+        "competes for the cores, and the hop is mostly waiting for one; the join alone at "
+        'the same rate is in docs/measurements.md ("The approval-join\'s hop").',
     )
 
 
