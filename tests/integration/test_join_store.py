@@ -21,7 +21,7 @@ from schemas.names import Topic
 from schemas.vocabulary import AuditKind
 from streams.approval import ApprovalState, AuditEntry, Phase, Rules, on_authorized
 from streams.emit import Emit
-from streams.join_store import Audit, Changes, JoinStore, Publish
+from streams.join_store import Audit, Changes, JoinStore, JoinTransaction, Publish
 from testsupport.records import authorized_refund
 
 pytestmark = pytest.mark.integration
@@ -142,15 +142,25 @@ async def test_a_transaction_that_fails_leaves_nothing(
     assert await outbox_rows(pool, store.deployment) == 0
 
 
-async def test_one_transaction_at_a_time_per_call(store: JoinStore, settings: Settings) -> None:
+@pytest.mark.parametrize("pipelined", [False, True], ids=["timer", "batch"])
+async def test_one_transaction_at_a_time_per_call(
+    store: JoinStore, settings: Settings, pipelined: bool
+) -> None:
+    """The timer's ``lock_calls`` and a batch's pipelined ``lock`` alike."""
     call_id = f"js-{uuid.uuid4().hex[:10]}"
     state = pending(settings, call_id, ttl=timedelta(minutes=5))
     first_locked = asyncio.Event()
     release = asyncio.Event()
 
+    async def locked(tx: JoinTransaction) -> dict[str, ApprovalState | None]:
+        if pipelined:
+            _applied, found = await tx.lock([(Topic.AUTHORIZED.value, 0)], [call_id])
+            return found
+        return await tx.lock_calls([call_id])
+
     async def first() -> None:
         async with store.transaction() as tx:
-            assert await tx.lock_calls([call_id]) == {call_id: None}
+            assert await locked(tx) == {call_id: None}
             first_locked.set()
             await release.wait()
             await tx.write(Changes(states={call_id: state}))
@@ -158,7 +168,7 @@ async def test_one_transaction_at_a_time_per_call(store: JoinStore, settings: Se
     async def second() -> ApprovalState | None:
         await first_locked.wait()
         async with store.transaction() as tx:
-            found = await tx.lock_calls([call_id])
+            found = await locked(tx)
         return found[call_id]
 
     task = asyncio.create_task(first())
