@@ -152,15 +152,16 @@ async def test_one_transaction_at_a_time_per_call(
     first_locked = asyncio.Event()
     release = asyncio.Event()
 
-    async def locked(tx: JoinTransaction) -> dict[str, ApprovalState | None]:
+    async def locked(tx: JoinTransaction, partition: int) -> dict[str, ApprovalState | None]:
         if pipelined:
-            _applied, found = await tx.lock([(Topic.AUTHORIZED.value, 0)], [call_id])
+            # Records of the call on two topics' partitions (no partition lock in common).
+            _applied, found = await tx.lock([(Topic.AUTHORIZED.value, partition)], [call_id])
             return found
         return await tx.lock_calls([call_id])
 
     async def first() -> None:
         async with store.transaction() as tx:
-            assert await locked(tx) == {call_id: None}
+            assert await locked(tx, 0) == {call_id: None}
             first_locked.set()
             await release.wait()
             await tx.write(Changes(states={call_id: state}))
@@ -168,7 +169,7 @@ async def test_one_transaction_at_a_time_per_call(
     async def second() -> ApprovalState | None:
         await first_locked.wait()
         async with store.transaction() as tx:
-            found = await locked(tx)
+            found = await locked(tx, 1)
         return found[call_id]
 
     task = asyncio.create_task(first())
