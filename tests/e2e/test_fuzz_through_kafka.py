@@ -117,6 +117,16 @@ def _policy_answer(tool: str, arguments: Any, claims: dict[str, Any]) -> Answer:
     return ("denied", "policy_denied")
 
 
+def _verifies(fuzzed: FuzzRecord, keys: ContextKeys) -> bool:
+    """Whether the record carries a context token that verifies."""
+    try:
+        data = json.loads(fuzzed.raw)
+    except ValueError:
+        return False
+    token = data.get("context") if isinstance(data, dict) else None
+    return isinstance(token, str) and _verified_claims(token, keys) is not None
+
+
 def expected(fuzzed: FuzzRecord, keys: ContextKeys) -> tuple[str, set[Answer] | None]:
     """The record's input class and the answers it may get (None: any the general rules
     allow; the class's mutation may or may not leave it valid)."""
@@ -199,7 +209,13 @@ def misjudged(
         klass, allowed = expected(fuzzed, keys)
         seen[f"{klass} -> {answer[0]} {answer[1]}"] += 1
         problem = None
-        if allowed is not None and answer not in allowed:
+        if answer == ("rejected", "rate_limited") and not _verifies(fuzzed, keys):
+            # Issue 45: a call whose token does not verify draws from its claimed tenant's
+            # unverified buckets before validation, whatever else is wrong with it; the
+            # fuzz's forged calls come faster than they refill.
+            if outcome["stage"] != "validate":
+                problem = f"rate_limited at stage {outcome['stage']}"
+        elif allowed is not None and answer not in allowed:
             problem = f"expected one of {sorted(allowed, key=str)}"
         elif answer[0] in ("succeeded", "awaiting_approval") or answer[0] == "denied":
             # However mutated: only a verified actor's call runs or waits for a human, only
