@@ -126,46 +126,65 @@ REPUBLISHED = {"join_published", "join_orphans_published"}
         "join_orphans_published",
     ],
 )
-def test_kill_minus_nine_at_each_step_of_the_join(signing_keys: SigningKeys, point: str) -> None:
-    with join_apart(signing_keys, "join-kill") as pipeline:
-        start_join(pipeline, "join")
-        requests = propose(pipeline, n=4, amount_minor=1)
-        ids = {r["call_id"] for r in requests}
-        pipeline.stop_worker("join")
-        boss = token(pipeline.settings, "boss")
-        for request in requests:
-            decide(pipeline, request, boss)
-        if point.startswith("join_orphans"):
-            # A worker dies with the decisions committed and their records unpublished; the
-            # next one dies at ``point`` while publishing what the first left.
-            crash_join(pipeline, "join-dead", "join_committed")
-        crash_join(pipeline, "join-crashing", point)
-        start_join(pipeline, "join-after")
+def test_kill_minus_nine_at_each_step_of_the_join(killing: Pipeline, point: str) -> None:
+    pipeline = killing
+    try:
+        kill_at(pipeline, point)
+    finally:
+        # This point's join workers go: the next point's must get every partition.
+        for worker in [w for w in pipeline.workers if w.name.startswith(point)]:
+            pipeline.stop_worker(worker.name)
 
-        statuses = ended(pipeline, ids)
-        # The new worker has applied (or skipped) everything redelivered to it, and published
-        # what the dead ones left: only then is "once" what it will stay.
-        caught_up(pipeline)
-        assert statuses == {c: statuses[c][:1] * len(statuses[c]) for c in ids}
-        assert {c: statuses[c][0] for c in ids} == dict.fromkeys(ids, "succeeded")
-        stats = provider_stats(pipeline.provider_url)
-        assert len(stats["by_key"]) == len(ids)
-        assert set(stats["by_key"].values()) == {1}
-        records = run(read_to_end(pipeline.settings, [Topic.COMMITTED, Topic.APPROVALS_REQUESTED]))
-        commands = by_call(records, Topic.COMMITTED)
-        asked = by_call(records, Topic.APPROVALS_REQUESTED)
-        assert set(commands) == ids
-        for call_id in ids:
-            # Copies of one command are the same record (the executor ran it once).
-            assert len(set(commands[call_id])) == 1, commands[call_id]
-            assert len(asked[call_id]) == 1
-            if point not in REPUBLISHED:
-                assert len(commands[call_id]) == 1, (point, len(commands[call_id]))
-            kinds = Counter(kind for kind, _detail in audit(pipeline, call_id))
-            # The decision counted once: no replay refused, no second decision row.
-            assert kinds["approval_decision"] == 1, kinds
-            assert kinds["approval_decision_refused"] == 0, kinds
-        assert pipeline.alive()
+
+@pytest.fixture(scope="module")
+def killing(signing_keys: SigningKeys) -> Iterator[Pipeline]:
+    """Stages, an executor and a provider shared by the kill points (each has its own calls
+    and join workers, and stops them when it ends)."""
+    with join_apart(signing_keys, "join-kill") as pipeline:
+        yield pipeline
+
+
+def kill_at(pipeline: Pipeline, point: str) -> None:
+    start_join(pipeline, f"{point}-join")
+    requests = propose(pipeline, n=4, amount_minor=1)
+    ids = {r["call_id"] for r in requests}
+    pipeline.stop_worker(f"{point}-join")
+    boss = token(pipeline.settings, "boss")
+    for request in requests:
+        decide(pipeline, request, boss)
+    if point.startswith("join_orphans"):
+        # A worker dies with the decisions committed and their records unpublished; the
+        # next one dies at ``point`` while publishing what the first left.
+        crash_join(pipeline, f"{point}-dead", "join_committed")
+    crash_join(pipeline, f"{point}-crashing", point)
+    start_join(pipeline, f"{point}-after")
+
+    statuses = ended(pipeline, ids)
+    # The new worker has applied (or skipped) everything redelivered to it, and published
+    # what the dead ones left: only then is "once" what it will stay.
+    caught_up(pipeline)
+    assert statuses == {c: statuses[c][:1] * len(statuses[c]) for c in ids}
+    assert {c: statuses[c][0] for c in ids} == dict.fromkeys(ids, "succeeded")
+    stats = provider_stats(pipeline.provider_url)
+    # This point's refunds (the provider is shared by the points), each applied once.
+    effects = {k: n for k, n in stats["by_key"].items() if k.split(":", 1)[-1] in ids}
+    assert len(effects) == len(ids)
+    assert set(effects.values()) == {1}
+    records = run(read_to_end(pipeline.settings, [Topic.COMMITTED, Topic.APPROVALS_REQUESTED]))
+    commands = by_call(records, Topic.COMMITTED)
+    asked = by_call(records, Topic.APPROVALS_REQUESTED)
+    assert ids <= set(commands)
+    for call_id in ids:
+        # Copies of one command are the same record (the executor ran it once).
+        assert len(set(commands[call_id])) == 1, commands[call_id]
+        assert len(asked[call_id]) == 1
+        if point not in REPUBLISHED:
+            assert len(commands[call_id]) == 1, (point, len(commands[call_id]))
+        kinds = Counter(kind for kind, _detail in audit(pipeline, call_id))
+        # The decision counted once: no replay refused, no second decision row.
+        assert kinds["approval_decision"] == 1, kinds
+        assert kinds["approval_decision_refused"] == 0, kinds
+    assert pipeline.alive()
 
 
 class Approver(threading.Thread):
