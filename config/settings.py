@@ -261,6 +261,11 @@ class Admission(BaseModel):
     unverified_burst: float = Field(default=50.0, ge=1)
     unverified_fleet_rate: float = Field(default=200.0, gt=0)
     unverified_fleet_burst: float = Field(default=400.0, ge=1)
+    # Fair shares across validator workers (issue 45): while several workers draw from one
+    # rate bucket (each asked it within this many seconds) and the bucket runs low, each takes
+    # at most its share (rate / workers) so none starves while another takes the refill
+    # (streams/lua/admit.lua); 0 turns this off (the first to ask after a refill takes it).
+    fair_share_window_seconds: float = Field(default=1.0, ge=0)
 
 
 class Replies(BaseModel):

@@ -15,6 +15,8 @@ reached, reads are admitted and writes refused (settings ``admission.fail_open_*
 from __future__ import annotations
 
 import logging
+import os
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,10 +63,11 @@ class Ask:
 
 
 def script_arguments(
-    asks: Sequence[Ask], *, prefix: str, settings: Admission
+    asks: Sequence[Ask], *, prefix: str, settings: Admission, worker: str = "-"
 ) -> tuple[list[str], list[str | float | int]]:
     """The KEYS and ARGV of ``admit.lua`` for ``asks`` (pure): each distinct bucket once, the
-    calls as runs of those drawing from the same buckets, and their ids in one string."""
+    calls as runs of those drawing from the same buckets, and their ids in one string;
+    ``worker`` names the asking worker (its fair share of a bucket, the script's header)."""
     index: dict[str, int] = {}
     keys: list[str] = []
     bucket_args: list[str | float | int] = []
@@ -99,6 +102,8 @@ def script_arguments(
         settings.max_retry_after_seconds,
         settings.concurrency_lease_seconds,
         f"{REDIS_SLOTS_PREFIX}{prefix}",
+        worker,
+        settings.fair_share_window_seconds,
         *bucket_args,
         " ".join(plan),
         " ".join(
@@ -129,6 +134,9 @@ class FleetLimiter:
         self._redis = redis
         self._settings = settings
         self._prefix = prefix
+        # This worker's name in the buckets' fair shares (unique per limiter: a process that
+        # restarts is a new worker; the old name ages out of the window).
+        self.worker = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._admit = redis.register_script(ADMIT_SCRIPT)
         self._release = redis.register_script(RELEASE_SCRIPT)
         self.unavailable = 0  # batches decided without Redis (a metric for operators)
@@ -141,7 +149,9 @@ class FleetLimiter:
         counted = [a for a in asks if a.buckets]
         if not counted:
             return [ADMITTED] * len(asks)
-        keys, argv = script_arguments(counted, prefix=self._prefix, settings=self._settings)
+        keys, argv = script_arguments(
+            counted, prefix=self._prefix, settings=self._settings, worker=self.worker
+        )
         try:
             answers = await self._admit(keys=keys, args=argv)
         except (RedisError, OSError) as exc:

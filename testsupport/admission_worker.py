@@ -4,8 +4,9 @@ batches as a validator worker would, from a wall-clock start until an end:
 
     python -m testsupport.admission_worker PREFIX RATE BURST START END [OFFER_PER_SECOND]
 
-It prints ``ready`` once connected, then after every batch ``admitted <n>`` (its running
-total), flushed, so a test that SIGKILLs it still knows what it admitted until then."""
+It prints ``ready`` once connected, then after every batch ``admitted <n> <unix time>`` (its
+running total), flushed, so a test that SIGKILLs it still knows what it admitted until then,
+and when."""
 
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ async def offer(
             ]
             verdicts = await limiter.admit(calls)
             admitted += sum(v.admitted for v in verdicts)
-            print(f"admitted {admitted}", flush=True)
+            print(f"admitted {admitted} {time.time():.3f}", flush=True)
             due += every
             await asyncio.sleep(max(0.0, due - time.monotonic()))
     finally:

@@ -157,7 +157,9 @@ def test_the_script_gets_each_bucket_once_and_each_call_its_indexes() -> None:
     keys, argv = script_arguments(asks, prefix="p.", settings=AdmissionSettings())
     assert keys == ["ratifier:limit:p.tenant:t:r", "ratifier:limit:p.tenant:t:c"]
     # One run of two calls drawing from buckets 1 and 2; the ids in one string.
-    assert argv == [2, 60.0, 300, "ratifier:slots:p.", "r", 10, 20, "c", 3, 3, "2 2 1 2", "c-0 c-1"]
+    assert argv == [
+        2, 60.0, 300, "ratifier:slots:p.", "-", 1.0, "r", 10, 20, "c", 3, 3, "2 2 1 2", "c-0 c-1"
+    ]  # fmt: skip
 
 
 def test_calls_drawing_from_other_buckets_start_a_new_run_in_order() -> None:
