@@ -35,6 +35,7 @@ from bench.measure import (
     latency_settings,
     open_loop,
     pure_costs,
+    read_chain_latency,
     seed_payments,
     stages_alone,
     start_pipeline,
@@ -71,6 +72,13 @@ async def measure(plan: Plan) -> Results:
         "B2 latency floor (raw 4-hop chain, 50 records/s)",
         120,
         lambda: chain_latency(50, plan.chain_latency_seconds),
+    )
+    b2r = float(run.values.get("B2r") or 100.0)
+    await run.step(
+        "B2r latency (read chain: 3 hops, the last GETting from the provider; 50 records/s "
+        "and half its capacity)",
+        180,
+        lambda: read_chain_latency({"50": 50.0, "half": b2r / 2}, plan.chain_latency_seconds),
     )
     await run.step("B4 Redis SET NX", 60, lambda: baseline_redis(plan.redis_n))
     await run.step(

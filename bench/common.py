@@ -331,6 +331,7 @@ class Outcome:
     at: float  # outcome timestamp (epoch seconds)
     proposed_at: float  # epoch seconds, from the proposal we sent
     seen: float  # when the bench read it (perf_counter)
+    delivered_at: float  # the same moment, epoch seconds (as proposed_at)
 
 
 class OutcomeWatcher:
@@ -364,7 +365,7 @@ class OutcomeWatcher:
         assert self._consumer is not None
         while True:
             batches = await self._consumer.getmany(timeout_ms=100, max_records=5000)
-            now = time.perf_counter()
+            now, delivered = time.perf_counter(), time.time()
             for records in batches.values():
                 for r in records:
                     try:
@@ -388,6 +389,7 @@ class OutcomeWatcher:
                         at=at,
                         proposed_at=self.proposed.get(call_id, at),
                         seen=now,
+                        delivered_at=delivered,
                     )
             if batches:
                 self._changed.set()

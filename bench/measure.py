@@ -225,6 +225,24 @@ async def baselines_kafka(n: int) -> dict[str, Any]:
         rate, cpu = await drain(run, chain, hops[0], hops[HOPS], n, None, 300)
         out |= {"B2": rate, "B2_cpu_us": cpu}
 
+        # B2r (issue 46): a read's chain, three relay hops, the last with a read's I/O: an
+        # HTTP GET per record to the fake provider (B2r, the issue's), or what the executor
+        # does for a batch of reads in PostgreSQL (B2r-pg). Each drains its own backlog.
+        run.start_provider()
+        for key, work in (("B2r", f"get:{run.settings.provider_url}"), ("B2r_pg", "pg")):
+            read_hops = [f"{p}{key.lower()}{i}" for i in range(READ_HOPS + 1)]
+            await create_topics(run, read_hops)
+            rate, cpu = await drain(
+                run,
+                read_chain(run, read_hops, key.lower(), work),
+                read_hops[0],
+                read_hops[READ_HOPS],
+                n,
+                envelopes,
+                300,
+            )
+            out |= {key: rate, f"{key}_cpu_us": cpu}
+
         def loop_hop(target: Topic, group: str) -> Callable[[], list[Any]]:
             def start() -> list[Any]:
                 return [
@@ -264,22 +282,74 @@ async def baselines_kafka(n: int) -> dict[str, Any]:
         await run.close()
 
 
-async def chain_latency(rate: float, seconds: float) -> dict[str, Any]:
-    """The latency floor of the design: a raw 4-hop aiokafka chain (same producer settings
-    as the pipeline) at a low constant rate; time from send to arrival after the last hop."""
+READ_HOPS = 3  # a read: validator, authorizer, executor (its agent publishes the first)
 
-    run = BenchRun.create("chainlat")
-    p = run.settings.topic_prefix
-    hops = [f"{p}lat{i}" for i in range(HOPS + 1)]
+
+def read_chain(run: BenchRun, hops: list[str], label: str, work: str) -> Callable[[], list[Any]]:
+    """B2r's relays (bench/relay.py) over ``hops``, the last one doing ``work``."""
+
+    def start() -> list[Any]:
+        last = len(hops) - 2
+        return [
+            run.start_module(
+                "bench.relay",
+                f"{label}-relay{i}",
+                hops[i],
+                hops[i + 1],
+                f"{run.settings.topic_prefix}{label}-{i}",
+                *([work] if i == last else []),
+            )
+            for i in range(len(hops) - 1)
+        ]
+
+    return start
+
+
+async def read_chain_latency(rates: dict[str, float], seconds: float) -> dict[str, Any]:
+    """B2r's latency (issue 46): the read chain (3 relay hops, the last one GETting each
+    record from the fake provider) at each of ``rates`` (its name → records/s): time from
+    the producer's send to the record's delivery to a consumer after the last hop."""
+    run = BenchRun.create("readlat")
     try:
-        await create_topics(run, hops)
-        for i in range(HOPS):
-            run.start_module("bench.relay", f"lat-relay{i}", hops[i], hops[i + 1], f"{p}lat-{i}")
-        consumer = kafka_consumer(
-            run.settings,
-            hops[HOPS],
-            group=None,
-        )
+        run.start_provider()
+        out: dict[str, Any] = {}
+        for name, rate in rates.items():
+            out |= await chain_latency(
+                rate,
+                seconds,
+                run=run,
+                hops=READ_HOPS,
+                work=f"get:{run.settings.provider_url}",
+                key=f"B2r_lat{name}",
+            )
+        return out
+    finally:
+        await run.close()
+
+
+async def chain_latency(
+    rate: float,
+    seconds: float,
+    *,
+    run: BenchRun | None = None,
+    hops: int = HOPS,
+    work: str = "",
+    key: str = "B2_lat",
+) -> dict[str, Any]:
+    """The latency floor of the design: a raw aiokafka chain of ``hops`` relays (same
+    producer settings and fetch pacing as the pipeline; the last one doing ``work``) at a
+    constant rate; time from send to arrival after the last hop."""
+
+    own = run is None
+    run = run or BenchRun.create("chainlat")
+    p = run.settings.topic_prefix
+    tag = f"{key.lower()}{uuid.uuid4().hex[:4]}"
+    topics = [f"{p}{tag}-{i}" for i in range(hops + 1)]
+    relays: list[Any] = []
+    try:
+        await create_topics(run, topics)
+        relays = read_chain(run, topics, tag, work)()
+        consumer = kafka_consumer(run.settings, topics[hops], group=None)
         producer = kafka_producer(run.settings)
         await consumer.start()
         await producer.start()
@@ -302,7 +372,7 @@ async def chain_latency(rate: float, seconds: float) -> dict[str, Any]:
             sent = 0
             # Warm-up until the relays' groups have joined and records flow.
             while warm and time.perf_counter() - started < 120:
-                await producer.send_and_wait(hops[0], value=b"warm")
+                await producer.send_and_wait(topics[0], value=b"warm")
                 batches = await consumer.getmany(timeout_ms=1000)
                 warm = not any(batches.values())
             began = time.perf_counter()
@@ -310,7 +380,7 @@ async def chain_latency(rate: float, seconds: float) -> dict[str, Any]:
                 due = int((time.perf_counter() - began) * rate) + 1
                 while sent < due:
                     await producer.send(
-                        hops[0], value=f"{time.time():.6f}|".encode() + padding, key=b"%d" % sent
+                        topics[0], value=f"{time.time():.6f}|".encode() + padding, key=b"%d" % sent
                     )
                     sent += 1
                 await arrivals(5)
@@ -321,13 +391,18 @@ async def chain_latency(rate: float, seconds: float) -> dict[str, Any]:
             await consumer.stop()
             await producer.stop()
         return {
-            "B2_lat_rate": rate,
-            "B2_lat_p50": percentile(latencies, 50),
-            "B2_lat_p99": percentile(latencies, 99),
-            "B2_lat_p999": percentile(latencies, 99.9),
+            f"{key}_rate": rate,
+            f"{key}_p50": percentile(latencies, 50),
+            f"{key}_p99": percentile(latencies, 99),
+            f"{key}_p999": percentile(latencies, 99.9),
+            f"{key}_samples": len(latencies),
         }
     finally:
-        await run.close()
+        if own:
+            await run.close()
+        else:
+            for relay in relays:
+                run.stop(relay)
 
 
 async def baseline_redis(n: int) -> dict[str, Any]:
@@ -722,8 +797,10 @@ async def latency(pipe: Pipeline, rate: float, seconds: float) -> dict[str, Any]
     tag = f"ol-{uuid.uuid4().hex[:6]}"
     issued = await open_loop(pipe, rate, seconds, tag=tag)
     finished = await pipe.watcher.wait(issued, timeout=60)
+    # To the outcome's delivery in the client (issue 46), as B2 lat and B2r lat end with
+    # their record's delivery to a consumer after the last hop.
     ms = [
-        (o.at - o.proposed_at) * 1000
+        (o.delivered_at - o.proposed_at) * 1000
         for c in issued
         if (o := pipe.watcher.ended.get(c)) is not None
     ]
@@ -1446,7 +1523,7 @@ async def latency_settings() -> list[tuple[str, str, str, str]]:
     runtime = f"fetch_max_wait_ms={fetch_wait}, fetch_min_bytes={fetch_min}"
     return [
         (
-            "B1 relay, B2 chain (bench/relay.py)",
+            "B1 relay, B2 chain, B2r read chain (bench/relay.py)",
             f"linger_ms={LINGER_MS}",
             runtime,
             f"getmany 100 ms, ≤ {RELAY_BATCH} records",

@@ -355,6 +355,62 @@ def _join_hop_target(v: dict[str, Any]) -> Target:
     )
 
 
+def _read_chain_targets(v: dict[str, Any], cpu: float | None) -> list[Target]:
+    """Issue 46's rows: the read path against B2r, the chain that matches a read (an agent's
+    publish, three relay hops, the last one GETting from the provider, a consumer delivering
+    to the caller), measured in the same run."""
+    t2 = ratio(v.get("e2e_reads"), v.get("B2r"))
+    cpu_x = ratio(cpu, v.get("B2r_cpu_us"))
+    p50, p99 = v.get("lat_p50"), v.get("lat_p99")
+    base50, base99 = v.get("B2r_lathalf_p50"), v.get("B2r_lathalf_p99")
+    p50_x, p99_x = ratio(p50, base50), ratio(p99, base99)
+    idle_x = ratio(v.get("idle_p50"), v.get("B2r_lat50_p50"))
+    same = "the profiles are those of the B2 rows above"
+    return [
+        Target(
+            name="T2 read calls end to end vs B2r (issue 46)",
+            today="— (B2r new in this run)",
+            wanted="≥ 50 %",
+            baseline=f"B2r {fmt(v.get('B2r'), ' rec/s')} (B2r-pg {fmt(v.get('B2r_pg'), ' rec/s')})",
+            measured=f"{fmt(v.get('e2e_reads'), ' calls/s')} = {_pct(t2)}",
+            ok=None if t2 is None else t2 >= 0.5,
+            floor=f"CPU-bound as T2 vs B2 ({same}).",
+        ),
+        Target(
+            name="CPU per read call, all ratifier processes, vs B2r's CPU per record (issue 46)",
+            today="—",
+            wanted="≤ 3×",
+            baseline=f"B2r {fmt(v.get('B2r_cpu_us'), ' µs', 1)} per record (3 hops + a GET; "
+            f"B2r-pg {fmt(v.get('B2r_pg_cpu_us'), ' µs', 1)})",
+            measured=f"{fmt(cpu, ' µs')} = {_times(cpu, v.get('B2r_cpu_us'))}",
+            ok=None if cpu_x is None else cpu_x <= 3,
+            floor=f"CPU per call by process: {_cpu_parts(v)} µs ({same}).",
+        ),
+        Target(
+            name="T4 at half of T2's load vs B2r at half of its load, p50 / p99 (issue 46)",
+            today="—",
+            wanted="≤ 2× / ≤ 3×",
+            baseline=f"B2r lat {fmt(base50, '', 1)} / {fmt(base99, ' ms', 1)} at "
+            f"{fmt(v.get('B2r_lathalf_rate'), ' rec/s')}",
+            measured=f"{fmt(p50, '', 1)} / {fmt(p99, ' ms', 1)} = {_times(p50, base50)} / "
+            f"{_times(p99, base99)} at {fmt(v.get('lat_rate'), ' calls/s')} (to the outcome's "
+            "delivery in the client)",
+            ok=None if p50_x is None or p99_x is None else p50_x <= 2 and p99_x <= 3,
+            floor=f"As T4 vs B2 ({same}).",
+        ),
+        Target(
+            name="one call on an idle pipeline vs B2r's p50 at 50 records/s (issue 46)",
+            today="—",
+            wanted="≤ 1.5×",
+            baseline=f"B2r lat p50 {fmt(v.get('B2r_lat50_p50'), ' ms', 1)}",
+            measured=f"{fmt(v.get('idle_p50'), ' ms', 1)} = "
+            f"{_times(v.get('idle_p50'), v.get('B2r_lat50_p50'))}",
+            ok=None if idle_x is None else idle_x <= 1.5,
+            floor=f"As the idle row vs B2 ({same}).",
+        ),
+    ]
+
+
 def targets(v: dict[str, Any], found: dict[str, tuple[str, dict[str, Any]]]) -> list[Target]:
     cores = os.cpu_count() or 1
     t1 = ratio(v.get("T1_loop"), v.get("B1"))
@@ -459,6 +515,7 @@ def targets(v: dict[str, Any], found: dict[str, tuple[str, dict[str, Any]]]) -> 
             + ", ".join(f"→ {t} {fmt(ms, ' ms', 1)}" for t, ms in idle_hops.items())
             + ". No CPU floor at idle: the time is the hops' produce, fetch and linger waits.",
         ),
+        *_read_chain_targets(v, cpu),
         _writes_target(
             v,
             "auto_writes",
@@ -688,7 +745,8 @@ def _settings_section(v: dict[str, Any]) -> list[str]:
         "",
         "Latency settings of the baselines and of the pipeline (read from the code that builds "
         "the clients when the run started); the baselines use the pipeline's client factories "
-        "(runtime/clients.py), so linger and fetch wait are alike:",
+        "(runtime/clients.py) and the pipeline's fetch pacing (`prompt_fetches`, since issue 46), so "
+        "linger, fetch wait and fetch pacing are alike:",
         "",
     ]
     if settings:
@@ -738,6 +796,32 @@ def _baselines_section(v: dict[str, Any]) -> list[str]:
             f"p50 {fmt(v.get('B2_lat_p50'), ' ms', 1)}, p99 {fmt(v.get('B2_lat_p99'), ' ms', 1)}, p99.9 {fmt(v.get('B2_lat_p999'), ' ms', 1)}",
             "",
         ],
+        [
+            "B2r",
+            "a read's chain (issue 46): 3 raw hops, the last one GETting each record from the "
+            "fake provider (all of a batch's at once), fetch pacing as the pipeline's",
+            fmt(v.get("B2r"), " rec/s"),
+            fmt(v.get("B2r_cpu_us"), " µs CPU/rec", 1),
+        ],
+        [
+            "B2r-pg",
+            "the same, the last hop doing what the executor does for a batch of reads instead "
+            "(parse, one payments query, one row per record, one commit)",
+            fmt(v.get("B2r_pg"), " rec/s"),
+            fmt(v.get("B2r_pg_cpu_us"), " µs CPU/rec", 1),
+        ],
+        *(
+            [
+                f"B2r lat {name}",
+                f"B2r's latency at {fmt(v.get(f'B2r_lat{name}_rate'))} records/s (send → "
+                "delivered to a consumer after the last hop)",
+                f"p50 {fmt(v.get(f'B2r_lat{name}_p50'), ' ms', 1)}, p99 "
+                f"{fmt(v.get(f'B2r_lat{name}_p99'), ' ms', 1)}, p99.9 "
+                f"{fmt(v.get(f'B2r_lat{name}_p999'), ' ms', 1)}",
+                "",
+            ]
+            for name in ("50", "half")
+        ),
         [
             "B4",
             "redis-py asyncio `SET NX`, one round trip at a time",
