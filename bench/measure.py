@@ -998,7 +998,9 @@ async def _writes(
         await producer.stop()
 
 
-async def join_hop(pipe: Pipeline, rate: float, seconds: float) -> dict[str, Any]:
+async def join_hop(
+    pipe: Pipeline, rate: float, seconds: float, *, key: str = "join"
+) -> dict[str, Any]:
     """The approval-join's own hops (issue 44) at ``rate`` (half the auto-approved capacity,
     whose writes the authorizer commits without the join): refunds that need a human,
     proposed in an open loop and each approved by a bot as soon as its request appears. Per
@@ -1079,13 +1081,14 @@ async def join_hop(pipe: Pipeline, rate: float, seconds: float) -> dict[str, Any
     request = _gaps(stamps[Topic.AUTHORIZED], stamps[Topic.APPROVALS_REQUESTED])
     decision = _gaps(stamps[Topic.APPROVALS_DECIDED], stamps[Topic.COMMITTED])
     return {
-        "join_hop_rate": rate,
-        "join_hop_calls": len(issued),
-        "join_hop_complete": finished,
-        "join_request_p50_ms": percentile(request, 50),
-        "join_request_p99_ms": percentile(request, 99),
-        "join_decision_p50_ms": percentile(decision, 50),
-        "join_decision_p99_ms": percentile(decision, 99),
+        f"{key}_hop_rate": rate,
+        f"{key}_hop_calls": len(issued),
+        f"{key}_hop_complete": finished,
+        f"{key}_request_p50_ms": percentile(request, 50),
+        f"{key}_request_p99_ms": percentile(request, 99),
+        f"{key}_decision_p50_ms": percentile(decision, 50),
+        f"{key}_decision_p99_ms": percentile(decision, 99),
+        f"{key}_load_average": os.getloadavg()[0],
     }
 
 
@@ -1469,6 +1472,12 @@ async def whole_pipeline(report: Measurements, plan: Plan) -> None:
             "approval-join hop at half the auto-approved capacity (bot-approved, open loop)",
             120,
             lambda: join_hop(p, auto / 2, plan.writes_seconds),
+        )
+        # The same at half that rate: how much of the hop is the machine's load.
+        await report.step(
+            "approval-join hop at a quarter of the auto-approved capacity",
+            120,
+            lambda: join_hop(p, auto / 4, plan.writes_seconds, key="join_quarter"),
         )
         await report.step(
             "profiles (py-spy on every worker) under read and approved-write load",

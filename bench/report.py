@@ -351,7 +351,14 @@ def _join_hop_target(v: dict[str, Any]) -> Target:
         f"asked is {_pct(ratio(v.get('join_hop_rate'), v.get('writes')))} of the pipeline's "
         f"bot-approved capacity ({fmt(v.get('writes'), ' calls/s', 1)}, above): every process "
         "competes for the cores, and the hop is mostly waiting for one; the join alone at "
-        'the same rate is in docs/measurements.md ("The approval-join\'s hop").',
+        'the same rate is in docs/measurements.md ("The approval-join\'s hop"). At half that '
+        f"rate ({fmt(v.get('join_quarter_hop_rate'), ' calls/s', 1)}) in the same pipeline: "
+        f"request {fmt(v.get('join_quarter_request_p50_ms'), '')} / "
+        f"{fmt(v.get('join_quarter_request_p99_ms'), ' ms')}, decision "
+        f"{fmt(v.get('join_quarter_decision_p50_ms'), '')} / "
+        f"{fmt(v.get('join_quarter_decision_p99_ms'), ' ms')} (load average "
+        f"{fmt(v.get('join_quarter_load_average'), '', 1)}, against "
+        f"{fmt(v.get('join_load_average'), '', 1)} at the asked rate).",
     )
 
 

@@ -66,6 +66,11 @@ def all_met() -> dict[str, Any]:
         "join_decision_p99_ms": 90.0,
         "B2_lat_p50": 10.0,
         "B2_lat_p99": 25.0,
+        "B2r": 6000.0,  # T2 = 53 % of it
+        "B2r_cpu_us": 140.0,  # 2.9x
+        "B2r_lathalf_p50": 8.0,  # 1.5x
+        "B2r_lathalf_p99": 20.0,  # 2.0x
+        "B2r_lat50_p50": 10.0,  # the idle call 1.4x
         "idle_p50": 14.0,
         "lat_p50": 12.0,
         "lat_p99": 40.0,
@@ -90,7 +95,7 @@ def target_rows(markdown: str) -> list[str]:
     ]
 
 
-def test_the_issue_table_has_its_eleven_targets_with_baselines_and_verdicts() -> None:
+def test_the_issue_table_has_its_fifteen_targets_with_baselines_and_verdicts() -> None:
     md = render(results(all_met()))
     rows = target_rows(md)
     assert [r.split(" | ")[0].removeprefix("| ") for r in rows] == [
@@ -100,6 +105,10 @@ def test_the_issue_table_has_its_eleven_targets_with_baselines_and_verdicts() ->
         "T3 executor with dedup vs without (median of 3 drains; issue 16)",
         "T4 latency at 50 % of T2's load, p50 / p99 vs B2's chain",
         "latency of one call on an idle pipeline (p50, send → outcome in the client)",
+        "T2 read calls end to end vs B2r (issue 46)",
+        "CPU per read call, all ratifier processes, vs B2r's CPU per record (issue 46)",
+        "T4 at half of T2's load vs B2r at half of its load, p50 / p99 (issue 46)",
+        "one call on an idle pipeline vs B2r's p50 at 50 records/s (issue 46)",
         "auto-approved writes (no human, provider), closed loop",
         "approved writes (bot approver, provider), closed loop",
         "approval-join hop at half the auto-approved capacity (bot-approved writes, open "
@@ -114,10 +123,14 @@ def test_the_issue_table_has_its_eleven_targets_with_baselines_and_verdicts() ->
     assert f"400 µs = 3.6{x}" in rows[2]
     assert f"12.0 / 40.0 ms = 1.2{x} / 1.6{x}" in rows[4]
     assert f"14.0 ms = 1.4{x}" in rows[5]
-    assert "B5g 1,500 cmd/s" in rows[6] and "= 47 %" in rows[6]
-    assert "= 27 %" in rows[7]
-    assert "request 12 / 40 ms, decision 20 / 90 ms at 350.0 calls/s" in rows[8]
-    assert f"60 ms = 3.0{x}" in rows[9]
+    assert "B2r 6,000 rec/s" in rows[6] and "3,200 calls/s = 53 %" in rows[6]
+    assert f"400 µs = 2.9{x}" in rows[7]
+    assert f"12.0 / 40.0 ms = 1.5{x} / 2.0{x}" in rows[8]
+    assert f"14.0 ms = 1.4{x}" in rows[9]
+    assert "B5g 1,500 cmd/s" in rows[10] and "= 47 %" in rows[10]
+    assert "= 27 %" in rows[11]
+    assert "request 12 / 40 ms, decision 20 / 90 ms at 350.0 calls/s" in rows[12]
+    assert f"60 ms = 3.0{x}" in rows[13]
     assert "Every target is met." in md
     assert "| B1 relay | linger_ms=2 | fetch_max_wait_ms=500 | 100 ms |" in md
 
@@ -183,7 +196,7 @@ def test_rss_over_the_limit_or_growing_is_not_met() -> None:
 def test_a_run_that_measured_nothing_renders_dashes() -> None:
     md = render(results({}))
     rows = target_rows(md)
-    assert len(rows) == 11
+    assert len(rows) == 15
     assert all(r.endswith("| — |") for r in rows)
     assert "No profile was recorded" in md
 
