@@ -159,8 +159,10 @@ def environment(
     env["PYTHONPATH"] = os.pathsep.join(paths)
     plugins = [p for p in env.get("PYTEST_PLUGINS", "").split(",") if p]
     env["PYTEST_PLUGINS"] = ",".join([GUARD_MODULE, *plugins])
-    # A command's `python`, `pytest`, `ratifier` are .venv's (the clone has no .venv).
+    # A command's `python`, `pytest`, `ratifier` are .venv's (the clone has no .venv), and so
+    # is the interpreter of the deploy scripts that take one (deploy/partitions/cluster: PY).
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env["PY"] = sys.executable
     env.setdefault("RATIFIER_DEVELOPMENT_MODE", "true")
     env[guard.ROOT_ENV] = str(clone)
     env[guard.FILE_ENV] = str(guard_file)
