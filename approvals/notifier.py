@@ -53,7 +53,7 @@ from runtime.clients import (
     pg_pool,
 )
 from runtime.health import Health
-from runtime.loop import ConsumerLoop, Handled
+from runtime.loop import ConsumerLoop, Handled, consumer_loop
 from runtime.retry import Stopped, pause, retrying
 from runtime.shell import ServiceShell, ShellWorker, StartupHook, run_until
 from runtime.startup import DEPENDENCY_ERRORS, KafkaClients, open_pool
@@ -420,7 +420,7 @@ class Notifier(ShellWorker):
         """The shell's main: the consumer loop until ``stop`` is set."""
         settings = self._settings
         assert self._kafka.consumer is not None
-        loop = self._loop = ConsumerLoop(
+        loop = self._loop = consumer_loop(
             settings,
             self._kafka.consumer,
             self._kafka.producer,

@@ -32,7 +32,7 @@ from config.settings import Settings
 from runtime.clients import database_conninfo, kafka_consumer, pg_pool
 from runtime.health import Health
 from runtime.identity import context_keys, verify_context_token
-from runtime.loop import ConsumerLoop, Handled
+from runtime.loop import ConsumerLoop, Handled, consumer_loop
 from runtime.shell import UNAVAILABLE, ServiceShell, ShellWorker, StartupHook, run_until
 from runtime.startup import open_pool
 from schemas.envelopes import Actor
@@ -194,7 +194,7 @@ class AuditSink(ShellWorker):
         assert self._pool is not None
         assert self._consumer is not None
         group = settings.group(AUDIT_SINK_GROUP)
-        loop = self._loop = ConsumerLoop(
+        loop = self._loop = consumer_loop(
             settings,
             self._consumer,
             None,

@@ -33,7 +33,7 @@ from runtime.bulk import BulkRecords
 from runtime.clients import kafka_producer, redis_client
 from runtime.heap import YOUNG_OBJECTS
 from runtime.identity import context_keys, issue_context_token
-from runtime.loop import ConsumerLoop
+from runtime.loop import consumer_loop
 from streams.admission import Admission
 from streams.limiter import FleetLimiter
 from streams.stateless import PRODUCER_BATCH_BYTES, validator_handler
@@ -149,7 +149,7 @@ async def refused_and_published(settings: Settings, n: int) -> float:
     await producer.start()
     await refusals.start()
     try:
-        loop = ConsumerLoop(
+        loop = consumer_loop(
             settings,
             None,  # process() reads nothing
             producer,

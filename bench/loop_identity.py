@@ -19,7 +19,7 @@ from typing import cast
 from config.settings import Settings
 from runtime.clients import kafka_consumer, kafka_producer
 from runtime.emit import Emit
-from runtime.loop import BatchHandler, Consumed, ConsumerLoop, Handled, text_key
+from runtime.loop import BatchHandler, Consumed, Handled, consumer_loop, text_key
 from schemas.envelopes import Record
 from schemas.names import Topic
 from streams.stateless import BATCH_MAX
@@ -64,7 +64,7 @@ async def run(source: Topic, target: Topic, group: str) -> None:
         settings, settings.topic(source), group=group, max_poll_records=BATCH_MAX
     )
     producer = kafka_producer(settings)
-    loop = ConsumerLoop(
+    loop = consumer_loop(
         settings,
         consumer,
         producer,

@@ -60,7 +60,7 @@ from runtime.clients import (
     pg_pool,
 )
 from runtime.health import Health
-from runtime.loop import ConsumerLoop, Handled
+from runtime.loop import Handled, consumer_loop
 from runtime.shell import ServiceShell, ShellWorker, StartupHook, run_until
 from runtime.startup import DEPENDENCY_ERRORS, KafkaClients, open_pool
 from schemas.envelopes import Stage
@@ -211,7 +211,7 @@ class ReconcilerService(ShellWorker):
         """The shell's main: the consumer loop until ``stop`` is set."""
         settings = self._settings
         assert self._kafka.consumer is not None
-        loop = ConsumerLoop(
+        loop = consumer_loop(
             settings,
             self._kafka.consumer,
             self._kafka.producer,

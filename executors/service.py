@@ -51,7 +51,7 @@ from runtime.clients import (
 from runtime.emit import Emit
 from runtime.health import Health
 from runtime.heap import settle_heap
-from runtime.loop import ConsumerLoop, Handled, by_key
+from runtime.loop import ConsumerLoop, Handled, by_key, consumer_loop
 from runtime.retry import Stopped, retrying
 from runtime.shell import ServiceShell, StartupHook, run_until
 from runtime.startup import DEPENDENCY_ERRORS, open_pool
@@ -516,7 +516,7 @@ class ExecutorService:
             breakers=breakers,
         )
         handle = partial(self._handle_batch, executor=executor, reads=reads, pool=pool)
-        self._loop = ConsumerLoop(
+        self._loop = consumer_loop(
             settings,
             consumer,
             producer,

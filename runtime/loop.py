@@ -24,28 +24,30 @@ Guarantees (the services' delivery guarantees rest on them):
 - One hop per record (:mod:`runtime.hop`): its metric and span, and the ``traceparent`` its
   records are published with.
 
-- Independent partitions (``partition_records``, the stateless stages): each assigned
-  partition has at most one batch in flight, handled, published and committed on its own, and
-  every idle partition is offered a batch of at most ``partition_records`` records in turn, so
-  a partition with a backlog (one tenant's flood on its lanes) never delays another
-  partition's records. Within a partition records stay in order, and the guarantees above
-  hold per partition; the acknowledged offsets of all partitions are committed together
-  every ``COMMIT_EVERY_SECONDS`` (and when the loop stops), not once per batch.
+- Independent partitions (:class:`PartitionLoop`, ``partition_records``; the admission
+  bench): each assigned partition has at most one batch in flight, handled, published and
+  committed on its own, and every idle partition is offered a batch of at most
+  ``partition_records`` records in turn, so a partition with a backlog (one tenant's flood
+  on its lanes) never delays another partition's records. Within a partition records stay in
+  order, and the guarantees above hold per partition; the acknowledged offsets of all
+  partitions are committed together every ``COMMIT_EVERY_SECONDS`` (and when the loop
+  stops), not once per batch.
 
-- Lanes (``lane``, the executor: a record's tenant): the loop keeps polling while batches are
-  handled, and each lane has at most one batch in flight, handled, published and acknowledged
-  on its own, its next records queued meanwhile; a lane's batch of many records gives way to
-  other lanes' few at its yield points (runtime/turns.py). So one tenant's burst, however its
-  records spread over the partitions, never holds another tenant's record until it is done.
-  Within a lane records stay in order (one operation's records share a lane). A partition's
-  offset moves to its first record not yet acknowledged, for all partitions together every
+- Lanes (:class:`LaneLoop`, ``lane``; the stateless stages and the executor: a record's
+  tenant): the loop keeps polling while batches are handled, and each lane has at most one
+  batch in flight, handled, published and acknowledged on its own, its next records queued
+  meanwhile; a lane's batch of many records gives way to other lanes' few at its yield
+  points (runtime/turns.py). So one tenant's burst, however its records spread over the
+  partitions, never holds another tenant's record until it is done. Within a lane records
+  stay in order (one operation's records share a lane). A partition's offset moves to its
+  first record not yet acknowledged, for all partitions together every
   ``COMMIT_EVERY_SECONDS`` (and when the loop stops); at most ``LANES_QUEUED_BATCHES`` poll
   batches' worth of records wait in the process.
 
-A consumer of wake-up records whose work is elsewhere (the reconciler: the durable schedule
-is the ledger) fits too: its handler acknowledges the records (``Handled(observe=False)``),
-and ``tick`` runs its due work after each poll; what ``tick`` returns is published with the
-same isolation.
+One batch at a time (:class:`BatchLoop`) is the default mode. A consumer of wake-up records
+whose work is elsewhere (the reconciler: the durable schedule is the ledger) fits too: its
+handler acknowledges the records (``Handled(observe=False)``), and ``tick`` runs its due
+work after each poll; what ``tick`` returns is published with the same isolation.
 """
 
 from __future__ import annotations
@@ -322,9 +324,12 @@ class _Outstanding:
 
 
 class ConsumerLoop:
-    """The loop of one service. ``stage`` names its hops (metrics, spans); ``answers`` is
-    the stage of the typed outcomes its failures get (None: no outcome, a dead letter only);
-    ``retry_on`` are the handler's transient errors."""
+    """What every mode of the loop shares (the module's docstring): handling, isolated
+    publishing, commits. ``stage`` names its hops (metrics, spans); ``answers`` is the stage of
+    the typed outcomes its failures get (None: no outcome, a dead letter only); ``retry_on``
+    are the handler's transient errors. A mode is a subclass (:class:`BatchLoop`,
+    :class:`PartitionLoop`, :class:`LaneLoop`) that :func:`consumer_loop` picks by its
+    arguments."""
 
     def __init__(
         self,
@@ -339,23 +344,12 @@ class ConsumerLoop:
         answers: Stage | None = None,
         retry_on: tuple[type[BaseException], ...] = (StorageUnavailable,),
         before_commit: Callable[[], None] | None = None,
-        after_publish: Callable[[], Awaitable[None]] | None = None,
-        tick: Tick | None = None,
         poll_ms: int = 200,
         max_records: int = 200,
         health: Health | None = None,
-        partition_records: int | None = None,
         batched_sends: bool = False,
         bulk_producer: AIOKafkaProducer | None = None,
-        lane: Callable[[Consumed], Hashable] | None = None,
-        lane_records: int | None = None,
     ) -> None:
-        if partition_records is not None and (tick is not None or partition_records < 1):
-            raise ValueError("independent partitions take no tick and at least one record")
-        if lane is not None and (tick is not None or partition_records is not None):
-            raise ValueError("lanes take no tick and are not independent partitions")
-        if after_publish is not None and (lane is not None or partition_records is not None):
-            raise ValueError("after_publish is the one-batch-at-a-time loop's")
         # Batched sends partition records as the producer would, so only with its default
         # partitioner (runtime/clients.py's producers): the same key lands where it always did.
         self._partitioner: Any = getattr(producer, "_partitioner", None)
@@ -370,17 +364,9 @@ class ConsumerLoop:
         self._answers = answers
         self._retry_on = retry_on
         self._before_commit = before_commit
-        self._after_publish = after_publish
-        self._tick = tick
         self._poll_ms = poll_ms
         self._max_records = max_records
         self._health = health
-        self._partition_records = partition_records
-        self._lane = lane
-        # Lanes: a lane's batch holds at most this many records (polls: ``max_records``).
-        self._lane_records = lane_records or max_records
-        # Independent partitions: offsets acknowledged and not yet committed.
-        self._acked: dict[TopicPartition, int] = {}
         self.stopping = asyncio.Event()
         replies = (
             ReplySender(
@@ -428,41 +414,15 @@ class ConsumerLoop:
         self.stopping.set()
 
     async def run(self) -> None:
-        """Poll, handle, publish, commit until stopped. The consumer and producer are the
-        caller's (started before, stopped after)."""
+        """Poll, handle, publish, commit until stopped (the mode's :meth:`_drive`). The
+        consumer and producer are the caller's (started before, stopped after)."""
         prompt_fetches(self._consumer)
-        if self._partition_records is not None:
-            await self._run_partitions(self._partition_records)
-            return
-        if self._lane is not None:
-            await self._run_lanes(self._lane)
-            return
-        lag_due = 0.0
         if self._health is not None:
             self._health.running()
-        while not self.stopping.is_set():
-            batches = await self._consumer.getmany(
-                timeout_ms=self._poll_ms, max_records=self._max_records
-            )
-            lag_due = await self._polled(lag_due)
-            try:
-                if batches:
-                    records = [r for recs in batches.values() for r in recs]
-                    await self.process(records)
-                    if self._after_publish is not None:
-                        await self._retrying(self._after_publish)
-                    if self._before_commit is not None:
-                        self._before_commit()
-                    await self._commit(batches)
-                    self.processed += len(records)
-                if self._tick is not None:
-                    ticked = await self._retrying(self._tick)
-                    await self.publish([(None, h) for h in ticked], time.time_ns())
-                    if ticked and self._after_publish is not None:
-                        await self._retrying(self._after_publish)
-            except Stopped:
-                log.info("%s: stopped while waiting; the batch is not committed", self._stage)
-                return
+        await self._drive()
+
+    async def _drive(self) -> None:
+        raise NotImplementedError
 
     async def _polled(self, lag_due: float) -> float:
         """After each poll: the liveness beat, and the lag metric when due (its next due)."""
@@ -474,172 +434,6 @@ class ConsumerLoop:
         if self._health is not None:
             await self._health.observe(self._consumer)
         return time.monotonic() + LAG_REFRESH_SECONDS
-
-    async def _run_partitions(self, most: int) -> None:
-        """The loop with independent partitions (the module's docstring)."""
-        lag_due = commit_due = 0.0
-        if self._health is not None:
-            self._health.running()
-        busy: dict[TopicPartition, asyncio.Task[None]] = {}
-        try:
-            while not self.stopping.is_set():
-                _reap(busy)
-                if self._acked and time.monotonic() >= commit_due:
-                    commit_due = time.monotonic() + COMMIT_EVERY_SECONDS
-                    await self._commit_acked()
-                batches = await self._poll_idle(busy, most)
-                lag_due = await self._polled(lag_due)
-                for tp, records in batches.items():
-                    if records:
-                        busy[tp] = asyncio.create_task(self._partition_batch(tp, records))
-        finally:
-            # Stopping: the batches in flight finish (or stop while waiting), and what they
-            # had acknowledged is committed.
-            await asyncio.gather(*busy.values(), return_exceptions=True)
-            await self._commit_acked()
-
-    async def _run_lanes(self, lane: Callable[[Consumed], Hashable]) -> None:
-        """The loop with lanes (the module's docstring)."""
-        lag_due = commit_due = 0.0
-        if self._health is not None:
-            self._health.running()
-        busy: dict[Hashable, asyncio.Task[None]] = {}
-        queued: dict[Hashable, list[Consumed]] = {}
-        offsets = _Outstanding()
-        most = self._max_records
-        try:
-            while not self.stopping.is_set():
-                _reap(busy)
-                revoked = offsets.keep(self._consumer.assignment())
-                if revoked:
-                    # Their new owner redelivers them (handlers are idempotent).
-                    for key in list(queued):
-                        queued[key] = [r for r in queued[key] if _tp(r) not in revoked]
-                        if not queued[key]:
-                            del queued[key]
-                for key in [key for key in queued if key not in busy]:
-                    records = queued.pop(key)
-                    backlog = len(records)  # a lane's backlog is bulk, however it is sliced
-                    if len(records) > self._lane_records:
-                        cut = self._lane_records
-                        records, queued[key] = records[:cut], records[cut:]
-                    busy[key] = asyncio.create_task(self._lane_batch(records, offsets, backlog))
-                if time.monotonic() >= commit_due:
-                    commit_due = time.monotonic() + COMMIT_EVERY_SECONDS
-                    await self._commit_offsets(offsets.committable())
-                if busy and offsets.open >= most * LANES_QUEUED_BATCHES:
-                    # Enough waits here: the broker keeps the rest until a lane's batch ends.
-                    await asyncio.wait(
-                        busy.values(),
-                        timeout=self._poll_ms / 1000,
-                        return_when=asyncio.FIRST_COMPLETED,
-                    )
-                    lag_due = await self._polled(lag_due)  # alive, though not polling
-                    continue
-                polled = await self._poll_while(busy, most)
-                lag_due = await self._polled(lag_due)
-                for tp, records in polled.items():
-                    offsets.polled(tp, records)
-                    for record in records:
-                        queued.setdefault(lane(record), []).append(record)
-        finally:
-            # Stopping: the batches in flight finish (or stop while waiting), and what they
-            # had acknowledged is committed.
-            await asyncio.gather(*busy.values(), return_exceptions=True)
-            await self._commit_offsets(offsets.committable())
-
-    async def _poll_while(
-        self, busy: dict[Hashable, asyncio.Task[None]], most: int
-    ) -> dict[TopicPartition, list[Consumed]]:
-        """Fetched records (at most ``most``): waited for, or, while batches are in flight,
-        until one of them ends (its lane's queued records are then started without waiting out
-        a poll)."""
-        poll = asyncio.ensure_future(
-            self._consumer.getmany(timeout_ms=self._poll_ms, max_records=most)
-        )
-        if busy:
-            await asyncio.wait({poll, *busy.values()}, return_when=asyncio.FIRST_COMPLETED)
-            if not poll.done():
-                # It is still waiting, so it drained nothing: cancelling it loses no record.
-                poll.cancel()
-                await asyncio.wait({poll})
-            if poll.cancelled():
-                return {}
-        polled: dict[TopicPartition, list[Consumed]] = await poll
-        return polled
-
-    async def _lane_batch(
-        self, records: list[Consumed], offsets: _Outstanding, backlog: int
-    ) -> None:
-        """One lane's batch (a slice of its ``backlog``): handled, published and
-        acknowledged; its partitions' offsets then move with the loop's next commit."""
-        try:
-            with batch_of(backlog):  # a burst gives way to other lanes' few records
-                await self.process(records)
-            if self._before_commit is not None:
-                self._before_commit()
-            offsets.acknowledged(records)
-            self.processed += len(records)
-        except Stopped:
-            log.info("%s: stopped while waiting; a lane's batch is not committed", self._stage)
-
-    async def _commit_acked(self) -> None:
-        """Commit the acknowledged batches' offsets (one request for every partition)."""
-        acked, self._acked = self._acked, {}
-        await self._commit_offsets(acked)
-
-    async def _poll_idle(
-        self, busy: dict[TopicPartition, asyncio.Task[None]], most: int
-    ) -> dict[TopicPartition, list[Consumed]]:
-        """At most ``most`` fetched records of each assigned partition without a batch in
-        flight; when none has any, wait for records, or for a batch in flight to end (its
-        partition's next records are then offered without waiting out a poll)."""
-        idle = [tp for tp in sorted(self._consumer.assignment()) if tp not in busy]
-        got: dict[TopicPartition, list[Consumed]] = {}
-        for tp in idle:
-            try:
-                fetched = await self._consumer.getmany(tp, timeout_ms=0, max_records=most)
-            except IllegalStateError:  # revoked meanwhile
-                continue
-            if fetched.get(tp):
-                got[tp] = fetched[tp]
-        if got:
-            return got
-        if not busy:  # also before the first assignment: getmany waits for it
-            polled: dict[TopicPartition, list[Consumed]] = await self._consumer.getmany(
-                timeout_ms=self._poll_ms, max_records=most
-            )
-            return polled
-        if not idle:
-            await asyncio.wait(
-                busy.values(), timeout=self._poll_ms / 1000, return_when=asyncio.FIRST_COMPLETED
-            )
-            return {}
-        poll = asyncio.ensure_future(
-            self._consumer.getmany(*idle, timeout_ms=self._poll_ms, max_records=most)
-        )
-        await asyncio.wait({poll, *busy.values()}, return_when=asyncio.FIRST_COMPLETED)
-        if not poll.done():
-            # It is still waiting, so it drained nothing: cancelling it loses no record.
-            poll.cancel()
-            await asyncio.wait({poll})
-        if poll.cancelled() or isinstance(poll.exception(), IllegalStateError):
-            return {}
-        polled = poll.result()
-        return polled
-
-    async def _partition_batch(self, tp: TopicPartition, records: list[Consumed]) -> None:
-        """One partition's batch: handled, published and acknowledged; its offset is then
-        committed with the others' at the loop's next commit (while still assigned)."""
-        try:
-            with batch_of(len(records)):  # a backlog gives way to other lanes' few records
-                await self.process(records)
-            if self._before_commit is not None:
-                self._before_commit()
-            self._acked[tp] = records[-1].offset + 1
-            self.processed += len(records)
-        except Stopped:
-            log.info("%s: stopped while waiting; %s's batch is not committed", self._stage, tp)
 
     async def process(self, records: Sequence[Consumed]) -> None:
         """Handle ``records`` and publish what they produced, each record isolated from the
@@ -850,15 +644,6 @@ class ConsumerLoop:
                     taken.append(ack)
         return acks
 
-    async def _commit(self, batches: dict[TopicPartition, list[Consumed]]) -> None:
-        await self._commit_offsets(
-            {
-                TopicPartition(tp.topic, tp.partition): recs[-1].offset + 1
-                for tp, recs in batches.items()
-                if recs
-            }
-        )
-
     async def _commit_offsets(self, offsets: dict[TopicPartition, int]) -> None:
         """Commit ``offsets`` of the partitions still assigned."""
         assigned = self._consumer.assignment()
@@ -870,3 +655,296 @@ class ConsumerLoop:
             # A rebalance took these partitions away; their new owner redelivers them, and
             # the handlers are idempotent.
             log.warning("%s: offset commit failed after a rebalance; redelivered", self._stage)
+
+
+class BatchLoop(ConsumerLoop):
+    """One batch at a time (the approval-join, the reconciler, the audit sink, the approval
+    notifier): ``after_publish`` (async) runs once everything published is acknowledged, for
+    a batch and for what ``tick`` returned; ``tick`` runs after each poll."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        consumer: AIOKafkaConsumer,
+        producer: AIOKafkaProducer | None,
+        *,
+        after_publish: Callable[[], Awaitable[None]] | None = None,
+        tick: Tick | None = None,
+        **common: Any,
+    ) -> None:
+        super().__init__(settings, consumer, producer, **common)
+        self._after_publish = after_publish
+        self._tick = tick
+
+    async def _drive(self) -> None:
+        """One batch at a time: poll, handle, publish, (``after_publish``), commit; then
+        ``tick``."""
+        lag_due = 0.0
+        while not self.stopping.is_set():
+            batches = await self._consumer.getmany(
+                timeout_ms=self._poll_ms, max_records=self._max_records
+            )
+            lag_due = await self._polled(lag_due)
+            try:
+                if batches:
+                    records = [r for recs in batches.values() for r in recs]
+                    await self.process(records)
+                    if self._after_publish is not None:
+                        await self._retrying(self._after_publish)
+                    if self._before_commit is not None:
+                        self._before_commit()
+                    await self._commit(batches)
+                    self.processed += len(records)
+                if self._tick is not None:
+                    ticked = await self._retrying(self._tick)
+                    await self.publish([(None, h) for h in ticked], time.time_ns())
+                    if ticked and self._after_publish is not None:
+                        await self._retrying(self._after_publish)
+            except Stopped:
+                log.info("%s: stopped while waiting; the batch is not committed", self._stage)
+                return
+
+    async def _commit(self, batches: dict[TopicPartition, list[Consumed]]) -> None:
+        await self._commit_offsets(
+            {
+                TopicPartition(tp.topic, tp.partition): recs[-1].offset + 1
+                for tp, recs in batches.items()
+                if recs
+            }
+        )
+
+
+class PartitionLoop(ConsumerLoop):
+    """Independent partitions (the module's docstring): at most ``partition_records`` records
+    of a partition in one batch, one batch per partition in flight."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        consumer: AIOKafkaConsumer,
+        producer: AIOKafkaProducer | None,
+        *,
+        partition_records: int,
+        **common: Any,
+    ) -> None:
+        if partition_records < 1:
+            raise ValueError("independent partitions take at least one record")
+        super().__init__(settings, consumer, producer, **common)
+        self._partition_records = partition_records
+        # Offsets acknowledged and not yet committed.
+        self._acked: dict[TopicPartition, int] = {}
+
+    async def _drive(self) -> None:
+        """The loop with independent partitions (the module's docstring)."""
+        most = self._partition_records
+        lag_due = commit_due = 0.0
+        busy: dict[TopicPartition, asyncio.Task[None]] = {}
+        try:
+            while not self.stopping.is_set():
+                _reap(busy)
+                if self._acked and time.monotonic() >= commit_due:
+                    commit_due = time.monotonic() + COMMIT_EVERY_SECONDS
+                    await self._commit_acked()
+                batches = await self._poll_idle(busy, most)
+                lag_due = await self._polled(lag_due)
+                for tp, records in batches.items():
+                    if records:
+                        busy[tp] = asyncio.create_task(self._partition_batch(tp, records))
+        finally:
+            # Stopping: the batches in flight finish (or stop while waiting), and what they
+            # had acknowledged is committed.
+            await asyncio.gather(*busy.values(), return_exceptions=True)
+            await self._commit_acked()
+
+    async def _commit_acked(self) -> None:
+        """Commit the acknowledged batches' offsets (one request for every partition)."""
+        acked, self._acked = self._acked, {}
+        await self._commit_offsets(acked)
+
+    async def _poll_idle(
+        self, busy: dict[TopicPartition, asyncio.Task[None]], most: int
+    ) -> dict[TopicPartition, list[Consumed]]:
+        """At most ``most`` fetched records of each assigned partition without a batch in
+        flight; when none has any, wait for records, or for a batch in flight to end (its
+        partition's next records are then offered without waiting out a poll)."""
+        idle = [tp for tp in sorted(self._consumer.assignment()) if tp not in busy]
+        got: dict[TopicPartition, list[Consumed]] = {}
+        for tp in idle:
+            try:
+                fetched = await self._consumer.getmany(tp, timeout_ms=0, max_records=most)
+            except IllegalStateError:  # revoked meanwhile
+                continue
+            if fetched.get(tp):
+                got[tp] = fetched[tp]
+        if got:
+            return got
+        if not busy:  # also before the first assignment: getmany waits for it
+            polled: dict[TopicPartition, list[Consumed]] = await self._consumer.getmany(
+                timeout_ms=self._poll_ms, max_records=most
+            )
+            return polled
+        if not idle:
+            await asyncio.wait(
+                busy.values(), timeout=self._poll_ms / 1000, return_when=asyncio.FIRST_COMPLETED
+            )
+            return {}
+        poll = asyncio.ensure_future(
+            self._consumer.getmany(*idle, timeout_ms=self._poll_ms, max_records=most)
+        )
+        await asyncio.wait({poll, *busy.values()}, return_when=asyncio.FIRST_COMPLETED)
+        if not poll.done():
+            # It is still waiting, so it drained nothing: cancelling it loses no record.
+            poll.cancel()
+            await asyncio.wait({poll})
+        if poll.cancelled() or isinstance(poll.exception(), IllegalStateError):
+            return {}
+        polled = poll.result()
+        return polled
+
+    async def _partition_batch(self, tp: TopicPartition, records: list[Consumed]) -> None:
+        """One partition's batch: handled, published and acknowledged; its offset is then
+        committed with the others' at the loop's next commit (while still assigned)."""
+        try:
+            with batch_of(len(records)):  # a backlog gives way to other lanes' few records
+                await self.process(records)
+            if self._before_commit is not None:
+                self._before_commit()
+            self._acked[tp] = records[-1].offset + 1
+            self.processed += len(records)
+        except Stopped:
+            log.info("%s: stopped while waiting; %s's batch is not committed", self._stage, tp)
+
+
+class LaneLoop(ConsumerLoop):
+    """Lanes (the module's docstring): records in lanes of ``lane(record)``, a lane's batch
+    at most ``lane_records`` records (default: ``max_records``)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        consumer: AIOKafkaConsumer,
+        producer: AIOKafkaProducer | None,
+        *,
+        lane: Callable[[Consumed], Hashable],
+        lane_records: int | None = None,
+        **common: Any,
+    ) -> None:
+        super().__init__(settings, consumer, producer, **common)
+        self._lane = lane
+        self._lane_records = lane_records or self._max_records
+
+    async def _drive(self) -> None:
+        """The loop with lanes (the module's docstring)."""
+        lane = self._lane
+        lag_due = commit_due = 0.0
+        busy: dict[Hashable, asyncio.Task[None]] = {}
+        queued: dict[Hashable, list[Consumed]] = {}
+        offsets = _Outstanding()
+        most = self._max_records
+        try:
+            while not self.stopping.is_set():
+                _reap(busy)
+                revoked = offsets.keep(self._consumer.assignment())
+                if revoked:
+                    # Their new owner redelivers them (handlers are idempotent).
+                    for key in list(queued):
+                        queued[key] = [r for r in queued[key] if _tp(r) not in revoked]
+                        if not queued[key]:
+                            del queued[key]
+                for key in [key for key in queued if key not in busy]:
+                    records = queued.pop(key)
+                    backlog = len(records)  # a lane's backlog is bulk, however it is sliced
+                    if len(records) > self._lane_records:
+                        cut = self._lane_records
+                        records, queued[key] = records[:cut], records[cut:]
+                    busy[key] = asyncio.create_task(self._lane_batch(records, offsets, backlog))
+                if time.monotonic() >= commit_due:
+                    commit_due = time.monotonic() + COMMIT_EVERY_SECONDS
+                    await self._commit_offsets(offsets.committable())
+                if busy and offsets.open >= most * LANES_QUEUED_BATCHES:
+                    # Enough waits here: the broker keeps the rest until a lane's batch ends.
+                    await asyncio.wait(
+                        busy.values(),
+                        timeout=self._poll_ms / 1000,
+                        return_when=asyncio.FIRST_COMPLETED,
+                    )
+                    lag_due = await self._polled(lag_due)  # alive, though not polling
+                    continue
+                polled = await self._poll_while(busy, most)
+                lag_due = await self._polled(lag_due)
+                for tp, records in polled.items():
+                    offsets.polled(tp, records)
+                    for record in records:
+                        queued.setdefault(lane(record), []).append(record)
+        finally:
+            # Stopping: the batches in flight finish (or stop while waiting), and what they
+            # had acknowledged is committed.
+            await asyncio.gather(*busy.values(), return_exceptions=True)
+            await self._commit_offsets(offsets.committable())
+
+    async def _poll_while(
+        self, busy: dict[Hashable, asyncio.Task[None]], most: int
+    ) -> dict[TopicPartition, list[Consumed]]:
+        """Fetched records (at most ``most``): waited for, or, while batches are in flight,
+        until one of them ends (its lane's queued records are then started without waiting out
+        a poll)."""
+        poll = asyncio.ensure_future(
+            self._consumer.getmany(timeout_ms=self._poll_ms, max_records=most)
+        )
+        if busy:
+            await asyncio.wait({poll, *busy.values()}, return_when=asyncio.FIRST_COMPLETED)
+            if not poll.done():
+                # It is still waiting, so it drained nothing: cancelling it loses no record.
+                poll.cancel()
+                await asyncio.wait({poll})
+            if poll.cancelled():
+                return {}
+        polled: dict[TopicPartition, list[Consumed]] = await poll
+        return polled
+
+    async def _lane_batch(
+        self, records: list[Consumed], offsets: _Outstanding, backlog: int
+    ) -> None:
+        """One lane's batch (a slice of its ``backlog``): handled, published and
+        acknowledged; its partitions' offsets then move with the loop's next commit."""
+        try:
+            with batch_of(backlog):  # a burst gives way to other lanes' few records
+                await self.process(records)
+            if self._before_commit is not None:
+                self._before_commit()
+            offsets.acknowledged(records)
+            self.processed += len(records)
+        except Stopped:
+            log.info("%s: stopped while waiting; a lane's batch is not committed", self._stage)
+
+
+def consumer_loop(
+    settings: Settings,
+    consumer: AIOKafkaConsumer,
+    producer: AIOKafkaProducer | None,
+    *,
+    lane: Callable[[Consumed], Hashable] | None = None,
+    lane_records: int | None = None,
+    partition_records: int | None = None,
+    after_publish: Callable[[], Awaitable[None]] | None = None,
+    tick: Tick | None = None,
+    **common: Any,
+) -> ConsumerLoop:
+    """The loop of the mode its arguments ask for: lanes (``lane``), independent partitions
+    (``partition_records``), else one batch at a time (``after_publish``, ``tick``). The other
+    arguments are :class:`ConsumerLoop`'s."""
+    if lane is not None:
+        if partition_records is not None or tick is not None or after_publish is not None:
+            raise ValueError("lanes take no tick, no after_publish and no partition_records")
+        return LaneLoop(
+            settings, consumer, producer, lane=lane, lane_records=lane_records, **common
+        )
+    if lane_records is not None:
+        raise ValueError("lane_records without a lane")
+    if partition_records is not None:
+        if tick is not None or after_publish is not None:
+            raise ValueError("independent partitions take no tick and no after_publish")
+        return PartitionLoop(
+            settings, consumer, producer, partition_records=partition_records, **common
+        )
+    return BatchLoop(settings, consumer, producer, after_publish=after_publish, tick=tick, **common)

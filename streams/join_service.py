@@ -38,7 +38,7 @@ from runtime.clients import database_conninfo, pg_pool
 from runtime.crash_points import NO_CRASH_POINTS, CrashPoint, CrashPoints
 from runtime.health import Health
 from runtime.hop import record_emits_hop
-from runtime.loop import ConsumerLoop, Handled, call_id_in, position_of, text_key
+from runtime.loop import ConsumerLoop, Handled, call_id_in, consumer_loop, position_of, text_key
 from runtime.shell import ServiceShell, ShellWorker, StartupHook, run_until
 from runtime.startup import DEPENDENCY_ERRORS, KafkaClients, open_pool
 from runtime.supervision import SideTask
@@ -540,7 +540,7 @@ class JoinService(ShellWorker):
         """The shell's main: the consumer loop until ``stop`` is set."""
         settings = self._settings
         assert self._kafka.consumer is not None
-        self.loop = ConsumerLoop(
+        self.loop = consumer_loop(
             settings,
             self._kafka.consumer,
             self._kafka.producer,

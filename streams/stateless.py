@@ -45,6 +45,7 @@ from runtime.loop import (
     Consumed,
     ConsumerLoop,
     Handled,
+    consumer_loop,
     position_of,
     text_key,
     traceparent_in,
@@ -464,7 +465,7 @@ class StatelessStages:
             )
             consumers.append(consumer)
             self._loops.append(
-                ConsumerLoop(
+                consumer_loop(
                     settings,
                     consumer,
                     producer,

@@ -19,7 +19,7 @@ from config.settings import Settings
 from executors.reconciliation import WaitingCall, readdressed, waiting_calls
 from ratifier_client.client import RatifierClient
 from runtime.emit import Emit
-from runtime.loop import ConsumerLoop, Handled, failed, reply_to_in
+from runtime.loop import ConsumerLoop, Handled, consumer_loop, failed, reply_to_in
 from runtime.replies import ReplySender, reply_copies
 from schemas.envelopes import (
     ApprovalRequest,
@@ -251,7 +251,7 @@ async def test_the_loop_publishes_reply_copies_and_skips_an_unreachable_reply_to
     mine = ReplyAddress(topic="u.replies.agent-7", partition=0)
     producer = Producer(refuse_topic=unreachable.topic)
     holder: list[ConsumerLoop] = []
-    loop = ConsumerLoop(
+    loop = consumer_loop(
         settings,
         Consumer(holder),
         producer,

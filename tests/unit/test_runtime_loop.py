@@ -18,7 +18,17 @@ from aiokafka.errors import CommitFailedError, KafkaConnectionError, MessageSize
 from config.settings import Settings
 from runtime.emit import Emit
 from runtime.health import Health
-from runtime.loop import ConsumerLoop, Handled, by_key, call_id_in, failed
+from runtime.loop import (
+    BatchLoop,
+    ConsumerLoop,
+    Handled,
+    LaneLoop,
+    PartitionLoop,
+    by_key,
+    call_id_in,
+    consumer_loop,
+    failed,
+)
 from runtime.retry import BACKOFF_SECONDS, Stopped, backoff, retrying
 from schemas.envelopes import DeadLetter, Outcome, SourcePosition, Stage, Status
 from schemas.errors import ErrorCode, StorageUnavailable
@@ -132,7 +142,7 @@ async def handle(records: Sequence[Rec]) -> list[Handled]:
 
 
 def make_loop(consumer: FakeConsumer, producer: FakeProducer, **options: Any) -> ConsumerLoop:
-    loop = ConsumerLoop(
+    loop = consumer_loop(
         SETTINGS,
         consumer,
         producer,
@@ -550,3 +560,24 @@ async def test_a_lane_s_records_are_handled_in_slices_of_lane_records_in_order()
     for offsets in consumer.committed:
         committed |= offsets
     assert committed == {TP: 5}
+
+
+def test_the_factory_picks_one_loop_per_mode_and_refuses_mixed_modes() -> None:
+    """Issue 46: one small class per mode, chosen by ``consumer_loop``'s arguments."""
+    consumer, producer = FakeConsumer([]), FakeProducer()
+    assert type(make_loop(consumer, producer)) is BatchLoop
+    assert type(make_loop(consumer, producer, lane=lambda r: r.partition)) is LaneLoop
+    assert type(make_loop(consumer, producer, partition_records=10)) is PartitionLoop
+
+    async def nothing() -> list[Handled]:
+        return []
+
+    for mixed in (
+        {"lane": lambda r: r.partition, "tick": nothing},
+        {"lane": lambda r: r.partition, "partition_records": 10},
+        {"partition_records": 10, "tick": nothing},
+        {"lane_records": 10},
+        {"partition_records": 0},
+    ):
+        with pytest.raises(ValueError, match=r"take|without|at least"):
+            make_loop(consumer, producer, **mixed)
