@@ -358,7 +358,10 @@ def _join_hop_target(v: dict[str, Any]) -> Target:
         f"{fmt(v.get('join_quarter_decision_p50_ms'), '')} / "
         f"{fmt(v.get('join_quarter_decision_p99_ms'), ' ms')} (load average "
         f"{fmt(v.get('join_quarter_load_average'), '', 1)}, against "
-        f"{fmt(v.get('join_load_average'), '', 1)} at the asked rate).",
+        f"{fmt(v.get('join_load_average'), '', 1)} at the asked rate). The join runs in the "
+        "streams worker (a child of `ratifier streams`): its profile under bot-approved writes "
+        "is the approved-writes row's, below.",
+        profile="writes",
     )
 
 
