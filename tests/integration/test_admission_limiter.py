@@ -154,23 +154,30 @@ def _between(marks: list[tuple[float, int]], since: float, until: float) -> int:
     return at(until) - at(since)
 
 
-async def test_two_workers_asking_in_lockstep_share_the_refill(redis: Redis) -> None:
-    """The first worker always asks right after the refill and the second right after it:
-    without fair shares the first takes every refill and the second starves (5 of 365 in one
-    run); with them each takes about half."""
+async def _in_turn(redis: Redis, tenant: str, asks: tuple[int, int]) -> tuple[list[int], float]:
+    """Two workers (limiters of one prefix) on one bucket of 200/s, burst 20, asking in turn
+    every 50 ms, the first ``asks[0]`` calls, then the second ``asks[1]``, 40 rounds: what
+    each got after the first 5 rounds, and what the bucket refilled meanwhile."""
     prefix = _prefix()
-    first, second = (FleetLimiter(redis, Admission(), prefix=prefix) for _ in range(2))
-    bucket = Bucket(key="tenant:lockstep", rate=200.0, capacity=20.0, concurrency=None)
+    workers = [FleetLimiter(redis, Admission(), prefix=prefix) for _ in asks]
+    bucket = Bucket(key=f"tenant:{tenant}", rate=200.0, capacity=20.0, concurrency=None)
     got = [0, 0]
     counted_from = time.monotonic()
     for round_ in range(40):
-        for n, limiter in enumerate((first, second)):
-            verdicts = await limiter.admit([_ask("lockstep", bucket) for _ in range(30)])
+        for n, (limiter, asked) in enumerate(zip(workers, asks, strict=True)):
+            verdicts = await limiter.admit([_ask(tenant, bucket) for _ in range(asked)])
             got[n] += sum(v.admitted for v in verdicts) if round_ >= 5 else 0
         if round_ == 4:
             counted_from = time.monotonic()
         await asyncio.sleep(0.05)  # the offered load's pace, not a wait for a condition
-    offered = 200.0 * (time.monotonic() - counted_from)
+    return got, 200.0 * (time.monotonic() - counted_from)
+
+
+async def test_two_workers_asking_in_lockstep_share_the_refill(redis: Redis) -> None:
+    """The first worker always asks right after the refill and the second right after it:
+    without fair shares the first takes every refill and the second starves (5 of 365 in one
+    run); with them each takes about half."""
+    got, offered = await _in_turn(redis, "lockstep", (30, 30))
     print(f"lockstep: {got} of {offered:.0f} refilled")
     assert abs(got[0] - got[1]) <= 0.25 * sum(got) / 2, got
     assert sum(got) >= 0.85 * offered, (got, offered)  # shares, but nothing left unused
@@ -180,19 +187,7 @@ async def test_a_busy_worker_takes_what_a_quiet_one_leaves(redis: Redis) -> None
     """Fair shares do not cap a worker whose peer asks little: what the quiet one leaves in
     the bucket goes to the busy one (it draws what the other credits do not claim; drawing on
     its own credit only, it got 182 of 375 in one run)."""
-    prefix = _prefix()
-    busy, quiet = (FleetLimiter(redis, Admission(), prefix=prefix) for _ in range(2))
-    bucket = Bucket(key="tenant:quiet", rate=200.0, capacity=20.0, concurrency=None)
-    got = [0, 0]
-    counted_from = time.monotonic()
-    for round_ in range(40):
-        for n, (limiter, asked) in enumerate(((busy, 30), (quiet, 1))):
-            verdicts = await limiter.admit([_ask("quiet", bucket) for _ in range(asked)])
-            got[n] += sum(v.admitted for v in verdicts) if round_ >= 5 else 0
-        if round_ == 4:
-            counted_from = time.monotonic()
-        await asyncio.sleep(0.05)  # the offered load's pace, not a wait for a condition
-    offered = 200.0 * (time.monotonic() - counted_from)
+    got, offered = await _in_turn(redis, "quiet", (30, 1))
     print(f"busy and quiet: {got} of {offered:.0f} refilled")
     assert got[1] >= 30  # the quiet one's few calls get through
     assert sum(got) >= 0.85 * offered, (got, offered)
