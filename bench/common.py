@@ -87,8 +87,14 @@ def read_envelopes(settings: Settings, n: int, run_id: str) -> list[bytes]:
     ]
 
 
-async def produce_all(settings: Settings, topic: str, values: Sequence[bytes]) -> float:
-    """Publish ``values`` as fast as the producer allows; return the start time."""
+async def produce_all(
+    settings: Settings,
+    topic: str,
+    values: Sequence[bytes],
+    keys: Callable[[int], bytes] | None = None,
+) -> float:
+    """Publish ``values`` as fast as the producer allows (the i-th keyed ``keys(i)``, else
+    its index); return the start time."""
     producer = kafka_producer(
         settings,
         linger_ms=5,
@@ -99,7 +105,8 @@ async def produce_all(settings: Settings, topic: str, values: Sequence[bytes]) -
     started = time.perf_counter()
     try:
         futures = [
-            await producer.send(topic, value=v, key=str(i).encode()) for i, v in enumerate(values)
+            await producer.send(topic, value=v, key=keys(i) if keys else str(i).encode())
+            for i, v in enumerate(values)
         ]
         for fut in futures:
             await fut
@@ -502,13 +509,14 @@ async def drain(
     timeout: float,
     *,
     profile_to: Path | None = None,
+    keys: Callable[[int], bytes] | None = None,
 ) -> tuple[float, float]:
     """Publish ``values`` to ``source`` (a backlog), start the processes, and time the
     first to the n-th record on ``target``. Returns (records/s, CPU µs per record of the
     started processes while draining). With ``profile_to``, py-spy samples the first
     process from the first record on (start-up is not in the profile)."""
     if values is not None:
-        await produce_all(run.settings, source, values)
+        await produce_all(run.settings, source, values, keys)
     workers = start()
     spy: subprocess.Popen[bytes] | None = None
 

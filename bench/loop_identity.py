@@ -3,8 +3,11 @@ runtime's :class:`runtime.loop.ConsumerLoop` (same clients, batch size, poll, pu
 isolation, acknowledgements and commit as ``streams/stateless.py``) — with a handler that
 does no work: each consumed record is published unchanged.
 
-``python -m bench.loop_identity SRC DST GROUP`` (SRC and DST are pipeline topic names without
-the run's prefix, e.g. ``calls.proposed``) runs until SIGTERM.
+``python -m bench.loop_identity SRC DST GROUP [lanes]`` (SRC and DST are pipeline topic names
+without the run's prefix, e.g. ``calls.proposed``) runs until SIGTERM. With ``lanes``, the loop
+schedules records in the stages' tenant lanes (``LaneLoop`` with ``tenant_lane`` and the
+validator's lane size), as the stages run now; without, one batch at a time: the difference is
+the scheduling's cost per record (issue 45).
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from runtime.emit import Emit
 from runtime.loop import BatchHandler, Consumed, Handled, consumer_loop, text_key
 from schemas.envelopes import Record
 from schemas.names import Topic
-from streams.stateless import BATCH_MAX
+from schemas.vocabulary import StreamStage
+from streams.stateless import BATCH_MAX, PARTITION_BATCH, tenant_lane
 from telemetry.tracing import tracer_from
 
 # As streams/stateless.py configures its loops (kept in step by hand: the loop's own
@@ -58,7 +62,7 @@ def identity(target: Topic) -> BatchHandler:
     return handle
 
 
-async def run(source: Topic, target: Topic, group: str) -> None:
+async def run(source: Topic, target: Topic, group: str, lanes: bool = False) -> None:
     settings = Settings()
     consumer = kafka_consumer(
         settings, settings.topic(source), group=group, max_poll_records=BATCH_MAX
@@ -74,6 +78,8 @@ async def run(source: Topic, target: Topic, group: str) -> None:
         tracer=tracer_from(settings, service="bench-identity"),  # as the stages' (off unless set)
         max_records=BATCH_MAX,
         poll_ms=POLL_MS,
+        lane=tenant_lane if lanes else None,
+        lane_records=PARTITION_BATCH[StreamStage.VALIDATOR] if lanes else None,
     )
     running = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -88,4 +94,6 @@ async def run(source: Topic, target: Topic, group: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(run(Topic(sys.argv[1]), Topic(sys.argv[2]), sys.argv[3]))
+    asyncio.run(
+        run(Topic(sys.argv[1]), Topic(sys.argv[2]), sys.argv[3], sys.argv[4:5] == ["lanes"])
+    )

@@ -63,6 +63,7 @@ from commands.sql import named_query
 from config.settings import Settings
 from runtime.clients import LINGER_MS, kafka_consumer, kafka_producer, pg_connect, redis_client
 from schemas.envelopes import Actor, ApprovalVerdict
+from schemas.lanes import LANE_SEPARATOR
 from schemas.names import Topic
 
 # T3 took 397 s of its 420 on 2026-12-03 at 13:00 and ran out at 15:41 (eight drains of
@@ -243,16 +244,22 @@ async def baselines_kafka(n: int) -> dict[str, Any]:
             )
             out |= {key: rate, f"{key}_cpu_us": cpu}
 
-        def loop_hop(target: Topic, group: str) -> Callable[[], list[Any]]:
+        def loop_hop(target: Topic, group: str, *mode: str) -> Callable[[], list[Any]]:
             def start() -> list[Any]:
                 return [
                     run.start_module(
-                        "bench.loop_identity", group, Topic.PROPOSED.value, target.value, p + group
+                        "bench.loop_identity",
+                        group,
+                        Topic.PROPOSED.value,
+                        target.value,
+                        p + group,
+                        *mode,
                     )
                 ]
 
             return start
 
+        # Keyed as agents key their calls (<tenant>#<lane>, schemas/lanes.py), 8 tenants.
         rate, cpu = await drain(
             run,
             loop_hop(Topic.VALIDATED, "t1-loop"),
@@ -261,8 +268,21 @@ async def baselines_kafka(n: int) -> dict[str, Any]:
             n,
             envelopes,
             300,
+            keys=lambda i: f"tenant-{i % 8}{LANE_SEPARATOR}{i % 4}".encode(),
         )
         out |= {"T1_loop": rate, "T1_loop_cpu_us": cpu}
+        # The same backlog again through the loop with the stages' tenant lanes (issue 45: the
+        # scheduling's cost per record is the difference).
+        rate, cpu = await drain(
+            run,
+            loop_hop(Topic.COMMITTED, "t1-lanes", "lanes"),
+            t(Topic.PROPOSED),
+            t(Topic.COMMITTED),
+            n,
+            None,
+            300,
+        )
+        out |= {"T1_lanes": rate, "T1_lanes_cpu_us": cpu}
         # Its profile from a second drain of the same backlog (another group, another
         # target): py-spy's own CPU is not in the measured figure.
         profile_path = run.log_dir / "profile-t1-loop.txt"

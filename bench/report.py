@@ -676,6 +676,11 @@ def _t1_section(v: dict[str, Any]) -> list[str]:
             [
                 row("B1 raw aiokafka relay (getmany → send_batch)", "B1", "B1_cpu_us"),
                 row("runtime loop identity hop (T1)", "T1_loop", "T1_loop_cpu_us"),
+                row(
+                    "the same with the stages' tenant lanes (issue 45)",
+                    "T1_lanes",
+                    "T1_lanes_cpu_us",
+                ),
                 row("validator stage alone", "stage_validator", "stage_validator_cpu_us"),
                 row("authorizer stage alone", "stage_authorizer", "stage_authorizer_cpu_us"),
             ],
@@ -1040,8 +1045,32 @@ def _admission_section(v: dict[str, Any], errors: dict[str, str] | None = None) 
         f"{fmt(v.get('admission_refused_cpu_us'), ' µs', 1)} (+{fmt(refused, ' µs', 1)} over "
         f"validating) | — | — |",
         *through_kafka,
+        *_scheduling_rows(v, admitted, cpu),
         noisy_row,
         "",
+    ]
+
+
+def _scheduling_rows(v: dict[str, Any], admitted: Any, cpu: float | None) -> list[str]:
+    """Issue 45: the tenant lanes' cost per record (T1 with lanes minus T1), admission and
+    scheduling together per admitted call against a read call's CPU, and refusals per second
+    per core (validator CPU per refused record, published)."""
+    lanes, plain = v.get("T1_lanes_cpu_us"), v.get("T1_loop_cpu_us")
+    if not isinstance(lanes, int | float) or not isinstance(plain, int | float):
+        return []
+    scheduling = lanes - plain
+    both = scheduling + admitted if isinstance(admitted, int | float) else None
+    share = ratio(both, cpu) if cpu else None
+    published = v.get("admission_refused_published_cpu_us")
+    per_core = 1e6 / published if isinstance(published, int | float) and published > 0 else None
+    return [
+        f"| scheduling in tenant lanes, CPU per record (T1 with lanes {fmt(lanes, ' µs', 1)} − "
+        f"T1 {fmt(plain, ' µs', 1)}) | {fmt(scheduling, ' µs', 1)} | — | — |",
+        f"| admission and scheduling per admitted call (issue 45) | {fmt(both, ' µs', 1)} = "
+        f"{_pct(share)} of a read call's {fmt(cpu, ' µs')} | ≤ 5 % | "
+        f"{verdict(share <= 0.05 if share is not None else None)} |",
+        f"| refusals per second per core (1 s ÷ the validator's CPU per refused record, "
+        f"published) | {fmt(per_core, '/s')} | — | — |",
     ]
 
 
