@@ -51,6 +51,7 @@ from runtime.clients import (
 from runtime.emit import Emit
 from runtime.health import Health
 from runtime.heap import settle_heap
+from runtime.load import report_waiting
 from runtime.loop import ConsumerLoop, Handled, by_key, consumer_loop
 from runtime.retry import Stopped, retrying
 from runtime.shell import ServiceShell, StartupHook, run_until
@@ -448,6 +449,10 @@ class ExecutorService:
                 SideTask(name="keep-alive", run=self._keep_alive, restartable=True),
             ]
         )
+        if self._settings.admission.fair_target_seconds > 0:
+            shell.side_tasks.append(
+                SideTask(name="queueing delay", run=self._report_waiting, restartable=True)
+            )
         shell.on_shutdown.append(self._close)
 
     def _parts(self) -> _Parts:
@@ -544,6 +549,18 @@ class ExecutorService:
             freezes=freezes,
         )
         return parts
+
+    async def _report_waiting(self) -> None:
+        """This executor's queueing delay for the validators' fair shares (runtime/load.py)."""
+        loop = self._loop
+        assert loop is not None
+        await report_waiting(
+            self._parts().redis,
+            topic_prefix=self._settings.topic_prefix,
+            stage=Stage.EXECUTE.value,
+            waiting=[loop.waiting_seconds],
+            period=self._settings.admission.fair_tick_seconds,
+        )
 
     async def _start_catalog(self) -> None:
         await self._catalog.start(self._settings)

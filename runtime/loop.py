@@ -391,6 +391,12 @@ class ConsumerLoop:
         self.processed = 0  # records handled and committed (or offered for commit)
         self.dead_lettered = 0
 
+    def waiting_seconds(self) -> float:
+        """How long the oldest record fetched and not yet started has waited in this process
+        (its queueing delay here; 0 when none waits). Only lanes queue records in the process
+        (:class:`LaneLoop`); the other modes start what they fetch at once."""
+        return 0.0
+
     def _publisher_on(
         self,
         producer: AIOKafkaProducer | None,
@@ -832,6 +838,17 @@ class LaneLoop(ConsumerLoop):
         super().__init__(settings, consumer, producer, **common)
         self._lane = lane
         self._lane_records = lane_records or self._max_records
+        # Per lane with records queued: when its oldest queued record was fetched (monotonic).
+        self._queued_since: dict[Hashable, float] = {}
+
+    def waiting_seconds(self) -> float:
+        """The age of the oldest queued record (a lane waiting for its batch in flight, or
+        for the loop to start it): fair admission's measure of this stage's queue
+        (streams/fair_share.py). While the loop holds off polling, the broker keeps the rest of
+        the backlog and the queued records' age goes on growing with it."""
+        if not self._queued_since:
+            return 0.0
+        return max(0.0, time.monotonic() - min(self._queued_since.values()))
 
     async def _drive(self) -> None:
         """The loop with lanes (the module's docstring)."""
@@ -839,6 +856,7 @@ class LaneLoop(ConsumerLoop):
         lag_due = commit_due = 0.0
         busy: dict[Hashable, asyncio.Task[None]] = {}
         queued: dict[Hashable, list[Consumed]] = {}
+        since = self._queued_since
         offsets = _Outstanding()
         most = self._max_records
         try:
@@ -851,12 +869,16 @@ class LaneLoop(ConsumerLoop):
                         queued[key] = [r for r in queued[key] if _tp(r) not in revoked]
                         if not queued[key]:
                             del queued[key]
+                            since.pop(key, None)
                 for key in [key for key in queued if key not in busy]:
                     records = queued.pop(key)
+                    polled_at = since.pop(key)
                     backlog = len(records)  # a lane's backlog is bulk, however it is sliced
                     if len(records) > self._lane_records:
                         cut = self._lane_records
                         records, queued[key] = records[:cut], records[cut:]
+                        # The rest keeps the slice's fetch time (its age at most that).
+                        since[key] = polled_at
                     busy[key] = asyncio.create_task(self._lane_batch(records, offsets, backlog))
                 if time.monotonic() >= commit_due:
                     commit_due = time.monotonic() + COMMIT_EVERY_SECONDS
@@ -872,13 +894,17 @@ class LaneLoop(ConsumerLoop):
                     continue
                 polled = await self._poll_while(busy, most)
                 lag_due = await self._polled(lag_due)
+                fetched = time.monotonic()
                 for tp, records in polled.items():
                     offsets.polled(tp, records)
                     for record in records:
-                        queued.setdefault(lane(record), []).append(record)
+                        key = lane(record)
+                        queued.setdefault(key, []).append(record)
+                        since.setdefault(key, fetched)
         finally:
             # Stopping: the batches in flight finish (or stop while waiting), and what they
             # had acknowledged is committed.
+            since.clear()
             await asyncio.gather(*busy.values(), return_exceptions=True)
             await self._commit_offsets(offsets.committable())
 

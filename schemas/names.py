@@ -61,6 +61,11 @@ REDIS_BREAKER_PREFIX = "ratifier:breaker:"
 # slots each admitted call holds (released when its final outcome is seen).
 REDIS_LIMIT_PREFIX = "ratifier:limit:"
 REDIS_SLOTS_PREFIX = "ratifier:slots:"
+# Fair admission by default (streams/fair_share.py): each lane stage's queueing delay
+# (`<prefix><topic prefix>`, a hash by worker) and every tenant's recent calls (likewise, by
+# tenant).
+REDIS_LOAD_PREFIX = "ratifier:load:"
+REDIS_USAGE_PREFIX = "ratifier:usage:"
 # Releases concurrency slots when a call's final outcome is published.
 ADMISSION_RELEASE_GROUP = "ratifier-admission-release"
 

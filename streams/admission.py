@@ -10,7 +10,9 @@ record. A call whose context does not verify draws from buckets of its own (per 
 tenant and fleet-wide, settings ``admission.unverified_*``; commands/limits.py, Unverified):
 refused ``rate_limited`` once they are empty, else passed on for the authorizer to refuse
 ``unauthenticated`` as before; an unverified claim never spends a verified tenant's budget.
-Load shedding (the lag of the next stages' groups) refuses the lowest class first.
+Load shedding (the lag of the next stages' groups) refuses the lowest class first; fair
+shares (streams/fair_share.py) shed the heaviest tenants while the stages queue, limits
+declared or not.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from schemas.names import (
     Topic,
 )
 from streams.emit import Emit, outcome
+from streams.fair_share import FairShedder
 from streams.limiter import ADMITTED, Ask, FleetLimiter, Verdict
 from telemetry.tracing import trace_id_of
 
@@ -168,7 +171,7 @@ def refused(
     """The ``rate_limited`` outcome of a call admission refused."""
     message = (
         "The system is overloaded; retry the same call after retry_after."
-        if verdict.reason in ("shed", "unavailable")
+        if verdict.reason in ("shed", "fair", "unavailable")
         else None
     )
     return outcome(
@@ -382,6 +385,26 @@ def shed_verdicts(
     ]
 
 
+def fair_verdicts(
+    candidates: Sequence[tuple[int, Refusable, CallScope]],
+    shed: list[Verdict | None],
+    fair: FairShedder,
+) -> list[Verdict | None]:
+    """``shed`` with the verified calls that fair shares refuse (streams/fair_share.py) given
+    their verdict too; a call shed by class is neither counted nor judged again."""
+    refusal: Verdict | None = None
+    out = list(shed)
+    for n, (_, _, scope) in enumerate(candidates):
+        if out[n] is not None or not scope.verified:
+            continue
+        if not fair.admits(scope.tenant):
+            if refusal is None:
+                wait = fair.settings.shed_retry_after_seconds
+                refusal = Verdict(admitted=False, retry_after=wait, reason="fair")
+            out[n] = refusal
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class Stamped:
     """A refusal as its record's JSON (:meth:`Refusals.stamped`), for the validator to publish
@@ -413,11 +436,14 @@ class Admission:
         keys: ContextKeys,
         limits: Callable[[], LimitSet],
         unverified: Unverified | None = None,
+        fair: FairShedder | None = None,
     ) -> None:
         """``unverified``: the buckets of calls whose context does not verify (None: such
-        calls are passed on unjudged, for the authorizer to refuse)."""
+        calls are passed on unjudged, for the authorizer to refuse); ``fair``: fair shares
+        (None: off)."""
         self.limiter = limiter
         self._unverified = unverified
+        self.fair = fair
         self._catalog = catalog
         self._keys = keys
         self._limits = limits
@@ -445,8 +471,14 @@ class Admission:
         return found
 
     def _idle(self) -> bool:
-        """Nothing to judge: no limits, no shedding, no unverified buckets."""
-        return self._limits().empty and self.shedding is None and self._unverified is None
+        """Nothing to judge: no limits, no shedding, no unverified buckets, no fair shares
+        (which count every verified call)."""
+        return (
+            self._limits().empty
+            and self.shedding is None
+            and self._unverified is None
+            and self.fair is None
+        )
 
     def _scope(self, call: Refusable) -> CallScope | None:
         """The call's scope, verified, else its unverified one when those are counted."""
@@ -536,6 +568,8 @@ class Admission:
             return {}
         limits = self._limits()
         shed = shed_verdicts([s for _, _, s in candidates], limits, self.shedding)
+        if self.fair is not None:
+            shed = fair_verdicts(candidates, shed, self.fair)
         asks = [
             Ask(call=scope, buckets=self.buckets(limits, scope))
             for (_, _, scope), verdict in zip(candidates, shed, strict=True)
@@ -553,6 +587,8 @@ class Admission:
             final = verdict if verdict is not None else next(counted, ADMITTED)
             if final.admitted:
                 continue
+            if verdict is None and self.fair is not None and scope.verified:
+                self.fair.refused_after(scope.tenant)  # by a limit: not admitted either
             self.refusals += 1
             ready = refusals.stamped(call, scope, final) if stamped is not None else None
             if stamped is not None and ready is not None:

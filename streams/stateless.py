@@ -40,6 +40,7 @@ from runtime.emit import Emit
 from runtime.health import Health
 from runtime.heap import settle_heap
 from runtime.identity import ContextKeys
+from runtime.load import report_waiting
 from runtime.loop import (
     SETTLED,
     Consumed,
@@ -60,6 +61,7 @@ from schemas.vocabulary import StreamStage
 from streams.admission import Admission, Screening, release_slots, watch_lag
 from streams.approval import Rules, auto_audits
 from streams.authorizer import BudgetsFetch, ResourcesFetch, on_validated_batch
+from streams.fair_share import FairShedder, watch_fair_share
 from streams.join_store import Audit
 from streams.limiter import FleetLimiter
 from streams.repeats import OperationsSeen
@@ -370,11 +372,13 @@ class StatelessStages:
         self._health = health
         self._tracer = tracer
         self._specs = [s for s in SPECS if s.name in stages]
-        # Fleet admission (streams/admission.py), shared through Redis by every validator.
+        # Fleet admission (streams/admission.py), shared through Redis by every validator;
+        # fair shares (streams/fair_share.py) unless turned off.
+        self._redis = redis_client(settings)
+        fair_on = settings.admission.fair_target_seconds > 0
         self.admission = Admission(
-            limiter=FleetLimiter(
-                redis_client(settings), settings.admission, prefix=settings.topic_prefix
-            ),
+            limiter=FleetLimiter(self._redis, settings.admission, prefix=settings.topic_prefix),
+            fair=FairShedder(settings.admission) if fair_on else None,
             catalog=catalog,
             keys=keys,
             limits=lambda: feed.current.limits,
@@ -503,6 +507,25 @@ class StatelessStages:
                 if admitting
                 else []
             )
+            fair = self.admission.fair
+            if admitting and fair is not None:
+                helpers.append(
+                    watch_fair_share(
+                        self._redis, fair, topic_prefix=settings.topic_prefix, stop=self._stopping
+                    )
+                )
+            if settings.admission.fair_target_seconds > 0:
+                # Every lane stage's queueing delay, for the validators' fair shares.
+                helpers.append(
+                    report_waiting(
+                        self._redis,
+                        topic_prefix=settings.topic_prefix,
+                        stage="stages",
+                        waiting=[loop.waiting_seconds for loop in self._loops],
+                        period=settings.admission.fair_tick_seconds,
+                        stop=self._stopping,
+                    )
+                )
             settle_heap("stages")  # what start-up built is not walked again (runtime/heap.py)
             await asyncio.gather(*(loop.run() for loop in self._loops), *helpers)
         finally:

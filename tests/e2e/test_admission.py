@@ -1,15 +1,17 @@
-"""Fair admission end to end (issue 27): tenant A floods reads under a 200/s limit while
-tenant B sends one read every 250 ms (open loop); B keeps close to its unloaded latency, A's
-excess ends `rate_limited` within a second of publishing, A gets what its limit grants
-(burst + rate over the flood, ±10 %: neither more nor much less), every call has one final
+"""Fair admission end to end (issues 27 and 45): tenant A floods reads while tenant B sends
+one read every 250 ms (open loop); B keeps close to its unloaded latency, A's excess ends
+`rate_limited` with `retry_after` within a second of publishing, every call has one final
 outcome. Each tenant's calls come from a process of its own (testsupport/flood.py,
 steady_agent.py); this one watches every outcome.
 
-A and B are on separate partitions here (checked): the case where fairness holds, so its
-bounds are asserted in `make test` too. Tenants sharing a partition are issue 45.
+The four cases: A and B on partitions of their own or sharing one, and A limited to 200/s
+(A then gets what its limit grants, burst + rate over the flood, ±10 %: neither more nor much
+less) or no limit declared (fair shares shed A while the stages queue, and a tenant alone is
+never shed); and A's tokens forged (their own buckets).
 
 The flood is ``RATIFIER_TEST_FLOOD`` reads (default 2,000 so that `make test` stays short;
-`make test-admission-flood` runs the issue's 20,000, with B's slowest call within 2x)."""
+`make test-admission-flood` runs the issue's 20,000, with B's slowest call within 2x in issue
+27's case, 3x in issue 45's)."""
 
 from __future__ import annotations
 
@@ -553,20 +555,14 @@ def _collections_timed() -> Iterator[list[float]]:
         gc.collect()
 
 
-# Issue 45's "fair by default" (shedding the heaviest tenant by queueing delay when no limit
-# is declared) is not built: without limits B waits behind A's admitted flood (measured: B's
-# median 52 -> 193 ms, slowest 75 -> 414 ms, 2,000 reads, tenants apart). Measured under
-# `make test-admission-flood` (expected to fail there: strict, so that building it shows),
-# not run in `make test`.
-# Tenants sharing a partition, limits declared: built (tenant lanes in the stages), but not
-# yet seen within the bounds: measured only on a machine loaded 13 to 18 (other suites), where
-# the apart case missed them too (docs/measurements.md, issue 45). Run by
-# `make test-admission-flood`; in `make test` once seen within them on a quiet machine.
-UNSEEN = [pytest.mark.skipif(not STRICT, reason="issue 45: shared partition, not yet seen quiet")]
-UNBUILT = [
-    pytest.mark.skipif(not STRICT, reason="issue 45: fair by default not built yet"),
-    pytest.mark.xfail(strict=True, reason="issue 45: fair by default not built yet"),
-]
+# Issue 45's cases: tenants sharing a partition, and no limits declared (fair by default,
+# streams/fair_share.py: the heaviest tenant shed while the stages queue). Their slowest-call
+# bound is the issue's 3x in both forms; issue 27's case (apart, limited) keeps 2x when strict.
+ISSUE_45_SLOWEST_FACTOR = 3.0
+# A tenant alone floods this many reads with no limit declared: enough to queue the stages
+# on the 2-core machine (20,000 in 2.4 s is about twice what the pipeline takes), so that a
+# shedder that sheds a lone tenant is seen doing it.
+LONE_FLOOD = 20_000
 
 
 @dataclass(frozen=True)
@@ -609,9 +605,9 @@ def test_a_forged_flood_leaves_another_at_its_unloaded_latency(
 @pytest.mark.parametrize(
     ("fixture", "case"),
     [
-        pytest.param("shared_limited", FloodCase(shared=True, limited=True), marks=UNSEEN),
-        pytest.param("unlimited", FloodCase(shared=False, limited=False), marks=UNBUILT),
-        pytest.param("shared_unlimited", FloodCase(shared=True, limited=False), marks=UNBUILT),
+        pytest.param("shared_limited", FloodCase(shared=True, limited=True)),
+        pytest.param("unlimited", FloodCase(shared=False, limited=False)),
+        pytest.param("shared_unlimited", FloodCase(shared=True, limited=False)),
     ],
     ids=["shared-limited", "apart-unlimited", "shared-unlimited"],
 )
@@ -621,9 +617,25 @@ def test_a_flood_leaves_another_at_its_unloaded_latency_in_every_case(
     """Issue 45: the other cases of the flood, tenants sharing a partition and/or no limits
     declared."""
     pipeline: Pipeline = request.getfixturevalue(fixture)
-    figures = _flood_case(pipeline, case)
+    # With no limit, a flood that does not queue the stages is not one fair shares act on:
+    # these cases flood LONE_FLOOD reads in `make test` too.
+    flood = FLOOD if case.limited else max(FLOOD, LONE_FLOOD)
+    figures = _flood_case(pipeline, case, flood=flood)
     print(f"admission figures ({fixture}):", json.dumps(figures))
-    _assert_bounds(figures)
+    _assert_bounds(figures, slowest_factor=ISSUE_45_SLOWEST_FACTOR)
+    if not case.limited:
+        # No limit: A's refusals are fair shares' (the stages queued), and B was spared.
+        assert figures["a_refused"] > 0, figures
+
+
+@pytest.mark.timeout(300)
+def test_a_tenant_alone_may_use_all_the_capacity(unlimited: Pipeline) -> None:
+    """Issue 45: with no limit declared, fair shares never shed a tenant alone, however far
+    its flood queues the stages: every one of its reads succeeds."""
+    watch, a_ids, _ = run(_scenario(unlimited, flood=LONE_FLOOD, b_calls=0))
+    assert not [c for c in a_ids if c not in watch.outcomes]
+    codes = _codes(watch, a_ids)
+    assert codes == {"succeeded": LONE_FLOOD}, codes
 
 
 def _forged(token: str) -> str:
@@ -632,7 +644,7 @@ def _forged(token: str) -> str:
     return f"{head}.{payload}.{signature[::-1]}"
 
 
-def _flood_case(pipeline: Pipeline, case: FloodCase) -> dict[str, Any]:
+def _flood_case(pipeline: Pipeline, case: FloodCase, *, flood: int = FLOOD) -> dict[str, Any]:
     """Warm the pipeline, time B alone, then B during A's flood; check that every call has
     one final outcome and how each of A's ended; the figures (with ``expected_admitted``: the
     range A's admitted calls must fall in, ``[]`` when no bound applies)."""
@@ -649,7 +661,7 @@ def _flood_case(pipeline: Pipeline, case: FloodCase) -> dict[str, Any]:
         base = [alone.latency(c) for c in b_alone]
         cpu_before, load_before = _process_cpu(pipeline), os.getloadavg()[0]
         flooded, a_ids, b_ids = run(
-            _scenario(pipeline, flood=FLOOD, b_calls=12, forged=case.forged)
+            _scenario(pipeline, flood=flood, b_calls=12, forged=case.forged)
         )
     cpu_after, load_after = _process_cpu(pipeline), os.getloadavg()[0]
     loaded = [flooded.latency(c) for c in b_ids]
@@ -672,7 +684,7 @@ def _flood_case(pipeline: Pipeline, case: FloodCase) -> dict[str, Any]:
         if (flooded.outcomes[c][0].status is Status.SUCCEEDED and passed is None)
         or (passed is not None and _code(flooded.outcomes[c][0]) is passed)
     ]
-    assert len(refused) + len(admitted) == FLOOD, codes
+    assert len(refused) + len(admitted) == flood, codes
     flood_seconds = max(flooded.sent[c] for c in a_ids) - min(flooded.sent[c] for c in a_ids)
     # The span over which admission decided A's calls (tokens refill meanwhile).
     decided_seconds = max(
@@ -698,7 +710,7 @@ def _flood_case(pipeline: Pipeline, case: FloodCase) -> dict[str, Any]:
     )
     figures: dict[str, Any] = {
         "case": {"shared": case.shared, "limited": case.limited, "forged": case.forged},
-        "flood": FLOOD,
+        "flood": flood,
         "burst": BURST,
         "flood_paced_over_s": FLOOD_SECONDS,
         "flood_seconds": round(flood_seconds, 3),
@@ -729,15 +741,15 @@ def _flood_case(pipeline: Pipeline, case: FloodCase) -> dict[str, Any]:
     return figures
 
 
-def _assert_bounds(figures: dict[str, Any]) -> None:
+def _assert_bounds(figures: dict[str, Any], *, slowest_factor: float = SLOWEST_FACTOR) -> None:
     """Issue 45's bounds: A's admitted calls in range, A's refusals within a second, B's
-    median within 2x and its slowest within :data:`SLOWEST_FACTOR` of B alone."""
+    median within 2x and its slowest within ``slowest_factor`` of B alone."""
     low_high = figures["expected_admitted"]
     if low_high:
         assert low_high[0] <= figures["a_admitted"] <= low_high[1], figures
     assert figures["slowest_refusal_s"] <= 1.0, figures
     assert figures["b_flood_p50_ms"] <= 2 * figures["b_alone_p50_ms"], figures
-    assert figures["b_flood_max_ms"] <= SLOWEST_FACTOR * figures["b_alone_max_ms"], figures
+    assert figures["b_flood_max_ms"] <= slowest_factor * figures["b_alone_max_ms"], figures
 
 
 @pytest.mark.timeout(120)
