@@ -125,7 +125,7 @@ bench-replies: up ## reply routing: 50 client processes x 100 calls in flight, h
 	$(BIN)/python -m bench.replies --clients 50 --calls 100 --rounds 2 --write
 	@if [ -f bench/results.json ]; then $(BIN)/python -m bench --render; fi
 
-test-admission-flood: up ## issue 27: 20,000 reads of tenant A under 200/s vs B's reads, latency bounds asserted → test-artifacts/admission-flood.json
+test-admission-flood: up ## issues 27, 45: 20,000 reads of tenant A beside B's steady reads (apart/shared partitions x limit 200/s/none, forged, A alone), strict bounds → test-artifacts/admission-flood.json
 	RATIFIER_TEST_FLOOD=20000 RATIFIER_TEST_FLOOD_STRICT=1 $(PYTEST) tests/e2e/test_admission.py -m e2e -q -s -p no:cacheprovider
 
 test-admission-fleet: up ## issue 27: three limiter processes share one 300/s budget for 60 s, one SIGKILLed mid-run (±10 %)

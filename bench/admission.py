@@ -35,6 +35,7 @@ from runtime.heap import YOUNG_OBJECTS
 from runtime.identity import context_keys, issue_context_token
 from runtime.loop import consumer_loop
 from streams.admission import Admission
+from streams.fair_share import FairShedder
 from streams.limiter import FleetLimiter
 from streams.stateless import PRODUCER_BATCH_BYTES, validator_handler
 
@@ -94,6 +95,8 @@ async def admission_costs(n: int) -> dict[str, Any]:
                     catalog=catalog,
                     keys=context_keys(settings),
                     limits=lambda limits=limits: limits,  # type: ignore[misc]
+                    # As the stages run it: fair shares count every verified call.
+                    fair=FairShedder(settings.admission),
                 )
             handle = validator_handler(
                 catalog=catalog,
@@ -134,6 +137,7 @@ async def refused_and_published(settings: Settings, n: int) -> float:
         catalog=catalog,
         keys=context_keys(settings),
         limits=lambda: limits,
+        fair=FairShedder(settings.admission),
     )
     producer = kafka_producer(settings, max_batch_size=PRODUCER_BATCH_BYTES)
     refusals = kafka_producer(settings, max_batch_size=PRODUCER_BATCH_BYTES)
