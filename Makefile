@@ -131,6 +131,10 @@ test-admission-flood: up ## issues 27, 45: 20,000 reads of tenant A beside B's s
 test-admission-fleet: up ## issue 27: three limiter processes share one 300/s budget for 60 s, one SIGKILLed mid-run (±10 %)
 	RATIFIER_TEST_ADMISSION_SECONDS=60 $(PYTEST) tests/integration/test_admission_limiter.py -m integration -q -p no:cacheprovider
 
+bench-contended: up ## issue 46: T2, CPU per read and T4 again with one core kept busy by a CPU hog, vs B2r of the same run (~8 min; after make bench) → bench/contended-result.json, RESULTS.md
+	$(BIN)/python -m bench.contended --write
+	@if [ -f bench/results.json ]; then $(BIN)/python -m bench --render; fi
+
 bench-admission: up ## admission's CPU per call (admitted, refused) and the last flood's noisy-neighbour figures
 	$(BIN)/python -m bench.admission 10000
 

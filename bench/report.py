@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import approval_state, provenance
+from bench import contended as contended_bench
 from bench import idle as idle_bench
 from bench import operator_commands as operator_bench
 from bench import replies as replies_bench
@@ -636,6 +637,7 @@ def render(results: Results) -> str:
     lines += _approval_state_section(run_id)
     lines += replies_bench.section(run_id)
     lines += operator_bench.section(run_id)
+    lines += contended_bench.section(run_id)
     lines += _capacity_section(v)
     if FLOORS:
         lines += ["## Tuning history (bench/FLOORS.md, written by hand)", "", FLOORS, ""]
