@@ -125,6 +125,11 @@ class PolicySet:
 
     # Admission limits declared beside the policies (commands/limits.py), part of the version.
     limits: LimitSet = NO_LIMITS
+    # Cedar's answers under this set, by request and the request's entities (a pure function
+    # of both): the same read of the same resource by the same agent is decided once per
+    # process while the set is in force, in the authorizer and in the executor's commit-time
+    # re-check alike (issue 46). Not an init field: a set made from this one starts empty.
+    answers: dict[bytes, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @classmethod
     def from_sources(
@@ -611,16 +616,53 @@ def authorize_batch(
             if slot == len(calls):
                 calls.append(call)
             slots.append(slot)
-        unique = _evaluate([cedar for cedar, _ in calls], list(entities.values()), policies)
-        if len(calls) > 1 and any(r.diagnostics.errors for r in unique):
-            # An entity Cedar refuses fails its whole batch: decide each call on its own, so
-            # that one bad resource never decides the others.
-            unique = [_evaluate([cedar], ents, policies)[0] for cedar, ents in calls]
+        unique = _answered(calls, list(distinct), list(entities.values()), policies)
         results = [unique[slot] for slot in slots]
         for i, result in zip(indexes, results, strict=True):
             decision = decisions[i] = _decide(requests[i], policies, result)
             _report(requests[i], decision)
     return [d for d in decisions if d is not None]
+
+
+# Answers kept per policy set (PolicySet.answers): past this many, the oldest half goes.
+# Each is a 20-byte digest of the question and Cedar's answer: a few MB at most.
+ANSWERS_KEPT = 4096
+
+
+def _answered(
+    calls: list[CedarCall], keys: list[str], entities: list[dict[str, Any]], policies: PolicySet
+) -> list[Any]:
+    """Cedar's answer to each of ``calls`` (distinct requests, ``keys`` their texts) on the
+    group's ``entities``: those asked before with the same entities from the set's answers,
+    the others in one evaluation (each on its own when Cedar refuses an entity of the batch,
+    so that one bad resource never decides the others); answers without errors are kept."""
+    kept = policies.answers
+    found: list[Any] = [None] * len(calls)
+    wanted = [
+        hashlib.blake2b(f"{key}\0{call[1]!r}".encode(), digest_size=20).digest()
+        for key, call in zip(keys, calls, strict=True)
+    ]
+    missing = []
+    for n, key in enumerate(wanted):
+        answer = kept.get(key)
+        if answer is None:
+            missing.append(n)
+        else:
+            found[n] = answer
+    if not missing:
+        return found
+    asked = [calls[n] for n in missing]
+    answers = _evaluate([cedar for cedar, _ in asked], entities, policies)
+    if len(asked) > 1 and any(r.diagnostics.errors for r in answers):
+        answers = [_evaluate([cedar], ents, policies)[0] for cedar, ents in asked]
+    if len(kept) + len(missing) > ANSWERS_KEPT:
+        for old in list(kept)[: len(kept) // 2]:
+            del kept[old]
+    for n, answer in zip(missing, answers, strict=True):
+        found[n] = answer
+        if not answer.diagnostics.errors:
+            kept[wanted[n]] = answer
+    return found
 
 
 def _evaluate(

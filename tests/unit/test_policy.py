@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import dataclasses
+
 from pathlib import Path
 from typing import Any
 
@@ -214,12 +216,31 @@ def test_identical_requests_in_a_batch_are_decided_once(
         request(("refund",), 4000),
         request(("refund",), 999_999),
     ]
-    batched = authorize_batch(requests, policies)
+    fresh = dataclasses.replace(policies)  # no answers kept from other tests
+    batched = authorize_batch(requests, fresh)
     assert asked == [2]  # one evaluation, of the two distinct requests
     asked.clear()
-    assert batched == one_by_one(requests, policies)
+    assert batched == one_by_one(requests, dataclasses.replace(policies))
     permit, deny = Verdict.PERMIT, Verdict.DENY
     assert [d.verdict for d in batched] == [permit, permit, deny, permit, deny]
+
+    # Asked again under the same set (the executor's commit-time re-check of what the
+    # authorizer decided, a read repeated): the kept answers, Cedar not asked.
+    asked.clear()
+    assert authorize_batch(requests, fresh) == batched
+    assert asked == []
+    # The resource changed (less refundable): its entities differ, so Cedar is asked again
+    # and answers for the fresh resource.
+    changed = PAYMENT_A.model_copy(
+        update={"attributes": {**PAYMENT_A.attributes, "refundable_minor": 1000}}
+    )
+    smaller = [dataclasses.replace(r, resource=changed) for r in requests[:2]]
+    assert [d.verdict for d in authorize_batch(smaller, fresh)] == [deny, deny]
+    assert asked == [1]
+    # Another policy set (even a copy of this one) keeps answers of its own.
+    asked.clear()
+    authorize_batch(requests, dataclasses.replace(fresh))
+    assert asked == [2]
 
 
 def test_resource_not_matching_schema_fails_closed(catalog: Catalog, policies: PolicySet) -> None:
