@@ -268,12 +268,13 @@ class Admission(BaseModel):
     fair_share_window_seconds: float = Field(default=1.0, ge=0)
     # Fair by default (issue 45; streams/fair_share.py), with or without declared limits:
     # while a lane stage's queueing delay (its oldest record fetched and not yet started) is
-    # above ``fair_target_seconds``, the calls of tenants above the mean rate of the active
-    # ones (calling at least ``fair_active_rate``/s, rates averaged over
+    # above ``fair_target_seconds`` for ``fair_interval_seconds``, the calls of tenants
+    # above their fair share (calling at least ``fair_active_rate``/s, rates averaged over
     # ``fair_usage_seconds``) are shed, more each ``fair_tick_seconds`` while it stays above;
     # a tenant alone is never shed. 0 turns it off.
     fair_target_seconds: float = Field(default=0.025, ge=0)
     fair_tick_seconds: float = Field(default=0.025, gt=0)
+    fair_interval_seconds: float = Field(default=0.05, ge=0)
     fair_usage_seconds: float = Field(default=1.0, gt=0)
     fair_active_rate: float = Field(default=1.0, gt=0)
 

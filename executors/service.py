@@ -560,6 +560,7 @@ class ExecutorService:
             stage=Stage.EXECUTE.value,
             waiting=[loop.waiting_seconds],
             period=self._settings.admission.fair_tick_seconds,
+            stop=self._stopping,
         )
 
     async def _start_catalog(self) -> None:

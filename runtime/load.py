@@ -31,6 +31,15 @@ log = logging.getLogger("ratifier.runtime")
 REPORT_SCRIPT = (Path(__file__).parent / "lua" / "report_load.lua").read_text(encoding="utf-8")
 
 
+def cancelled_meanwhile(exc: BaseException) -> None:
+    """Raise ``CancelledError`` when this task was being cancelled while ``exc`` came: the
+    Redis client turns a cancellation in the middle of a command into a connection error,
+    and a loop that caught it would go on, holding up its service's stop."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError from exc
+
+
 def load_key(topic_prefix: str) -> str:
     """The deployment's load hash (its topic prefix keeps deployments apart)."""
     return f"{REDIS_LOAD_PREFIX}{topic_prefix}"
@@ -61,6 +70,7 @@ async def report_waiting(
         try:
             await script(keys=[key], args=[field, f"{delay_ms:.1f}"])
         except (RedisError, OSError) as exc:
+            cancelled_meanwhile(exc)
             if not failing:
                 log.warning("%s: queueing delay not reported (%s)", stage, exc)
             failing = True

@@ -6,15 +6,19 @@ The signal is queueing delay, as CoDel's: each lane stage (validator, authorizer
 reports how long its oldest record fetched and not yet started has waited (runtime/load.py).
 The validators read the largest fresh report each ``fair_tick_seconds``, with every tenant's
 recent calls, judged and admitted (exponentially weighted rates over ``fair_usage_seconds``,
-kept fleet-wide in Redis: streams/lua/usage.lua). While the delay is above
-``fair_target_seconds`` the fraction of a heavy tenant's calls admitted is halved each tick
-(at once to none when the delay is four times the target); once it is below, it grows back by
-a step per tick (additive increase, multiplicative decrease, as TCP's). Heavy: calling above
-the fair share, the max-min share (water level) of what the fleet admitted among the active
-tenants (those calling at least ``fair_active_rate``/s): tenants below it are served in full,
-the others share the rest equally. With fewer than two active tenants none is heavy. A shed
-call ends ``rejected/rate_limited`` with ``retry_after`` (``shed_retry_after_seconds``)
-and spends no token of any declared limit.
+kept fleet-wide in Redis: streams/lua/usage.lua).
+
+Shedding: once the delay has stayed above ``fair_target_seconds`` for
+``fair_interval_seconds`` (a burst that drains sooner is left alone, as CoDel leaves it), the
+fraction of a heavy tenant's calls admitted halves each tick (at once to none when the delay
+is four times the target); below the target it grows back by 1 per second, and a queue while
+it is still growing back is shed at once (additive increase, multiplicative decrease).
+
+Heavy: calling above the fair share, the max-min share (water level) of the capacity among
+the active tenants (those calling at least ``fair_active_rate``/s), and above 1.5 times its
+equal part of the demand (tenants calling alike are not one another's flood). With fewer than
+two active tenants none is heavy. A shed call ends ``rejected/rate_limited`` with
+``retry_after`` (``shed_retry_after_seconds``) and spends no token of any declared limit.
 
 Redis away: nothing is shed for fairness (the last view is dropped), as reads fail open.
 Decisions are per worker from the fleet's view (at most a tick old); the state and the rule
@@ -35,7 +39,7 @@ from typing import TYPE_CHECKING
 from redis.exceptions import RedisError
 
 from config.settings import Admission as AdmissionSettings
-from runtime.load import load_key
+from runtime.load import cancelled_meanwhile, load_key
 from schemas.names import REDIS_USAGE_PREFIX
 
 if TYPE_CHECKING:
@@ -53,6 +57,8 @@ OVERLOAD = 4.0
 INCREASE = 1.0
 # The capacity taken for fair shares is at most this part of the demand (heavy_tenants).
 CAPACITY_OF_DEMAND = 0.5
+# A heavy tenant calls at least this many times its equal part of the demand (heavy_tenants).
+HEAVIER_THAN_EQUAL = 1.5
 # A report of a stage's delay older than this many ticks is not counted (its worker stopped).
 FRESH_TICKS = 10
 
@@ -64,6 +70,8 @@ class FairShare:
     heavy: frozenset[str] = frozenset()
     admitting: float = 1.0
     delay: float = 0.0  # the largest fresh queueing delay of a lane stage (seconds)
+    # Since when (monotonic seconds) the delay has been above the target without a break.
+    above_since: float | None = None
 
     @property
     def shedding(self) -> bool:
@@ -108,23 +116,44 @@ def heavy_tenants(usage: Mapping[str, Usage], *, active: float) -> frozenset[str
     demand = [u.judged for u in rates.values()]
     admitted = sum(u.admitted for u in rates.values())
     level = water_level(demand, min(admitted, CAPACITY_OF_DEMAND * sum(demand)))
-    return frozenset(t for t, u in rates.items() if u.judged > level)
+    # Heavier than the others too: tenants calling alike are not one another's flood (their
+    # queue is everyone's, for the lag-based shedding), whatever the capacity turns out to be.
+    above = HEAVIER_THAN_EQUAL * sum(demand) / len(demand)
+    return frozenset(t for t, u in rates.items() if u.judged > level and u.judged > above)
 
 
 def next_share(
-    before: FairShare, *, delay: float, usage: Mapping[str, Usage], settings: AdmissionSettings
+    before: FairShare,
+    *,
+    delay: float,
+    usage: Mapping[str, Usage],
+    now: float,
+    settings: AdmissionSettings,
 ) -> FairShare:
     """Pure: the next tick's fair share from the fleet's largest queueing delay (seconds) and
-    every active tenant's rate (module docstring)."""
+    every active tenant's rate at ``now`` (monotonic seconds; module docstring). As CoDel's,
+    a queue must stay above the target for ``fair_interval_seconds`` before anything is
+    shed: a burst that drains within it is left alone."""
     target = settings.fair_target_seconds
+    above_since: float | None = None
     if delay > target:
+        above_since = before.above_since if before.above_since is not None else now
+    # Still growing back from shedding: a queue again is the same overload, shed at once (as
+    # CoDel resumes dropping when it re-enters soon after it stopped).
+    recovering = before.admitting < 1.0
+    if above_since is not None and (
+        recovering or now - above_since >= settings.fair_interval_seconds
+    ):
         admitting = 0.0 if delay >= OVERLOAD * target else before.admitting * DECREASE
+    elif above_since is not None:
+        admitting = before.admitting
     else:
         admitting = min(1.0, before.admitting + INCREASE * settings.fair_tick_seconds)
     return FairShare(
         heavy=heavy_tenants(usage, active=settings.fair_active_rate),
         admitting=admitting,
         delay=delay,
+        above_since=above_since,
     )
 
 
@@ -218,6 +247,7 @@ async def watch_fair_share(
         try:
             answer = await script(keys=keys, args=args)
         except (RedisError, OSError) as exc:
+            cancelled_meanwhile(exc)
             if not failing:
                 log.warning("admission: fair shares off while Redis is away (%s)", exc)
             failing = True
@@ -225,6 +255,14 @@ async def watch_fair_share(
         else:
             failing = False
             delay, usage = parse_view(answer)
-            shedder.update(next_share(shedder.share, delay=delay, usage=usage, settings=settings))
+            shedder.update(
+                next_share(
+                    shedder.share,
+                    delay=delay,
+                    usage=usage,
+                    now=asyncio.get_running_loop().time(),
+                    settings=settings,
+                )
+            )
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), tick)

@@ -40,10 +40,15 @@ def test_the_water_level_serves_small_demands_in_full_and_splits_the_rest() -> N
 
 def test_the_flooding_tenant_is_heavy_and_the_quiet_one_is_not() -> None:
     assert heavy_tenants(_usage(tenant_a=8000, tenant_b=4), active=1.0) == {"tenant-a"}
-    # Two floods beside a quiet tenant: both heavy, the quiet one served in full.
-    assert heavy_tenants(_usage(a=8000, c=8000, b=4), active=1.0) == {"a", "c"}
-    # Equal tenants all over a queue: all heavy alike (each gets its equal share).
-    assert heavy_tenants(_usage(a=1000, b=1000, c=1000), active=1.0) == {"a", "b", "c"}
+    # Two floods beside two quiet tenants: both heavy, the quiet ones served in full.
+    assert heavy_tenants(_usage(a=8000, c=8000, b=4, d=4), active=1.0) == {"a", "c"}
+    # Two floods beside one quiet tenant: each floods half, not 1.5x its equal third, so
+    # neither is heavy (a known limit: k floods alike among n tenants are heavy while
+    # k < 2n/3).
+    assert heavy_tenants(_usage(a=8000, c=8000, b=4), active=1.0) == frozenset()
+    # Tenants calling alike are not one another's flood: none heavy, a little apart or not.
+    assert heavy_tenants(_usage(a=1000, b=1000, c=1000), active=1.0) == frozenset()
+    assert heavy_tenants(_usage(a=110, b=95, c=95), active=1.0) == frozenset()
     # Below the active rate a tenant does not count (here tenant-a is then alone).
     assert heavy_tenants(_usage(tenant_a=8000, tenant_b=0.5), active=1.0) == frozenset()
 
@@ -54,29 +59,51 @@ def test_a_tenant_alone_is_never_heavy() -> None:
 
 
 def test_while_shedding_the_capacity_is_what_the_fleet_admitted() -> None:
-    # The fleet admits 1,500/s while tenant-a asks 6,000 and tenant-b 1,000: 750 each is the
-    # fair share, so tenant-b is above it too (half the demand, 3,500, would spare it).
+    # The fleet admits 1,500/s while tenant-a asks 6,000, tenant-b 1,000 and tenant-c 1,000:
+    # 500 each is the fair share; b and c are above it, but not heavier than their equal part
+    # of the demand (1.5 x 2,667): only tenant-a is shed.
     usage = {
         "tenant-a": Usage(judged=6000, admitted=500),
-        "tenant-b": Usage(judged=1000, admitted=1000),
+        "tenant-b": Usage(judged=1000, admitted=500),
+        "tenant-c": Usage(judged=1000, admitted=500),
     }
-    assert heavy_tenants(usage, active=1.0) == {"tenant-a", "tenant-b"}
-    usage["tenant-b"] = Usage(judged=400, admitted=400)
     assert heavy_tenants(usage, active=1.0) == {"tenant-a"}
+    # Two floods beside them: both heavy (the level of 1,500 is 500; the equal part 3,500).
+    usage["tenant-d"] = Usage(judged=6000, admitted=0)
+    assert heavy_tenants(usage, active=1.0) == {"tenant-a", "tenant-d"}
 
 
 def test_the_admitted_fraction_halves_above_the_target_and_grows_back_below() -> None:
     usage = _usage(tenant_a=8000, tenant_b=4)
-    above = next_share(OPEN, delay=0.030, usage=usage, settings=SETTINGS)
-    assert above.heavy == {"tenant-a"} and above.admitting == 0.5 and above.shedding
-    again = next_share(above, delay=0.030, usage=usage, settings=SETTINGS)
+
+    def tick(before: FairShare, delay: float, now: float) -> FairShare:
+        return next_share(before, delay=delay, usage=usage, now=now, settings=SETTINGS)
+
+    # Above the target: nothing shed until it has stayed above for the interval (50 ms).
+    first = tick(OPEN, 0.030, now=10.0)
+    assert first.heavy == {"tenant-a"} and first.admitting == 1.0 and not first.shedding
+    assert tick(first, 0.030, now=10.025).admitting == 1.0
+    above = tick(first, 0.030, now=10.075)
+    assert above.admitting == 0.5 and above.shedding
+    again = tick(above, 0.030, now=10.1)
     assert again.admitting == 0.25
-    # Four times the target: nothing of a heavy tenant at once.
-    assert next_share(OPEN, delay=0.100, usage=usage, settings=SETTINGS).admitting == 0.0
-    below = next_share(again, delay=0.010, usage=usage, settings=SETTINGS)
-    assert below.admitting == pytest.approx(0.25 + 0.025)  # 1 per second, a 25 ms tick
+    # Four times the target, once the interval is over: nothing of a heavy tenant.
+    assert tick(tick(OPEN, 0.100, now=5.0), 0.100, now=5.075).admitting == 0.0
+    # Below the target: grows back by 1 per second (a 25 ms tick), and the interval restarts.
+    below = tick(again, 0.010, now=10.125)
+    assert below.admitting == pytest.approx(0.25 + 0.025) and below.above_since is None
+    # Above again while growing back: the same overload, shed at once (no new interval).
+    assert tick(below, 0.030, now=10.15).admitting == pytest.approx(below.admitting / 2)
     full = FairShare(heavy=frozenset({"tenant-a"}), admitting=0.99, delay=0.0)
-    assert next_share(full, delay=0.0, usage=usage, settings=SETTINGS).admitting == 1.0
+    assert tick(full, 0.0, now=11.0).admitting == 1.0
+
+
+def test_a_burst_that_drains_within_the_interval_is_left_alone() -> None:
+    usage = _usage(tenant_a=8000, tenant_b=4)
+    share = OPEN
+    for n, delay in enumerate([0.03, 0.2, 0.01, 0.2, 0.05, 0.01, 0.2, 0.04, 0.01]):
+        share = next_share(share, delay=delay, usage=usage, now=n * 0.025, settings=SETTINGS)
+        assert share.admitting == 1.0
 
 
 def test_the_shedder_admits_its_fraction_of_a_heavy_tenant_in_turn() -> None:
