@@ -272,7 +272,7 @@ class Admission(BaseModel):
     # above their fair share (calling at least ``fair_active_rate``/s, rates averaged over
     # ``fair_usage_seconds``) are shed, more each ``fair_tick_seconds`` while it stays above;
     # a tenant alone is never shed. 0 turns it off.
-    fair_target_seconds: float = Field(default=0.025, ge=0)
+    fair_target_seconds: float = Field(default=0.010, ge=0)
     fair_tick_seconds: float = Field(default=0.025, gt=0)
     fair_interval_seconds: float = Field(default=0.05, ge=0)
     fair_usage_seconds: float = Field(default=1.0, gt=0)
