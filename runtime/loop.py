@@ -41,8 +41,11 @@ Guarantees (the services' delivery guarantees rest on them):
   partitions, never holds another tenant's record until it is done. Within a lane records
   stay in order (one operation's records share a lane). A partition's offset moves to its
   first record not yet acknowledged, for all partitions together every
-  ``COMMIT_EVERY_SECONDS`` (and when the loop stops); at most ``LANES_QUEUED_BATCHES`` poll
-  batches' worth of records wait in the process.
+  ``COMMIT_EVERY_SECONDS`` (and when the loop stops). A partition with
+  ``LANES_QUEUED_BATCHES`` poll batches' worth of records waiting in the process is paused
+  (the broker keeps the rest) while the others are polled on, so a backlog on one partition
+  never keeps another's records in the broker; at most ``LANES_QUEUED_PARTITIONS`` times as
+  many wait in all.
 
 One batch at a time (:class:`BatchLoop`) is the default mode. A consumer of wake-up records
 whose work is elsewhere (the reconciler: the durable schedule is the ledger) fits too: its
@@ -53,6 +56,7 @@ work after each poll; what ``tick`` returns is published with the same isolation
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -105,9 +109,14 @@ COMMIT_EVERY_SECONDS = 0.2
 BATCHED_RECORD_MAX = 64 * 1024
 # Records a batched send builds before giving the event loop to other partitions' batches.
 BUILD_YIELD_EVERY = 25
-# Lanes: the loop stops polling while this many poll batches' worth of records are queued or
-# in flight (the broker keeps the rest).
+# Lanes: a partition is paused (the consumer's own pause: the broker keeps the rest of it)
+# while this many poll batches' worth of its records are queued or in flight; the others go
+# on being polled, so one tenant's backlog on its partitions never keeps another partition's
+# records in the broker.
 LANES_QUEUED_BATCHES = 2
+# Lanes: the loop stops polling altogether while this many partitions' worth of records (as
+# above) wait in the process, so the memory they take is bounded however many partitions.
+LANES_QUEUED_PARTITIONS = 3
 # Recover a call id from a record too broken or too big to parse whole.
 _CALL_ID_PROBE = re.compile(rb'"call_id"\s*:\s*"([A-Za-z0-9._:-]{1,128})"')
 
@@ -302,6 +311,10 @@ class _Outstanding:
             if waiting is not None and record.offset in waiting:
                 waiting.discard(record.offset)
                 self.open -= 1
+
+    def open_in(self, tp: TopicPartition) -> int:
+        """Records of ``tp`` polled and not yet acknowledged."""
+        return len(self._open.get(tp, ()))
 
     def keep(self, assigned: set[TopicPartition]) -> set[TopicPartition]:
         """Forget the partitions no longer ``assigned``; which they were."""
@@ -883,7 +896,9 @@ class LaneLoop(ConsumerLoop):
                 if time.monotonic() >= commit_due:
                     commit_due = time.monotonic() + COMMIT_EVERY_SECONDS
                     await self._commit_offsets(offsets.committable())
-                if busy and offsets.open >= most * LANES_QUEUED_BATCHES:
+                held_all = self._hold(offsets, most * LANES_QUEUED_BATCHES)
+                full = offsets.open >= most * LANES_QUEUED_BATCHES * LANES_QUEUED_PARTITIONS
+                if busy and (held_all or full):
                     # Enough waits here: the broker keeps the rest until a lane's batch ends.
                     await asyncio.wait(
                         busy.values(),
@@ -907,6 +922,20 @@ class LaneLoop(ConsumerLoop):
             since.clear()
             await asyncio.gather(*busy.values(), return_exceptions=True)
             await self._commit_offsets(offsets.committable())
+            with contextlib.suppress(IllegalStateError):  # a consumer stopped meanwhile
+                self._hold(_Outstanding(), most)  # nothing held: a loop started again polls all
+
+    def _hold(self, offsets: _Outstanding, most: int) -> bool:
+        """Pause the assigned partitions with ``most`` records or more waiting in the process,
+        resume the others; whether every assigned partition is paused now."""
+        assigned = self._consumer.assignment()
+        paused = self._consumer.paused() & assigned
+        full = {tp for tp in assigned if offsets.open_in(tp) >= most}
+        if full - paused:
+            self._consumer.pause(*(full - paused))
+        if paused - full:
+            self._consumer.resume(*(paused - full))
+        return bool(assigned) and full == assigned
 
     async def _poll_while(
         self, busy: dict[Hashable, asyncio.Task[None]], most: int

@@ -61,6 +61,8 @@ class FakeConsumer:
         self.committed: list[dict[TopicPartition, int]] = []
         self.assigned = {TP, TP2}
         self.refuse_commit = False
+        self.paused_now: set[TopicPartition] = set()
+        self.pauses: list[TopicPartition] = []
 
     async def getmany(self, *, timeout_ms: int, max_records: int) -> dict[TopicPartition, Any]:
         if not self.batches:
@@ -70,6 +72,16 @@ class FakeConsumer:
 
     def assignment(self) -> set[TopicPartition]:
         return self.assigned
+
+    def paused(self) -> set[TopicPartition]:
+        return set(self.paused_now)
+
+    def pause(self, *tps: TopicPartition) -> None:
+        self.paused_now.update(tps)
+        self.pauses.extend(tps)
+
+    def resume(self, *tps: TopicPartition) -> None:
+        self.paused_now.difference_update(tps)
 
     def highwater(self, _tp: TopicPartition) -> int:
         return 0
@@ -446,6 +458,38 @@ async def test_lanes_publish_a_few_records_before_another_lane_s_many() -> None:
         committed |= offsets
     assert committed == {TP: BULK_RECORDS, TP2: 1}
     assert loop.processed == BULK_RECORDS + 1
+
+
+async def test_a_partition_s_backlog_is_paused_and_the_others_are_polled_on() -> None:
+    """Lanes: once a partition has two poll batches' worth of records waiting, the consumer
+    pauses it and goes on polling the others, so B's record on another partition is fetched
+    and handled while A's backlog is still being handled; A's partition is resumed once its
+    backlog is done, and nothing stays paused when the loop ends."""
+    a_many = [rec(i, f"ok:a{i}".encode(), key=b"tenant-a:k") for i in range(8)]
+    b_one = rec(0, b"ok:b0", partition=1, key=b"tenant-b:k")
+    consumer = LaneConsumer([{TP: a_many}, {}, {TP2: [b_one]}])
+    producer = FakeProducer()
+    b_done = asyncio.Event()
+    paused_while_b: list[set[TopicPartition]] = []
+
+    async def slow(records: Sequence[Rec]) -> list[Handled]:
+        if records[0].partition == TP.partition:
+            # A's lane waits (as a slow provider would) until B's record has been handled.
+            await asyncio.wait_for(b_done.wait(), timeout=5)
+            if records[-1].offset == len(a_many) - 1:
+                consumer.done.set()
+        else:
+            paused_while_b.append(consumer.paused())
+            b_done.set()
+        return await handle(records)
+
+    loop = make_loop(consumer, producer, handle=slow, lane=by_tenant, max_records=2)
+    await asyncio.wait_for(loop.run(), timeout=10)
+    assert b_done.is_set()
+    assert paused_while_b == [{TP}]
+    assert TP2 not in consumer.pauses
+    assert consumer.paused() == set()
+    assert len(producer.on(Topic.OUTCOMES)) == 9
 
 
 def test_outstanding_offsets_commit_up_to_the_first_not_acknowledged() -> None:
