@@ -79,6 +79,10 @@ _NO_CLAIM = Claim(kind=ClaimKind.UNAVAILABLE)
 # Records of one tenant's lane handled as one batch at most: a burst is handled in slices
 # this small, between which another tenant's commands run (docs/operations.md).
 LANE_RECORDS = 50
+# Records of one partition the executor reads ahead before pausing it: another tenant's
+# command behind one tenant's admitted backlog on the same partition is read past it and
+# started in its own lane (the executor's records are small; its poll batch is 200).
+READ_AHEAD = 2000
 # A record's place: (topic, partition, offset).
 Position = tuple[str, int, int]
 
@@ -537,6 +541,7 @@ class ExecutorService:
             # (docs/operations.md, "Fair admission").
             lane=tenant_lane,
             lane_records=LANE_RECORDS,
+            read_ahead=READ_AHEAD,
         )
         parts = self._built = _Parts(
             owner=owner,

@@ -41,11 +41,12 @@ Guarantees (the services' delivery guarantees rest on them):
   partitions, never holds another tenant's record until it is done. Within a lane records
   stay in order (one operation's records share a lane). A partition's offset moves to its
   first record not yet acknowledged, for all partitions together every
-  ``COMMIT_EVERY_SECONDS`` (and when the loop stops). A partition with
-  ``LANES_QUEUED_BATCHES`` poll batches' worth of records waiting in the process is paused
-  (the broker keeps the rest) while the others are polled on, so a backlog on one partition
-  never keeps another's records in the broker; at most ``LANES_QUEUED_PARTITIONS`` times as
-  many wait in all.
+  ``COMMIT_EVERY_SECONDS`` (and when the loop stops). A partition with ``read_ahead``
+  records waiting in the process (default: a poll batch's worth) is paused (the broker keeps
+  the rest) until half of that is left, while the others are polled on, so a backlog on one
+  partition never keeps another's records in the broker, and a deeper read-ahead lets a
+  lane's records pass another lane's backlog on the same partition; at most
+  ``LANES_QUEUED_BATCHES`` times that waits in all.
 
 One batch at a time (:class:`BatchLoop`) is the default mode. A consumer of wake-up records
 whose work is elsewhere (the reconciler: the durable schedule is the ledger) fits too: its
@@ -109,14 +110,16 @@ COMMIT_EVERY_SECONDS = 0.2
 BATCHED_RECORD_MAX = 64 * 1024
 # Records a batched send builds before giving the event loop to other partitions' batches.
 BUILD_YIELD_EVERY = 25
-# Lanes: a partition is paused (the consumer's own pause: the broker keeps the rest of it)
-# while this many poll batches' worth of its records are queued or in flight; the others go
-# on being polled, so one tenant's backlog on its partitions never keeps another partition's
-# records in the broker.
+# Lanes: the loop stops polling while this many times the read-ahead (LaneLoop; at least a
+# poll batch) of records are queued or in flight (the broker keeps the rest).
 LANES_QUEUED_BATCHES = 2
-# Lanes: the loop stops polling altogether while this many partitions' worth of records (as
-# above) wait in the process, so the memory they take is bounded however many partitions.
-LANES_QUEUED_PARTITIONS = 3
+# Lanes: a partition with its read-ahead of records (LaneLoop) queued or in flight is paused
+# (the consumer's own pause: the broker keeps the rest of it) until at most this share of
+# that is left, while the others go on being polled, so one tenant's backlog on its
+# partitions never keeps another partition's records in the broker. (Resuming lower than
+# where it paused: a resumed partition's prefetched records are fetched again, so it should
+# not flip at every batch.)
+LANES_RESUME_SHARE = 0.5
 # Recover a call id from a record too broken or too big to parse whole.
 _CALL_ID_PROBE = re.compile(rb'"call_id"\s*:\s*"([A-Za-z0-9._:-]{1,128})"')
 
@@ -846,11 +849,14 @@ class LaneLoop(ConsumerLoop):
         *,
         lane: Callable[[Consumed], Hashable],
         lane_records: int | None = None,
+        read_ahead: int | None = None,
         **common: Any,
     ) -> None:
         super().__init__(settings, consumer, producer, **common)
         self._lane = lane
         self._lane_records = lane_records or self._max_records
+        # A partition is paused with this many records waiting (default: a poll batch's).
+        self._read_ahead = read_ahead or self._max_records
         # Per lane with records queued: when its oldest queued record was fetched (monotonic).
         self._queued_since: dict[Hashable, float] = {}
 
@@ -896,8 +902,8 @@ class LaneLoop(ConsumerLoop):
                 if time.monotonic() >= commit_due:
                     commit_due = time.monotonic() + COMMIT_EVERY_SECONDS
                     await self._commit_offsets(offsets.committable())
-                held_all = self._hold(offsets, most * LANES_QUEUED_BATCHES)
-                full = offsets.open >= most * LANES_QUEUED_BATCHES * LANES_QUEUED_PARTITIONS
+                held_all = self._hold(offsets, self._read_ahead)
+                full = offsets.open >= max(most, self._read_ahead) * LANES_QUEUED_BATCHES
                 if busy and (held_all or full):
                     # Enough waits here: the broker keeps the rest until a lane's batch ends.
                     await asyncio.wait(
@@ -927,15 +933,17 @@ class LaneLoop(ConsumerLoop):
 
     def _hold(self, offsets: _Outstanding, most: int) -> bool:
         """Pause the assigned partitions with ``most`` records or more waiting in the process,
-        resume the others; whether every assigned partition is paused now."""
+        resume the paused ones with at most ``LANES_RESUME_SHARE`` of that left; whether every
+        assigned partition is paused now."""
         assigned = self._consumer.assignment()
         paused = self._consumer.paused() & assigned
-        full = {tp for tp in assigned if offsets.open_in(tp) >= most}
-        if full - paused:
-            self._consumer.pause(*(full - paused))
-        if paused - full:
-            self._consumer.resume(*(paused - full))
-        return bool(assigned) and full == assigned
+        full = {tp for tp in assigned - paused if offsets.open_in(tp) >= most}
+        if full:
+            self._consumer.pause(*full)
+        resumed = {tp for tp in paused if offsets.open_in(tp) <= most * LANES_RESUME_SHARE}
+        if resumed:
+            self._consumer.resume(*resumed)
+        return bool(assigned) and (paused | full) - resumed == assigned
 
     async def _poll_while(
         self, busy: dict[Hashable, asyncio.Task[None]], most: int
@@ -980,6 +988,7 @@ def consumer_loop(
     *,
     lane: Callable[[Consumed], Hashable] | None = None,
     lane_records: int | None = None,
+    read_ahead: int | None = None,
     partition_records: int | None = None,
     after_publish: Callable[[], Awaitable[None]] | None = None,
     tick: Tick | None = None,
@@ -992,10 +1001,16 @@ def consumer_loop(
         if partition_records is not None or tick is not None or after_publish is not None:
             raise ValueError("lanes take no tick, no after_publish and no partition_records")
         return LaneLoop(
-            settings, consumer, producer, lane=lane, lane_records=lane_records, **common
+            settings,
+            consumer,
+            producer,
+            lane=lane,
+            lane_records=lane_records,
+            read_ahead=read_ahead,
+            **common,
         )
-    if lane_records is not None:
-        raise ValueError("lane_records without a lane")
+    if lane_records is not None or read_ahead is not None:
+        raise ValueError("lane_records or read_ahead without a lane")
     if partition_records is not None:
         if tick is not None or after_publish is not None:
             raise ValueError("independent partitions take no tick and no after_publish")
