@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TypeVar
 
 from pydantic import ValidationError
 
@@ -20,6 +21,7 @@ from commands.catalog import Catalog, Resource, Tool, ToolArguments
 from commands.freezes import NO_FREEZES, CallFacts, Freezes, frozen_scope
 from commands.policy import AuthorizationRequest, Decision, PolicySet, authorize_batch
 from runtime.identity import ContextKeys, call_binding_problem, verify_context_token
+from runtime.turns import turn
 from schemas.envelopes import (
     Actor,
     ActorRef,
@@ -270,6 +272,24 @@ def repeat_routed(
     return (Emit(topic=Topic.AUTHORIZED, key=call_id, value=authorized),)
 
 
+# Calls a batch's step decides before giving way to other lanes' batches (runtime/turns.py).
+YIELD_EVERY = 25
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+
+
+async def _each(items: Sequence[_T], step: Callable[[_T], _R]) -> list[_R]:
+    """``step`` of each item in order, giving way every ``YIELD_EVERY`` items: a backlog's
+    batch of hundreds of calls would otherwise hold the process's event loop (and the
+    validator's batches of other tenants in it) for tens of milliseconds at each step."""
+    out: list[_R] = []
+    for n, item in enumerate(items, 1):
+        out.append(step(item))
+        if n % YIELD_EVERY == 0:
+            await turn()
+    return out
+
+
 async def on_validated_batch(
     calls: Sequence[ValidatedCall],
     *,
@@ -288,27 +308,33 @@ async def on_validated_batch(
     human (``operations``; None: every such call opens its own request). With ``receipts``
     (the approval service's keys), an `@approval("auto")` call is committed here with its
     signed receipt; without, it goes to the approval-join, which signs it."""
-    checked = [_check(c, catalog=catalog, keys=keys, policies=policies, now=now) for c in calls]
+    checked = await _each(
+        calls, lambda c: _check(c, catalog=catalog, keys=keys, policies=policies, now=now)
+    )
     loading = [c for c in checked if isinstance(c, _Checked) and c.tool.load is not None]
     found = await fetch_many([(c.tool, c.actor, c.arguments) for c in loading]) if loading else ()
     resources = {id(c): r for c, r in zip(loading, found, strict=True)}
-    prepared = [
-        _pending(c, resources.get(id(c)), now=now, policies=policies)
-        if isinstance(c, _Checked)
-        else c
-        for c in checked
-    ]
+    prepared = await _each(
+        checked,
+        lambda c: (
+            _pending(c, resources.get(id(c)), now=now, policies=policies)
+            if isinstance(c, _Checked)
+            else c
+        ),
+    )
     pending = [p for p in prepared if isinstance(p, _Pending)]
     requests = [p.request for p in pending]
     if budgets is not None and requests:  # one read of the batch's budget windows
         requests = await budgets(requests, policies, now)
     decisions = iter(authorize_batch(requests, policies))
-    routed = [
-        _routed(p, next(decisions), now, policies, freezes, receipts=receipts)
-        if isinstance(p, _Pending)
-        else (p,)
-        for p in prepared
-    ]
+    routed = await _each(
+        prepared,
+        lambda p: (
+            _routed(p, next(decisions), now, policies, freezes, receipts=receipts)
+            if isinstance(p, _Pending)
+            else (p,)
+        ),
+    )
     if operations is None:
         return routed
     asking = [(i, call) for i, emits in enumerate(routed) if (call := needs_a_human(emits))]

@@ -278,11 +278,13 @@ def authorizer_handler(
 
     async def handle(records: Sequence[Consumed]) -> list[Handled]:
         parsed: list[ValidatedCall | None] = []
-        for record in records:
+        for n, record in enumerate(records, 1):
             try:
                 parsed.append(ValidatedCall.model_validate_json(record.value or b""))
             except ValidationError:
                 parsed.append(None)
+            if n % YIELD_EVERY == 0:
+                await turn()  # other lanes' batches run meanwhile (streams/authorizer.py)
         decided = await on_validated_batch(
             [c for c in parsed if c is not None],
             catalog=catalog,

@@ -85,3 +85,43 @@ async def test_a_call_that_needs_a_human_still_goes_to_the_join(
     )
     assert isinstance(routed.value, AuthorizedCall) and routed.value.route is Route.APPROVAL
     assert auto_audits((routed,)) == ()
+
+
+async def test_a_batch_of_many_calls_gives_way_to_other_tasks_as_it_goes(
+    catalog: Catalog, policies: PolicySet
+) -> None:
+    """A backlog's batch (hundreds of calls) does not hold the process's event loop from its
+    first step to its last: other lanes' batches in the same process (the validator's, of
+    another tenant) run every ``YIELD_EVERY`` calls of each step."""
+    import asyncio
+
+    from runtime.turns import batch_of
+    from streams.authorizer import YIELD_EVERY
+
+    calls = [validated(call_id=f"c-{i}", idempotency_key=f"k-{i}") for i in range(200)]
+    done = asyncio.Event()
+    turns = 0
+
+    async def other_lane() -> None:
+        nonlocal turns
+        while not done.is_set():
+            turns += 1
+            await asyncio.sleep(0)
+
+    ticking = asyncio.create_task(other_lane())
+    await asyncio.sleep(0)
+    before = turns
+    with batch_of(len(calls)):
+        decided = await on_validated_batch(
+            calls,
+            catalog=catalog,
+            keys=KEYS,
+            policies=policies,
+            fetch_many=one_by_one(FakeStore(PAYMENT).fetch),
+            now=NOW,
+        )
+    done.set()
+    await ticking
+    assert len(decided) == len(calls)
+    # Three steps (check, prepare, route), each giving way every YIELD_EVERY calls.
+    assert turns - before >= 3 * len(calls) // YIELD_EVERY
