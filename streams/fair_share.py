@@ -10,9 +10,10 @@ kept fleet-wide in Redis: streams/lua/usage.lua).
 
 Shedding: once the delay has stayed above ``fair_target_seconds`` for
 ``fair_interval_seconds`` (a burst that drains sooner is left alone, as CoDel leaves it), the
-fraction of a heavy tenant's calls admitted halves each tick (at once to none when the delay
-is four times the target); below the target it grows back by 1 per second, and a queue while
-it is still growing back is shed at once (additive increase, multiplicative decrease).
+fraction of a heavy tenant's calls admitted halves each tick; a delay of four times the target
+sheds them all at once, without waiting out the interval (an overload, not a burst). Below the
+target it grows back by 1 per second, and a queue while it is still growing back is shed at
+once (additive increase, multiplicative decrease).
 
 Heavy: calling above the fair share, the max-min share (water level) of the capacity among
 the active tenants (those calling at least ``fair_active_rate``/s), and above 1.5 times its
@@ -133,7 +134,8 @@ def next_share(
     """Pure: the next tick's fair share from the fleet's largest queueing delay (seconds) and
     every active tenant's rate at ``now`` (monotonic seconds; module docstring). As CoDel's,
     a queue must stay above the target for ``fair_interval_seconds`` before anything is
-    shed: a burst that drains within it is left alone."""
+    shed: a burst that drains within it is left alone, unless it is an overload (the delay
+    :data:`OVERLOAD` times the target), which is shed at once."""
     target = settings.fair_target_seconds
     above_since: float | None = None
     if delay > target:
@@ -141,8 +143,11 @@ def next_share(
     # Still growing back from shedding: a queue again is the same overload, shed at once (as
     # CoDel resumes dropping when it re-enters soon after it stopped).
     recovering = before.admitting < 1.0
+    # An overload (OVERLOAD times the target) is no burst to wait out: at a flood's onset the
+    # delay had passed 100 ms by the time the interval let it be shed (the flood test's log).
+    overloaded = delay >= OVERLOAD * target
     if above_since is not None and (
-        recovering or now - above_since >= settings.fair_interval_seconds
+        recovering or overloaded or now - above_since >= settings.fair_interval_seconds
     ):
         admitting = 0.0 if delay >= OVERLOAD * target else before.admitting * DECREASE
     elif above_since is not None:

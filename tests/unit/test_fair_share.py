@@ -101,9 +101,18 @@ def test_the_admitted_fraction_halves_above_the_target_and_grows_back_below() ->
 def test_a_burst_that_drains_within_the_interval_is_left_alone() -> None:
     usage = _usage(tenant_a=8000, tenant_b=4)
     share = OPEN
-    for n, delay in enumerate([0.03, 0.2, 0.01, 0.2, 0.05, 0.01, 0.2, 0.04, 0.01]):
+    # Above the target (25 ms), below an overload (100 ms), never for the whole interval.
+    for n, delay in enumerate([0.03, 0.09, 0.01, 0.05, 0.099, 0.01, 0.06, 0.04, 0.01]):
         share = next_share(share, delay=delay, usage=usage, now=n * 0.025, settings=SETTINGS)
         assert share.admitting == 1.0
+
+
+def test_an_overload_is_shed_at_once_without_waiting_out_the_interval() -> None:
+    usage = _usage(tenant_a=8000, tenant_b=4)
+    share = next_share(OPEN, delay=0.03, usage=usage, now=0.0, settings=SETTINGS)
+    assert share.admitting == 1.0  # a burst, so far
+    share = next_share(share, delay=0.1, usage=usage, now=0.025, settings=SETTINGS)
+    assert share.shedding and share.admitting == 0.0  # 4x the target, half the interval
 
 
 def test_the_shedder_admits_its_fraction_of_a_heavy_tenant_in_turn() -> None:
