@@ -67,6 +67,51 @@ class VerifiedTokens:
         return len(self._entries)
 
 
+# How long a token refused for good is answered from RefusedTokens without a verification.
+REFUSED_HOLD_SECONDS = 60.0
+
+
+class RefusedTokens:
+    """Tokens refused for good (a signature, format, algorithm, key, audience or issuer that
+    does not verify, or expired), each for ``hold_seconds`` (least recently refused first out
+    beyond ``max_entries``): a flood repeating a forged token is refused by a lookup, not by a
+    verification per call (issue 45; a well-formed wrong HS256 signature costs ~45 µs of
+    PyJWT). A token not yet valid (``nbf``, ``iat`` ahead) is not kept: it may verify soon."""
+
+    def __init__(
+        self,
+        max_entries: int = 10_000,
+        hold_seconds: float = REFUSED_HOLD_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._until: OrderedDict[str, float] = OrderedDict()
+        self._max = max_entries
+        self._hold = hold_seconds
+        self._clock = clock
+
+    def holds(self, token: str) -> bool:
+        until = self._until.get(token)
+        if until is None:
+            return False
+        if self._clock() >= until:
+            del self._until[token]
+            return False
+        return True
+
+    def add(self, token: str) -> None:
+        self._until[token] = self._clock() + self._hold
+        self._until.move_to_end(token)
+        while len(self._until) > self._max:
+            self._until.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._until)
+
+
+class _NotYetValid(Unauthenticated):
+    """A token refused only for now (``nbf`` or ``iat`` ahead of the clock): not kept."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class ContextKeys:
     """Keys and expectations for verifying context tokens."""
@@ -82,6 +127,8 @@ class ContextKeys:
     # Tokens verified with these keys, until they expire: an agent reuses one token for many
     # calls, and its signature need not be checked again for each (verify_context_token).
     verified: VerifiedTokens = field(default_factory=VerifiedTokens, compare=False, repr=False)
+    # Tokens refused for good, for a while: a repeated forged token is not verified again.
+    refused: RefusedTokens = field(default_factory=RefusedTokens, compare=False, repr=False)
 
     def binding_required(self, tenant: str) -> bool:
         return "*" in self.binding_tenants or tenant in self.binding_tenants
@@ -199,11 +246,26 @@ def verify_context_token(token: str, keys: ContextKeys, *, check_expiry: bool = 
     their signature, audience and issuer still prove who asked.
 
     A token verified before (with expiry) is answered from ``keys.verified`` until it
-    expires."""
-    if check_expiry:
-        known = keys.verified.get(token, keys.leeway_seconds)
-        if known is not None:
-            return known
+    expires; one refused for good, from ``keys.refused`` for a while."""
+    if not check_expiry:
+        return _verified(token, keys, check_expiry=False)
+    known = keys.verified.get(token, keys.leeway_seconds)
+    if known is not None:
+        return known
+    if keys.refused.holds(token):
+        raise Unauthenticated()
+    try:
+        return _verified(token, keys, check_expiry=True)
+    except _NotYetValid:
+        raise
+    except Unauthenticated:
+        keys.refused.add(token)
+        raise
+
+
+def _verified(token: str, keys: ContextKeys, *, check_expiry: bool) -> Actor:
+    """:func:`verify_context_token` without the caches (it keeps a success in
+    ``keys.verified``)."""
     key, alg = _key_for(token, keys)
     try:
         claims = jwt.decode(
@@ -220,11 +282,13 @@ def verify_context_token(token: str, keys: ContextKeys, *, check_expiry: bool = 
                 "verify_iat": check_expiry,
             },
         )
+    except jwt.ImmatureSignatureError as exc:
+        raise _NotYetValid() from exc
     except jwt.PyJWTError as exc:
         raise Unauthenticated() from exc
     iat = claims.get("iat")
     if check_expiry and isinstance(iat, int | float) and iat > time.time() + keys.leeway_seconds:
-        raise Unauthenticated()  # issued in the future
+        raise _NotYetValid()  # issued in the future
     roles = claims.get("roles", [])
     sid = claims.get("sid")
     if not isinstance(roles, list) or not all(isinstance(r, str) for r in roles):

@@ -13,6 +13,7 @@ from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
 
 from runtime.identity import (
     ContextKeys,
+    RefusedTokens,
     VerifiedTokens,
     issue_context_token,
     load_jwks,
@@ -215,3 +216,59 @@ def test_token_cache_is_bounded_and_keeps_no_refusals() -> None:
     with pytest.raises(Unauthenticated):
         verify_context_token("not-a-token", keys)
     assert len(keys.verified) == 0
+
+
+def _keys_with_refusals(clock: list[float], max_entries: int = 10_000) -> ContextKeys:
+    return ContextKeys(
+        secret=SECRET,
+        audience=KEYS.audience,
+        issuer=KEYS.issuer,
+        refused=RefusedTokens(max_entries=max_entries, hold_seconds=60, clock=lambda: clock[0]),
+    )
+
+
+def test_a_forged_token_refused_once_is_refused_again_without_a_verification(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 45: a flood repeating one forged token (well formed, wrong signature) costs a
+    lookup per call, not PyJWT's verification."""
+    clock = [100.0]
+    keys = _keys_with_refusals(clock)
+    forged = jwt.encode(_claims(), "another-secret-that-is-also-long-enough", algorithm="HS256")
+    decoded: list[str] = []
+    real_decode = jwt.decode
+
+    def counting_decode(*args: Any, **kwargs: Any) -> Any:
+        decoded.append(args[0])
+        return real_decode(*args, **kwargs)
+
+    monkeypatch.setattr(jwt, "decode", counting_decode)
+    for _ in range(3):
+        with pytest.raises(Unauthenticated):
+            verify_context_token(forged, keys)
+    assert len(decoded) == 1 and len(keys.refused) == 1
+    clock[0] += 60  # held for a while only: then verified in full again
+    with pytest.raises(Unauthenticated):
+        verify_context_token(forged, keys)
+    assert len(decoded) == 2
+    # A good token is not held up by another's refusal.
+    assert verify_context_token(token(), keys).tenant == "tenant-a"
+
+
+def test_a_token_not_yet_valid_is_not_kept_among_the_refused() -> None:
+    keys = _keys_with_refusals([0.0])
+    early = jwt.encode(_claims(nbf=int(time.time()) + 3600), SECRET, algorithm="HS256")
+    ahead = jwt.encode(_claims(iat=int(time.time()) + 3600), SECRET, algorithm="HS256")
+    for not_yet in (early, ahead):
+        with pytest.raises(Unauthenticated):
+            verify_context_token(not_yet, keys)
+    assert len(keys.refused) == 0
+
+
+def test_the_refused_tokens_are_bounded() -> None:
+    keys = _keys_with_refusals([0.0], max_entries=2)
+    for name in ("a.b.c", "d.e.f", "g.h.i"):
+        with pytest.raises(Unauthenticated):
+            verify_context_token(name, keys)
+    assert len(keys.refused) == 2
+    assert not keys.refused.holds("a.b.c") and keys.refused.holds("g.h.i")
