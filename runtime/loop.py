@@ -35,12 +35,16 @@ Guarantees (the services' delivery guarantees rest on them):
 
 - Lanes (:class:`LaneLoop`, ``lane``; the stateless stages and the executor: a record's
   tenant): the loop keeps polling while batches are handled, and each lane has at most one
-  batch in flight, handled, published and acknowledged on its own, its next records queued
-  meanwhile; a lane's batch of many records gives way to other lanes' few at its yield
-  points (runtime/turns.py). So one tenant's burst, however its records spread over the
-  partitions, never holds another tenant's record until it is done. Within a lane records
-  stay in order (one operation's records share a lane). A partition's offset moves to its
-  first record not yet acknowledged, for all partitions together every
+  batch in flight, its next records queued meanwhile. A lane with a backlog (``BULK_RECORDS``
+  or more queued) is handled, published and acknowledged on its own; the lanes with few
+  records ready at once are handled together as one batch of at most ``LANE_GROUP_RECORDS``
+  (and ``lane_records``), each of them in flight until that batch ends (one lane's batch
+  each, a few records, paid the per-batch costs again and again). A batch of many records
+  gives way to the batches of few at its yield points (runtime/turns.py). So one tenant's
+  burst, however its records spread over the partitions, never holds another tenant's
+  record until it is done. Within a lane records stay in order (one operation's records
+  share a lane). A partition's offset moves to its first record not yet acknowledged, for
+  all partitions together every
   ``COMMIT_EVERY_SECONDS`` (and when the loop stops). A partition with ``read_ahead``
   records waiting in the process (default: a poll batch's worth) is paused (the broker keeps
   the rest) until half of that is left, while the others are polled on, so a backlog on one
@@ -85,7 +89,7 @@ from runtime.hop import record_hop, status_of, trace_id_in
 from runtime.publish import YIELD_EVERY, Answer, IsolatedPublisher, Publication
 from runtime.replies import ReplySender, send_reply
 from runtime.retry import Stopped, retrying
-from runtime.turns import batch_of, turn
+from runtime.turns import BULK_RECORDS, batch_of, turn
 from schemas.envelopes import (
     Outcome,
     ReplyAddress,
@@ -120,6 +124,11 @@ LANES_QUEUED_BATCHES = 2
 # where it paused: a resumed partition's prefetched records are fetched again, so it should
 # not flip at every batch.)
 LANES_RESUME_SHARE = 0.5
+# Lanes: the records of the lanes with few records queued are handled and published together,
+# at most this many in one batch (LaneLoop): one lane's batch each, a few records, left the
+# per-batch costs (a poll's records spread over its partitions' lanes: 4 to 11 records a
+# batch in a closed loop of reads, 2 to 3 times the CPU per call; docs/measurements.md).
+LANE_GROUP_RECORDS = 500
 # Recover a call id from a record too broken or too big to parse whole.
 _CALL_ID_PROBE = re.compile(rb'"call_id"\s*:\s*"([A-Za-z0-9._:-]{1,128})"')
 
@@ -889,16 +898,7 @@ class LaneLoop(ConsumerLoop):
                         if not queued[key]:
                             del queued[key]
                             since.pop(key, None)
-                for key in [key for key in queued if key not in busy]:
-                    records = queued.pop(key)
-                    polled_at = since.pop(key)
-                    backlog = len(records)  # a lane's backlog is bulk, however it is sliced
-                    if len(records) > self._lane_records:
-                        cut = self._lane_records
-                        records, queued[key] = records[:cut], records[cut:]
-                        # The rest keeps the slice's fetch time (its age at most that).
-                        since[key] = polled_at
-                    busy[key] = asyncio.create_task(self._lane_batch(records, offsets, backlog))
+                self._start_ready(queued, busy, offsets)
                 if time.monotonic() >= commit_due:
                     commit_due = time.monotonic() + COMMIT_EVERY_SECONDS
                     await self._commit_offsets(offsets.committable())
@@ -930,6 +930,57 @@ class LaneLoop(ConsumerLoop):
             await self._commit_offsets(offsets.committable())
             with contextlib.suppress(IllegalStateError):  # a consumer stopped meanwhile
                 self._hold(_Outstanding(), most)  # nothing held: a loop started again polls all
+
+    def _start_ready(
+        self,
+        queued: dict[Hashable, list[Consumed]],
+        busy: dict[Hashable, asyncio.Task[None]],
+        offsets: _Outstanding,
+    ) -> None:
+        """Start the queued lanes with no batch in flight: a lane with a backlog (bulk, a slice
+        of at most ``lane_records``) alone, the lanes with few records together, in groups of
+        at most ``lane_records`` records (one handling and one publication for all of them;
+        each of its lanes has its batch in flight until the group's ends)."""
+        group: list[Consumed] = []
+        lanes: list[Hashable] = []
+        largest = 0  # the group's largest lane: the group is as small as its lanes are
+        cap = min(self._lane_records, LANE_GROUP_RECORDS)
+        since = self._queued_since
+        for key in [key for key in queued if key not in busy]:
+            records = queued[key]
+            if len(records) < min(BULK_RECORDS, cap):
+                if group and len(group) + len(records) > cap:
+                    self._start(group, lanes, busy, offsets, largest)
+                    group, lanes, largest = [], [], 0
+                del queued[key]
+                since.pop(key)
+                group += records
+                lanes.append(key)
+                largest = max(largest, len(records))
+                continue
+            del queued[key]
+            polled_at = since.pop(key)
+            backlog = len(records)  # a lane's backlog is bulk, however it is sliced
+            if len(records) > self._lane_records:
+                cut = self._lane_records
+                records, queued[key] = records[:cut], records[cut:]
+                # The rest keeps the slice's fetch time (its age at most that).
+                since[key] = polled_at
+            self._start(records, [key], busy, offsets, backlog)
+        if group:
+            self._start(group, lanes, busy, offsets, largest)
+
+    def _start(
+        self,
+        records: list[Consumed],
+        lanes: list[Hashable],
+        busy: dict[Hashable, asyncio.Task[None]],
+        offsets: _Outstanding,
+        backlog: int,
+    ) -> None:
+        task = asyncio.create_task(self._lane_batch(records, offsets, backlog))
+        for key in lanes:
+            busy[key] = task
 
     def _hold(self, offsets: _Outstanding, most: int) -> bool:
         """Pause the assigned partitions with ``most`` records or more waiting in the process,

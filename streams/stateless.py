@@ -72,15 +72,16 @@ from telemetry.tracing import Tracer, trace_id_of
 log = logging.getLogger("ratifier.streams")
 
 BATCH_MAX = 500  # records per poll: a backlog drains in large batches
-# Each lane (a partition and the tenant of the key: ``tenant_lane``) is processed on its own,
-# with one batch of at most this many records in flight, so one tenant's backlog on its lanes
-# (schemas/lanes.py) never delays another tenant's records, in its partition or another
-# (docs/operations.md, "Fair admission"; issue 45). The validator's batches take all
-# that a fetch brought (≈ 2,400 proposals; aiokafka fetches a partition's next records only
-# once those are taken), while the handlers and the publisher give the event loop to the
-# other partitions every few records. The authorizer keeps batches of 500: batches of 100 did
-# not measurably shorten another tenant's wait in the flood (docs/measurements.md), and more
-# batches cost more round trips under a backlog.
+# Each lane (a partition and the tenant of the key: ``tenant_lane``) has one batch of at most
+# this many records in flight; a lane with a backlog is processed on its own, so one tenant's
+# backlog on its lanes (schemas/lanes.py) never delays another tenant's records, in its
+# partition or another (docs/operations.md, "Fair admission"; issue 45), and the lanes with
+# few records go together (runtime/loop.py, at most 500 a batch: issue 46). The validator's
+# batches take all that a fetch brought (≈ 2,400 proposals; aiokafka fetches a partition's
+# next records only once those are taken), while the handlers and the publisher give the
+# event loop to the other partitions every few records. The authorizer keeps batches of 500:
+# batches of 100 did not measurably shorten another tenant's wait in the flood
+# (docs/measurements.md), and more batches cost more round trips under a backlog.
 PARTITION_BATCH = {StreamStage.VALIDATOR: 5000, StreamStage.AUTHORIZER: BATCH_MAX}
 YIELD_EVERY = 5  # records a handler decides before letting other partitions' batches run
 # The producer's batches (bytes): a partition batch's outputs (500 refusals of ≈ 0.6 KiB over

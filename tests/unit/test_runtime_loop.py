@@ -618,6 +618,51 @@ async def test_a_lane_s_records_are_handled_in_slices_of_lane_records_in_order()
     assert committed == {TP: 5}
 
 
+async def test_lanes_with_few_records_are_handled_together_and_a_backlog_alone() -> None:
+    """Issue 46: the lanes with few records ready at once are handled (and published) as one
+    batch, at most ``lane_records`` records; a lane with a backlog (bulk) is handled alone.
+    A grouped lane's next records wait for the group's end, and each lane keeps its order."""
+    from runtime.turns import BULK_RECORDS
+
+    def few(tenant: str, offset: int, partition: int = 0) -> Rec:
+        value, key = f"ok:{tenant}{offset}".encode(), f"{tenant}:k".encode()
+        return rec(offset, value, partition=partition, key=key)
+
+    e_many = [few("e", 10 + i) for i in range(BULK_RECORDS)]
+    first = {
+        TP: [few("a", 0), few("b", 1), few("c", 2), *e_many],
+        TP2: [few("d", 0, partition=1), few("f", 1, partition=1)],
+    }
+    consumer = LaneConsumer([first, {TP2: [few("d", 2, partition=1)]}])
+    producer = FakeProducer()
+    batches: list[list[str]] = []
+    group_ends = asyncio.Event()
+
+    async def recorded(records: Sequence[Rec]) -> list[Handled]:
+        names = [(r.value or b"").decode().removeprefix("ok:") for r in records]
+        batches.append(names)
+        if "a0" in names:
+            await asyncio.sleep(0.05)  # d's next record is polled meanwhile, and waits
+            group_ends.set()
+        if sum(len(b) for b in batches) == 3 + BULK_RECORDS + 3:
+            consumer.done.set()
+        return await handle(records)
+
+    loop = make_loop(consumer, producer, handle=recorded, lane=by_tenant, lane_records=4)
+    await asyncio.wait_for(loop.run(), timeout=10)
+    assert group_ends.is_set()
+    grouped = [b for b in batches if not b[0].startswith("e")]
+    # a, b, c and d (four records, the most a batch takes here) together; f then alone in
+    # its group; d's next record after its group.
+    assert grouped == [["a0", "b1", "c2", "d0"], ["f1"], ["d2"]]
+    # The backlog in slices of its own, in order, never with another lane's records.
+    assert [n for b in batches if b[0].startswith("e") for n in b] == [
+        f"e{10 + i}" for i in range(BULK_RECORDS)
+    ]
+    assert all(len(b) <= 4 and len({n[0] for n in b}) == 1 for b in batches if b[0] == "e")
+    assert len(producer.on(Topic.OUTCOMES)) == 6 + BULK_RECORDS
+
+
 def test_the_factory_picks_one_loop_per_mode_and_refuses_mixed_modes() -> None:
     """Issue 46: one small class per mode, chosen by ``consumer_loop``'s arguments."""
     consumer, producer = FakeConsumer([]), FakeProducer()
