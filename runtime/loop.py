@@ -39,7 +39,10 @@ Guarantees (the services' delivery guarantees rest on them):
   or more queued) is handled, published and acknowledged on its own; the lanes with few
   records ready at once are handled together as one batch of at most ``LANE_GROUP_RECORDS``
   (and ``lane_records``), each of them in flight until that batch ends (one lane's batch
-  each, a few records, paid the per-batch costs again and again). A batch of many records
+  each, a few records, paid the per-batch costs again and again). Such a group starts once
+  the groups in flight have ended or have run ``LANE_GROUP_WAIT_SECONDS``: what arrives
+  meanwhile goes in the next one, as a producer's linger batches records, while an idle
+  loop starts a record at once. A batch of many records
   gives way to the batches of few at its yield points (runtime/turns.py). So one tenant's
   burst, however its records spread over the partitions, never holds another tenant's
   record until it is done. Within a lane records stay in order (one operation's records
@@ -129,6 +132,9 @@ LANES_RESUME_SHARE = 0.5
 # per-batch costs (a poll's records spread over its partitions' lanes: 4 to 11 records a
 # batch in a closed loop of reads, 2 to 3 times the CPU per call; docs/measurements.md).
 LANE_GROUP_RECORDS = 500
+# Lanes: a group of few-record lanes starts when the groups in flight have ended, or have been
+# in flight this long (a slow group, one tenant's slow provider, holds the others no longer).
+LANE_GROUP_WAIT_SECONDS = 0.02
 # Recover a call id from a record too broken or too big to parse whole.
 _CALL_ID_PROBE = re.compile(rb'"call_id"\s*:\s*"([A-Za-z0-9._:-]{1,128})"')
 
@@ -868,6 +874,10 @@ class LaneLoop(ConsumerLoop):
         self._read_ahead = read_ahead or self._max_records
         # Per lane with records queued: when its oldest queued record was fetched (monotonic).
         self._queued_since: dict[Hashable, float] = {}
+        # The groups of few-record lanes in flight, with when each started (monotonic), and
+        # when the lanes left waiting for them may start anyway (None: none waits).
+        self._groups: list[tuple[asyncio.Task[None], float]] = []
+        self._group_due: float | None = None
 
     def waiting_seconds(self) -> float:
         """The age of the oldest queued record (a lane waiting for its batch in flight, or
@@ -939,18 +949,28 @@ class LaneLoop(ConsumerLoop):
     ) -> None:
         """Start the queued lanes with no batch in flight: a lane with a backlog (bulk, a slice
         of at most ``lane_records``) alone, the lanes with few records together, in groups of
-        at most ``lane_records`` records (one handling and one publication for all of them;
-        each of its lanes has its batch in flight until the group's ends)."""
+        at most ``lane_records`` and ``LANE_GROUP_RECORDS`` records (one handling and one
+        publication for all of them; each of its lanes has its batch in flight until the
+        group's ends), once the groups in flight have ended or run long enough."""
         group: list[Consumed] = []
         lanes: list[Hashable] = []
         largest = 0  # the group's largest lane: the group is as small as its lanes are
         cap = min(self._lane_records, LANE_GROUP_RECORDS)
         since = self._queued_since
+        # A group starts once the groups in flight have ended (or waited long enough): the
+        # few records arriving meanwhile go in the next, as a producer's linger batches them.
+        now = time.monotonic()
+        self._groups = [(task, at) for task, at in self._groups if not task.done()]
+        due = min((at + LANE_GROUP_WAIT_SECONDS for _, at in self._groups), default=now)
+        self._group_due = None
         for key in [key for key in queued if key not in busy]:
             records = queued[key]
             if len(records) < min(BULK_RECORDS, cap):
+                if due > now:
+                    self._group_due = due
+                    continue
                 if group and len(group) + len(records) > cap:
-                    self._start(group, lanes, busy, offsets, largest)
+                    self._groups.append((self._start(group, lanes, busy, offsets, largest), now))
                     group, lanes, largest = [], [], 0
                 del queued[key]
                 since.pop(key)
@@ -968,7 +988,7 @@ class LaneLoop(ConsumerLoop):
                 since[key] = polled_at
             self._start(records, [key], busy, offsets, backlog)
         if group:
-            self._start(group, lanes, busy, offsets, largest)
+            self._groups.append((self._start(group, lanes, busy, offsets, largest), now))
 
     def _start(
         self,
@@ -977,10 +997,11 @@ class LaneLoop(ConsumerLoop):
         busy: dict[Hashable, asyncio.Task[None]],
         offsets: _Outstanding,
         backlog: int,
-    ) -> None:
+    ) -> asyncio.Task[None]:
         task = asyncio.create_task(self._lane_batch(records, offsets, backlog))
         for key in lanes:
             busy[key] = task
+        return task
 
     def _hold(self, offsets: _Outstanding, most: int) -> bool:
         """Pause the assigned partitions with ``most`` records or more waiting in the process,
@@ -1006,7 +1027,12 @@ class LaneLoop(ConsumerLoop):
             self._consumer.getmany(timeout_ms=self._poll_ms, max_records=most)
         )
         if busy:
-            await asyncio.wait({poll, *busy.values()}, return_when=asyncio.FIRST_COMPLETED)
+            due = self._group_due
+            await asyncio.wait(
+                {poll, *busy.values()},
+                timeout=None if due is None else max(0.0, due - time.monotonic()),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
             if not poll.done():
                 # It is still waiting, so it drained nothing: cancelling it loses no record.
                 poll.cancel()

@@ -9,7 +9,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from aiokafka import TopicPartition
@@ -618,49 +618,90 @@ async def test_a_lane_s_records_are_handled_in_slices_of_lane_records_in_order()
     assert committed == {TP: 5}
 
 
-async def test_lanes_with_few_records_are_handled_together_and_a_backlog_alone() -> None:
+def few(tenant: str, offset: int, partition: int = 0) -> Rec:
+    value, key = f"ok:{tenant}{offset}".encode(), f"{tenant}:k".encode()
+    return rec(offset, value, partition=partition, key=key)
+
+
+def names(records: Sequence[Rec]) -> list[str]:
+    return [(r.value or b"").decode().removeprefix("ok:") for r in records]
+
+
+async def test_lanes_with_few_records_are_handled_together_and_a_backlog_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Issue 46: the lanes with few records ready at once are handled (and published) as one
     batch, at most ``lane_records`` records; a lane with a backlog (bulk) is handled alone.
-    A grouped lane's next records wait for the group's end, and each lane keeps its order."""
+    The few-record lanes polled while a group is in flight wait for it to end and go together
+    in the next, and a grouped lane's next records wait for its group; each lane keeps its
+    order."""
+    from runtime import loop as loop_module
     from runtime.turns import BULK_RECORDS
 
-    def few(tenant: str, offset: int, partition: int = 0) -> Rec:
-        value, key = f"ok:{tenant}{offset}".encode(), f"{tenant}:k".encode()
-        return rec(offset, value, partition=partition, key=key)
-
+    monkeypatch.setattr(loop_module, "LANE_GROUP_WAIT_SECONDS", 30.0)
     e_many = [few("e", 10 + i) for i in range(BULK_RECORDS)]
     first = {
         TP: [few("a", 0), few("b", 1), few("c", 2), *e_many],
         TP2: [few("d", 0, partition=1), few("f", 1, partition=1)],
     }
-    consumer = LaneConsumer([first, {TP2: [few("d", 2, partition=1)]}])
+    then = {TP: [few("g", 80)], TP2: [few("d", 2, partition=1)]}
+    consumer = LaneConsumer([first, then])
     producer = FakeProducer()
     batches: list[list[str]] = []
-    group_ends = asyncio.Event()
+    total = 3 + BULK_RECORDS + 4
 
     async def recorded(records: Sequence[Rec]) -> list[Handled]:
-        names = [(r.value or b"").decode().removeprefix("ok:") for r in records]
-        batches.append(names)
-        if "a0" in names:
-            await asyncio.sleep(0.05)  # d's next record is polled meanwhile, and waits
-            group_ends.set()
-        if sum(len(b) for b in batches) == 3 + BULK_RECORDS + 3:
+        batches.append(names(records))
+        if "a0" in batches[-1]:
+            # In flight until d's next record (polled with g's) is queued behind this batch.
+            queued = cast(LaneLoop, loop)._queued_since
+            while b"d" not in queued:  # noqa: ASYNC110 - the loop sets a plain field
+                await asyncio.sleep(0.001)
+        if sum(len(b) for b in batches) == total:
             consumer.done.set()
         return await handle(records)
 
     loop = make_loop(consumer, producer, handle=recorded, lane=by_tenant, lane_records=4)
     await asyncio.wait_for(loop.run(), timeout=10)
-    assert group_ends.is_set()
     grouped = [b for b in batches if not b[0].startswith("e")]
-    # a, b, c and d (four records, the most a batch takes here) together; f then alone in
-    # its group; d's next record after its group.
-    assert grouped == [["a0", "b1", "c2", "d0"], ["f1"], ["d2"]]
+    # a, b, c and d (four records, the most a batch takes here) together; f then in a group
+    # of its own; g (no batch in flight) and d's next record after the groups in flight.
+    assert grouped == [["a0", "b1", "c2", "d0"], ["f1"], ["g80", "d2"]]
     # The backlog in slices of its own, in order, never with another lane's records.
     assert [n for b in batches if b[0].startswith("e") for n in b] == [
         f"e{10 + i}" for i in range(BULK_RECORDS)
     ]
     assert all(len(b) <= 4 and len({n[0] for n in b}) == 1 for b in batches if b[0] == "e")
-    assert len(producer.on(Topic.OUTCOMES)) == 6 + BULK_RECORDS
+    assert len(producer.on(Topic.OUTCOMES)) == total
+
+
+async def test_a_slow_group_holds_the_other_lanes_only_so_long(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 46: the few-record lanes wait for a group in flight at most
+    ``LANE_GROUP_WAIT_SECONDS`` (one tenant's slow provider does not hold the others'
+    records): g's record starts while a's group is still in flight."""
+    from runtime import loop as loop_module
+
+    monkeypatch.setattr(loop_module, "LANE_GROUP_WAIT_SECONDS", 0.05)
+    consumer = LaneConsumer([{TP: [few("a", 0)]}, {TP2: [few("g", 0, partition=1)]}])
+    producer = FakeProducer()
+    batches: list[list[str]] = []
+    g_started = asyncio.Event()
+
+    async def recorded(records: Sequence[Rec]) -> list[Handled]:
+        batches.append(names(records))
+        if batches[-1] == ["a0"]:
+            await asyncio.wait_for(g_started.wait(), timeout=5)  # slow until g has started
+            consumer.done.set()
+        else:
+            g_started.set()
+        return await handle(records)
+
+    loop = make_loop(consumer, producer, handle=recorded, lane=by_tenant)
+    await asyncio.wait_for(loop.run(), timeout=10)
+    assert batches == [["a0"], ["g0"]]
+    assert len(producer.on(Topic.OUTCOMES)) == 2
 
 
 def test_the_factory_picks_one_loop_per_mode_and_refuses_mixed_modes() -> None:
