@@ -42,7 +42,9 @@ Guarantees (the services' delivery guarantees rest on them):
   each, a few records, paid the per-batch costs again and again). Such a group starts once
   the groups in flight have ended or have run ``LANE_GROUP_WAIT_SECONDS``: what arrives
   meanwhile goes in the next one, as a producer's linger batches records, while an idle
-  loop starts a record at once. A batch of many records
+  loop starts a record at once. A tenant with ``BUSY_TENANT_RECORDS`` or more records in
+  such lanes (``lane_tenant``) is grouped and paced apart from the quiet tenants, so a quiet
+  tenant's record never rides in, or waits for, a busy tenant's group. A batch of many records
   gives way to the batches of few at its yield points (runtime/turns.py). So one tenant's
   burst, however its records spread over the partitions, never holds another tenant's
   record until it is done. Within a lane records stay in order (one operation's records
@@ -70,7 +72,7 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any, TypeAlias
@@ -135,6 +137,12 @@ LANE_GROUP_RECORDS = 500
 # Lanes: a group of few-record lanes starts when the groups in flight have ended, or have been
 # in flight this long (a slow group, one tenant's slow provider, holds the others no longer).
 LANE_GROUP_WAIT_SECONDS = 0.02
+# Lanes: a tenant with this many records or more in lanes of few records is busy: its lanes are
+# grouped, and their groups paced, apart from the quiet tenants' (a quiet tenant's record rode
+# in, or waited up to LANE_GROUP_WAIT_SECONDS for, a flooding tenant's group of up to
+# ``lane_records``: docs/measurements.md). A quarter of BULK_RECORDS: a quiet group then holds
+# at most 15 records of any one tenant.
+BUSY_TENANT_RECORDS = 16
 # Recover a call id from a record too broken or too big to parse whole.
 _CALL_ID_PROBE = re.compile(rb'"call_id"\s*:\s*"([A-Za-z0-9._:-]{1,128})"')
 
@@ -852,6 +860,31 @@ class PartitionLoop(ConsumerLoop):
             log.info("%s: stopped while waiting; %s's batch is not committed", self._stage, tp)
 
 
+# The kinds of groups of few-record lanes (LaneLoop): the quiet tenants' together, a busy
+# tenant's apart (``(_BUSY, tenant)``).
+_QUIET = "quiet"
+_BUSY = "busy"
+
+
+def _lane_is_tenant(lane: Hashable) -> Hashable:
+    return lane
+
+
+@dataclass
+class _Group:
+    """Few-record lanes forming one batch (LaneLoop): their records, the lanes, the largest."""
+
+    bulk: bool
+    records: list[Consumed] = field(default_factory=list)
+    lanes: list[Hashable] = field(default_factory=list)
+    largest: int = 0
+
+    def add(self, lane: Hashable, records: list[Consumed]) -> None:
+        self.records += records
+        self.lanes.append(lane)
+        self.largest = max(self.largest, len(records))
+
+
 class LaneLoop(ConsumerLoop):
     """Lanes (the module's docstring): records in lanes of ``lane(record)``, a lane's batch
     at most ``lane_records`` records (default: ``max_records``)."""
@@ -863,6 +896,7 @@ class LaneLoop(ConsumerLoop):
         producer: AIOKafkaProducer | None,
         *,
         lane: Callable[[Consumed], Hashable],
+        lane_tenant: Callable[[Hashable], Hashable] | None = None,
         lane_records: int | None = None,
         read_ahead: int | None = None,
         **common: Any,
@@ -874,9 +908,12 @@ class LaneLoop(ConsumerLoop):
         self._read_ahead = read_ahead or self._max_records
         # Per lane with records queued: when its oldest queued record was fetched (monotonic).
         self._queued_since: dict[Hashable, float] = {}
-        # The groups of few-record lanes in flight, with when each started (monotonic), and
-        # when the lanes left waiting for them may start anyway (None: none waits).
-        self._groups: list[tuple[asyncio.Task[None], float]] = []
+        # The tenant of a lane (default: the lane is a tenant's).
+        self._lane_tenant = lane_tenant or _lane_is_tenant
+        # The groups of few-record lanes in flight by kind (the quiet tenants', or one busy
+        # tenant's), with when each started (monotonic), and when the lanes left waiting for
+        # them may start anyway (None: none waits).
+        self._groups: dict[Hashable, list[tuple[asyncio.Task[None], float]]] = {}
         self._group_due: float | None = None
 
     def waiting_seconds(self) -> float:
@@ -915,11 +952,13 @@ class LaneLoop(ConsumerLoop):
                 held_all = self._hold(offsets, self._read_ahead)
                 full = offsets.open >= max(most, self._read_ahead) * LANES_QUEUED_BATCHES
                 if busy and (held_all or full):
-                    # Enough waits here: the broker keeps the rest until a lane's batch ends.
+                    # Enough waits here: the broker keeps the rest until a lane's batch ends
+                    # (or the lanes waiting for the groups in flight may start).
+                    wait = self._poll_ms / 1000
+                    if self._group_due is not None:
+                        wait = min(wait, max(0.0, self._group_due - time.monotonic()))
                     await asyncio.wait(
-                        busy.values(),
-                        timeout=self._poll_ms / 1000,
-                        return_when=asyncio.FIRST_COMPLETED,
+                        busy.values(), timeout=wait, return_when=asyncio.FIRST_COMPLETED
                     )
                     lag_due = await self._polled(lag_due)  # alive, though not polling
                     continue
@@ -951,32 +990,53 @@ class LaneLoop(ConsumerLoop):
         of at most ``lane_records``) alone, the lanes with few records together, in groups of
         at most ``lane_records`` and ``LANE_GROUP_RECORDS`` records (one handling and one
         publication for all of them; each of its lanes has its batch in flight until the
-        group's ends), once the groups in flight have ended or run long enough."""
-        group: list[Consumed] = []
-        lanes: list[Hashable] = []
-        largest = 0  # the group's largest lane: the group is as small as its lanes are
+        group's ends), once the groups in flight of their kind have ended or run long enough.
+        A tenant with ``BUSY_TENANT_RECORDS`` or more records in such lanes is grouped and
+        paced apart from the others (its group as bulk as its records are many), so that a
+        quiet tenant's records never ride in, or wait for, a busy tenant's group."""
         cap = min(self._lane_records, LANE_GROUP_RECORDS)
+        few = min(BULK_RECORDS, cap)
         since = self._queued_since
-        # A group starts once the groups in flight have ended (or waited long enough): the
-        # few records arriving meanwhile go in the next, as a producer's linger batches them.
+        tenant_of = self._lane_tenant
+        ready = [key for key in queued if key not in busy]
+        # Each tenant's records in lanes of few records: a busy tenant's lanes go apart.
+        totals: dict[Hashable, int] = {}
+        for key in ready:
+            count = len(queued[key])
+            if count < few:
+                tenant = tenant_of(key)
+                totals[tenant] = totals.get(tenant, 0) + count
+        # A group starts once the groups in flight of its kind have ended (or waited long
+        # enough): the few records arriving meanwhile go in the next, as a producer's linger
+        # batches them.
         now = time.monotonic()
-        self._groups = [(task, at) for task, at in self._groups if not task.done()]
-        due = min((at + LANE_GROUP_WAIT_SECONDS for _, at in self._groups), default=now)
+        self._groups = {
+            kind: alive
+            for kind, groups in self._groups.items()
+            if (alive := [(task, at) for task, at in groups if not task.done()])
+        }
         self._group_due = None
-        for key in [key for key in queued if key not in busy]:
+        forming: dict[Hashable, _Group] = {}
+        for key in ready:
             records = queued[key]
-            if len(records) < min(BULK_RECORDS, cap):
+            if len(records) < few:
+                tenant = tenant_of(key)
+                busy_tenant = totals[tenant] >= BUSY_TENANT_RECORDS
+                kind: Hashable = (_BUSY, tenant) if busy_tenant else _QUIET
+                due = min(
+                    (at + LANE_GROUP_WAIT_SECONDS for _, at in self._groups.get(kind, ())),
+                    default=now,
+                )
                 if due > now:
-                    self._group_due = due
+                    self._group_due = min(due, self._group_due or due)
                     continue
-                if group and len(group) + len(records) > cap:
-                    self._groups.append((self._start(group, lanes, busy, offsets, largest), now))
-                    group, lanes, largest = [], [], 0
+                group = forming.setdefault(kind, _Group(bulk=busy_tenant))
+                if group.records and len(group.records) + len(records) > cap:
+                    self._start_group(kind, group, busy, offsets, now)
+                    group = forming[kind] = _Group(bulk=busy_tenant)
                 del queued[key]
                 since.pop(key)
-                group += records
-                lanes.append(key)
-                largest = max(largest, len(records))
+                group.add(key, records)
                 continue
             del queued[key]
             polled_at = since.pop(key)
@@ -987,8 +1047,23 @@ class LaneLoop(ConsumerLoop):
                 # The rest keeps the slice's fetch time (its age at most that).
                 since[key] = polled_at
             self._start(records, [key], busy, offsets, backlog)
-        if group:
-            self._groups.append((self._start(group, lanes, busy, offsets, largest), now))
+        for kind, group in forming.items():
+            if group.records:
+                self._start_group(kind, group, busy, offsets, now)
+
+    def _start_group(
+        self,
+        kind: Hashable,
+        group: _Group,
+        busy: dict[Hashable, asyncio.Task[None]],
+        offsets: _Outstanding,
+        now: float,
+    ) -> None:
+        # A quiet group is as small as its largest lane (it gives way to no one); a busy
+        # tenant's is as big as it is (it gives way to the quiet ones at its yield points).
+        size = len(group.records) if group.bulk else group.largest
+        task = self._start(group.records, group.lanes, busy, offsets, size)
+        self._groups.setdefault(kind, []).append((task, now))
 
     def _start(
         self,
@@ -1064,6 +1139,7 @@ def consumer_loop(
     producer: AIOKafkaProducer | None,
     *,
     lane: Callable[[Consumed], Hashable] | None = None,
+    lane_tenant: Callable[[Hashable], Hashable] | None = None,
     lane_records: int | None = None,
     read_ahead: int | None = None,
     partition_records: int | None = None,
@@ -1082,12 +1158,13 @@ def consumer_loop(
             consumer,
             producer,
             lane=lane,
+            lane_tenant=lane_tenant,
             lane_records=lane_records,
             read_ahead=read_ahead,
             **common,
         )
-    if lane_records is not None or read_ahead is not None:
-        raise ValueError("lane_records or read_ahead without a lane")
+    if lane_records is not None or read_ahead is not None or lane_tenant is not None:
+        raise ValueError("lane_records, lane_tenant or read_ahead without a lane")
     if partition_records is not None:
         if tick is not None or after_publish is not None:
             raise ValueError("independent partitions take no tick and no after_publish")

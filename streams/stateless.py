@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
+from typing import cast
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
@@ -118,6 +119,13 @@ def tenant_lane(record: Consumed) -> Hashable:
     before."""
     tenant, separator, _ = (record.key or b"").rpartition(LANE_SEPARATOR.encode())
     return (record.partition, tenant if separator else None)
+
+
+def lane_tenant(lane: Hashable) -> Hashable:
+    """The tenant of a lane of :func:`tenant_lane` (None: keyed otherwise), by which the lanes
+    with few records are grouped (runtime/loop.py, ``BUSY_TENANT_RECORDS``)."""
+    _, tenant = cast("tuple[int, bytes | None]", lane)
+    return tenant
 
 
 def _handled(emits: tuple[Emit, ...]) -> Handled:
@@ -486,6 +494,7 @@ class StatelessStages:
                     poll_ms=100,
                     health=self._health,
                     lane=tenant_lane,
+                    lane_tenant=lane_tenant,
                     lane_records=PARTITION_BATCH[spec.name],
                     batched_sends=True,
                     bulk_producer=refusals if spec.name is StreamStage.VALIDATOR else None,

@@ -704,6 +704,75 @@ async def test_a_slow_group_holds_the_other_lanes_only_so_long(
     assert len(producer.on(Topic.OUTCOMES)) == 2
 
 
+async def test_a_busy_tenant_s_lanes_are_grouped_and_paced_apart_from_the_quiet_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 46 (CI at ca35e64: a quiet tenant's call waited 50 ms in the executor behind a
+    flood's group): a tenant with ``BUSY_TENANT_RECORDS`` or more records in few-record lanes
+    is grouped apart from the quiet tenants, and a quiet lane polled while the busy group is
+    in flight starts at once (it waits only for the quiet groups in flight)."""
+    from runtime import loop as loop_module
+    from runtime.loop import BUSY_TENANT_RECORDS
+
+    monkeypatch.setattr(loop_module, "LANE_GROUP_WAIT_SECONDS", 30.0)
+    busy = [few("a", i) for i in range(BUSY_TENANT_RECORDS)]
+    quiet = [few("b", 0, partition=1), few("c", 0, partition=1)]
+    consumer = LaneConsumer([{TP: busy, TP2: quiet}, {TP2: [few("d", 5, partition=1)]}])
+    producer = FakeProducer()
+    batches: list[list[str]] = []
+    d_handled = asyncio.Event()
+
+    async def recorded(records: Sequence[Rec]) -> list[Handled]:
+        batches.append(names(records))
+        if "a0" in batches[-1]:
+            await asyncio.wait_for(d_handled.wait(), timeout=5)  # in flight until d is done
+            consumer.done.set()
+        if "d5" in batches[-1]:
+            d_handled.set()
+        return await handle(records)
+
+    loop = make_loop(consumer, producer, handle=recorded, lane=by_tenant)
+    await asyncio.wait_for(loop.run(), timeout=10)
+    assert batches == [[f"a{i}" for i in range(BUSY_TENANT_RECORDS)], ["b0", "c0"], ["d5"]]
+    assert len(producer.on(Topic.OUTCOMES)) == BUSY_TENANT_RECORDS + 3
+
+
+async def test_a_busy_tenant_s_group_of_many_gives_way_and_a_quiet_group_does_not() -> None:
+    """Issue 46: a busy tenant's group of ``BULK_RECORDS`` or more records (its lanes on many
+    partitions, each with few) is bulk, so it gives way to the quiet tenants' batches at its
+    yield points; a quiet group is as small as its largest lane."""
+    from runtime.turns import BULK_RECORDS, _bulk
+
+    def partition_and_tenant(record: Rec) -> tuple[int, bytes]:
+        return (record.partition, by_tenant(record))
+
+    half = BULK_RECORDS // 2
+    first = {
+        TP: [few("a", i) for i in range(half)] + [few("b", 0)],
+        TP2: [few("a", half + i, partition=1) for i in range(half)] + [few("c", 0, partition=1)],
+    }
+    consumer = LaneConsumer([first])
+    producer = FakeProducer()
+    bulk: dict[str, bool] = {}
+
+    async def recorded(records: Sequence[Rec]) -> list[Handled]:
+        bulk[names(records)[0]] = _bulk.get()
+        if len(bulk) == 2:
+            consumer.done.set()
+        return await handle(records)
+
+    loop = make_loop(
+        consumer,
+        producer,
+        handle=recorded,
+        lane=partition_and_tenant,
+        lane_tenant=lambda lane: lane[1],
+    )
+    await asyncio.wait_for(loop.run(), timeout=10)
+    assert bulk == {"a0": True, "b0": False}
+    assert len(producer.on(Topic.OUTCOMES)) == 2 * half + 2
+
+
 def test_the_factory_picks_one_loop_per_mode_and_refuses_mixed_modes() -> None:
     """Issue 46: one small class per mode, chosen by ``consumer_loop``'s arguments."""
     consumer, producer = FakeConsumer([]), FakeProducer()
@@ -719,6 +788,7 @@ def test_the_factory_picks_one_loop_per_mode_and_refuses_mixed_modes() -> None:
         {"lane": lambda r: r.partition, "partition_records": 10},
         {"partition_records": 10, "tick": nothing},
         {"lane_records": 10},
+        {"lane_tenant": lambda lane: lane},
         {"partition_records": 0},
     ):
         with pytest.raises(ValueError, match=r"take|without|at least"):
