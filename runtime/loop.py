@@ -860,29 +860,34 @@ class PartitionLoop(ConsumerLoop):
             log.info("%s: stopped while waiting; %s's batch is not committed", self._stage, tp)
 
 
-# The kinds of groups of few-record lanes (LaneLoop): the quiet tenants' together, a busy
-# tenant's apart (``(_BUSY, tenant)``).
-_QUIET = "quiet"
-_BUSY = "busy"
-
-
 def _lane_is_tenant(lane: Hashable) -> Hashable:
     return lane
 
 
 @dataclass
 class _Group:
-    """Few-record lanes forming one batch (LaneLoop): their records, the lanes, the largest."""
+    """Few-record lanes forming one batch (LaneLoop): the quiet tenants' (``quiet``) or one
+    busy tenant's; their records, lanes and tenants, and the largest lane's size."""
 
-    bulk: bool
+    quiet: bool
     records: list[Consumed] = field(default_factory=list)
     lanes: list[Hashable] = field(default_factory=list)
+    tenants: set[Hashable] = field(default_factory=set)
     largest: int = 0
 
-    def add(self, lane: Hashable, records: list[Consumed]) -> None:
+    def add(self, lane: Hashable, tenant: Hashable, records: list[Consumed]) -> None:
         self.records += records
         self.lanes.append(lane)
+        self.tenants.add(tenant)
         self.largest = max(self.largest, len(records))
+
+
+@dataclass(frozen=True)
+class _GroupInFlight:
+    task: asyncio.Task[None]
+    started: float  # monotonic
+    quiet: bool
+    tenants: frozenset[Hashable]
 
 
 class LaneLoop(ConsumerLoop):
@@ -910,10 +915,9 @@ class LaneLoop(ConsumerLoop):
         self._queued_since: dict[Hashable, float] = {}
         # The tenant of a lane (default: the lane is a tenant's).
         self._lane_tenant = lane_tenant or _lane_is_tenant
-        # The groups of few-record lanes in flight by kind (the quiet tenants', or one busy
-        # tenant's), with when each started (monotonic), and when the lanes left waiting for
-        # them may start anyway (None: none waits).
-        self._groups: dict[Hashable, list[tuple[asyncio.Task[None], float]]] = {}
+        # The groups of few-record lanes in flight, and when the lanes left waiting for them
+        # may start anyway (None: none waits).
+        self._groups: list[_GroupInFlight] = []
         self._group_due: float | None = None
 
     def waiting_seconds(self) -> float:
@@ -990,10 +994,11 @@ class LaneLoop(ConsumerLoop):
         of at most ``lane_records``) alone, the lanes with few records together, in groups of
         at most ``lane_records`` and ``LANE_GROUP_RECORDS`` records (one handling and one
         publication for all of them; each of its lanes has its batch in flight until the
-        group's ends), once the groups in flight of their kind have ended or run long enough.
-        A tenant with ``BUSY_TENANT_RECORDS`` or more records in such lanes is grouped and
-        paced apart from the others (its group as bulk as its records are many), so that a
-        quiet tenant's records never ride in, or wait for, a busy tenant's group."""
+        group's ends), once the groups in flight they would wait for have ended or run
+        ``LANE_GROUP_WAIT_SECONDS``. A tenant with ``BUSY_TENANT_RECORDS`` or more records in
+        such lanes has groups of its own, so that a quiet tenant's records never ride in a busy
+        tenant's group; a lane waits for the groups in flight holding its tenant's records, and
+        a quiet one for the quiet groups too, never for another tenant's busy group."""
         cap = min(self._lane_records, LANE_GROUP_RECORDS)
         few = min(BULK_RECORDS, cap)
         since = self._queued_since
@@ -1006,37 +1011,38 @@ class LaneLoop(ConsumerLoop):
             if count < few:
                 tenant = tenant_of(key)
                 totals[tenant] = totals.get(tenant, 0) + count
-        # A group starts once the groups in flight of its kind have ended (or waited long
+        # A group starts once the groups in flight it waits for have ended (or waited long
         # enough): the few records arriving meanwhile go in the next, as a producer's linger
-        # batches them.
+        # batches them. A tenant's own groups pace it whatever their kind, so a tenant alone
+        # (a one-tenant run) has one chain of groups, as its load crosses the threshold or not.
         now = time.monotonic()
-        self._groups = {
-            kind: alive
-            for kind, groups in self._groups.items()
-            if (alive := [(task, at) for task, at in groups if not task.done()])
-        }
+        self._groups = [g for g in self._groups if not g.task.done()]
         self._group_due = None
         forming: dict[Hashable, _Group] = {}
         for key in ready:
             records = queued[key]
             if len(records) < few:
                 tenant = tenant_of(key)
-                busy_tenant = totals[tenant] >= BUSY_TENANT_RECORDS
-                kind: Hashable = (_BUSY, tenant) if busy_tenant else _QUIET
+                quiet = totals[tenant] < BUSY_TENANT_RECORDS
                 due = min(
-                    (at + LANE_GROUP_WAIT_SECONDS for _, at in self._groups.get(kind, ())),
+                    (
+                        g.started + LANE_GROUP_WAIT_SECONDS
+                        for g in self._groups
+                        if (quiet and g.quiet) or tenant in g.tenants
+                    ),
                     default=now,
                 )
                 if due > now:
                     self._group_due = min(due, self._group_due or due)
                     continue
-                group = forming.setdefault(kind, _Group(bulk=busy_tenant))
+                kind = None if quiet else tenant
+                group = forming.setdefault(kind, _Group(quiet=quiet))
                 if group.records and len(group.records) + len(records) > cap:
-                    self._start_group(kind, group, busy, offsets, now)
-                    group = forming[kind] = _Group(bulk=busy_tenant)
+                    self._start_group(group, busy, offsets, now)
+                    group = forming[kind] = _Group(quiet=quiet)
                 del queued[key]
                 since.pop(key)
-                group.add(key, records)
+                group.add(key, tenant, records)
                 continue
             del queued[key]
             polled_at = since.pop(key)
@@ -1047,23 +1053,27 @@ class LaneLoop(ConsumerLoop):
                 # The rest keeps the slice's fetch time (its age at most that).
                 since[key] = polled_at
             self._start(records, [key], busy, offsets, backlog)
-        for kind, group in forming.items():
+        for group in forming.values():
             if group.records:
-                self._start_group(kind, group, busy, offsets, now)
+                self._start_group(group, busy, offsets, now)
 
     def _start_group(
         self,
-        kind: Hashable,
         group: _Group,
         busy: dict[Hashable, asyncio.Task[None]],
         offsets: _Outstanding,
         now: float,
     ) -> None:
-        # A quiet group is as small as its largest lane (it gives way to no one); a busy
-        # tenant's is as big as it is (it gives way to the quiet ones at its yield points).
-        size = len(group.records) if group.bulk else group.largest
-        task = self._start(group.records, group.lanes, busy, offsets, size)
-        self._groups.setdefault(kind, []).append((task, now))
+        # A group is as small as its largest lane: it gives way to no one. (Made bulk from 64
+        # records, a busy tenant's group gave way at each yield point to every small batch,
+        # its own tenant's groups of the other kind too: a one-tenant open loop of reads at
+        # 1,800 calls/s went from 70-73 ms at the p50 to 130-172 ms; docs/measurements.md.)
+        task = self._start(group.records, group.lanes, busy, offsets, group.largest)
+        self._groups.append(
+            _GroupInFlight(
+                task=task, started=now, quiet=group.quiet, tenants=frozenset(group.tenants)
+            )
+        )
 
     def _start(
         self,

@@ -737,29 +737,42 @@ async def test_a_busy_tenant_s_lanes_are_grouped_and_paced_apart_from_the_quiet_
     assert len(producer.on(Topic.OUTCOMES)) == BUSY_TENANT_RECORDS + 3
 
 
-async def test_a_busy_tenant_s_group_of_many_gives_way_and_a_quiet_group_does_not() -> None:
-    """Issue 46: a busy tenant's group of ``BULK_RECORDS`` or more records (its lanes on many
-    partitions, each with few) is bulk, so it gives way to the quiet tenants' batches at its
-    yield points; a quiet group is as small as its largest lane."""
-    from runtime.turns import BULK_RECORDS, _bulk
+async def test_a_tenant_s_lanes_wait_for_its_groups_in_flight_of_either_kind(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 46: a tenant's few-record lanes wait for every group in flight holding its
+    records, quiet or busy, so a tenant alone (a one-tenant run, its load crossing
+    ``BUSY_TENANT_RECORDS`` and back) has one chain of groups, never two overlapping."""
+    from runtime import loop as loop_module
+    from runtime.loop import BUSY_TENANT_RECORDS
 
     def partition_and_tenant(record: Rec) -> tuple[int, bytes]:
         return (record.partition, by_tenant(record))
 
-    half = BULK_RECORDS // 2
-    first = {
-        TP: [few("a", i) for i in range(half)] + [few("b", 0)],
-        TP2: [few("a", half + i, partition=1) for i in range(half)] + [few("c", 0, partition=1)],
-    }
-    consumer = LaneConsumer([first])
+    monkeypatch.setattr(loop_module, "LANE_GROUP_WAIT_SECONDS", 30.0)
+    then = [few("a", 2 + i, partition=1) for i in range(BUSY_TENANT_RECORDS)]
+    consumer = LaneConsumer([{TP: [few("a", 0), few("a", 1)]}, {TP2: then}])
     producer = FakeProducer()
-    bulk: dict[str, bool] = {}
+    batches: list[list[str]] = []
+    overlapped: list[bool] = []
+    in_flight = 0
+    lane_loop = cast(LaneLoop, None)
 
     async def recorded(records: Sequence[Rec]) -> list[Handled]:
-        bulk[names(records)[0]] = _bulk.get()
-        if len(bulk) == 2:
-            consumer.done.set()
-        return await handle(records)
+        nonlocal in_flight
+        batches.append(names(records))
+        overlapped.append(in_flight > 0)
+        in_flight += 1
+        try:
+            if batches[-1][0] == "a0":
+                # In flight until a's busy lane, polled meanwhile, waits for it (or started).
+                while lane_loop._group_due is None and len(batches) == 1:  # noqa: ASYNC110
+                    await asyncio.sleep(0.001)
+            if sum(len(b) for b in batches) == 2 + BUSY_TENANT_RECORDS:
+                consumer.done.set()
+            return await handle(records)
+        finally:
+            in_flight -= 1
 
     loop = make_loop(
         consumer,
@@ -768,9 +781,11 @@ async def test_a_busy_tenant_s_group_of_many_gives_way_and_a_quiet_group_does_no
         lane=partition_and_tenant,
         lane_tenant=lambda lane: lane[1],
     )
+    lane_loop = cast(LaneLoop, loop)
     await asyncio.wait_for(loop.run(), timeout=10)
-    assert bulk == {"a0": True, "b0": False}
-    assert len(producer.on(Topic.OUTCOMES)) == 2 * half + 2
+    assert batches == [["a0", "a1"], [f"a{2 + i}" for i in range(BUSY_TENANT_RECORDS)]]
+    assert overlapped == [False, False]
+    assert len(producer.on(Topic.OUTCOMES)) == 2 + BUSY_TENANT_RECORDS
 
 
 def test_the_factory_picks_one_loop_per_mode_and_refuses_mixed_modes() -> None:
